@@ -1,0 +1,331 @@
+//! Turning one run of a job into a Kubernetes-shaped status (phase, reason, result).
+//! Retries, deadlines across attempts and the state store arrive with the Jobs issue; this is
+//! the single-attempt core they build on.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::manifest::Job;
+use crate::runtime::{self, ExecRequest, ExecResult, Runtime, RuntimeError, RuntimeOptions};
+use crate::spec::{HostEnv, RunPlan};
+
+/// `apiVersion` we print.
+pub const API_VERSION: &str = crate::manifest::API_VERSION;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Phase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+/// Why a job ended as it did (product.md's closed set).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Reason {
+    Completed,
+    Error,
+    #[serde(rename = "OOMKilled")]
+    OomKilled,
+    Timeout,
+    DeadlineExceeded,
+    SetupFailed,
+    BackoffLimitExceeded,
+    /// Our fault, never the submission's.
+    InfraError,
+    /// Stopped by the user (Ctrl-C, delete).
+    Interrupted,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobStatus {
+    pub phase: Phase,
+    pub reason: Reason,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<ExecResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<String>,
+}
+
+impl JobStatus {
+    /// CLI exit code: 0 succeeded, 1 the submission failed, 2 the runner could not do its work.
+    pub fn exit_code(&self) -> i32 {
+        match (self.phase, self.reason) {
+            (Phase::Succeeded, _) => 0,
+            (_, Reason::Interrupted) => 130,
+            (_, Reason::InfraError) => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// The Job as printed by `apply -o json|yaml`.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobObject {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub metadata: ObjectMeta,
+    pub spec: JobSpecView,
+    pub status: JobStatus,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ObjectMeta {
+    pub name: String,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub annotations: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobSpecView {
+    pub environment: String,
+    pub backend: crate::manifest::Backend,
+    pub command: Vec<String>,
+}
+
+impl JobObject {
+    pub fn new(plan: &RunPlan, status: JobStatus) -> Self {
+        let job = plan.job();
+        JobObject {
+            api_version: API_VERSION,
+            kind: "Job",
+            metadata: ObjectMeta {
+                name: job.name.clone(),
+                labels: job.labels.clone(),
+                annotations: job.annotations.clone(),
+            },
+            spec: JobSpecView {
+                environment: job.environment.clone(),
+                backend: plan.bound.backend,
+                command: job.command.argv(),
+            },
+            status,
+        }
+    }
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// Classify a finished command.
+pub fn status_of(result: ExecResult, deadline_bound: bool) -> (Phase, Reason) {
+    if result.setup.as_ref().is_some_and(|s| !s.succeeded()) {
+        return (Phase::Failed, Reason::SetupFailed);
+    }
+    if result.oom_killed {
+        return (Phase::Failed, Reason::OomKilled);
+    }
+    if result.timed_out {
+        return (
+            Phase::Failed,
+            if deadline_bound {
+                Reason::DeadlineExceeded
+            } else {
+                Reason::Timeout
+            },
+        );
+    }
+    if result.exit_code == Some(0) {
+        (Phase::Succeeded, Reason::Completed)
+    } else {
+        (Phase::Failed, Reason::Error)
+    }
+}
+
+/// The limit on the command: the smaller of its timeout and what remains of the deadline;
+/// the flag says whether the deadline is the binding one.
+fn command_limit(job: &Job, started: Instant) -> (Option<Duration>, bool) {
+    let remaining = job.active_deadline.map(|d| d.saturating_sub(started.elapsed()));
+    match (job.timeout, remaining) {
+        (Some(t), Some(r)) if r < t => (Some(r), true),
+        (Some(t), _) => (Some(t), false),
+        (None, Some(r)) => (Some(r), true),
+        (None, None) => (None, false),
+    }
+}
+
+/// Run one attempt of a job to its end: spawn (setup), execute, clean up. Always returns a
+/// status: a runner failure becomes `InfraError`, never a lost result.
+/// `cancel` stops the job (Ctrl-C): its process tree is killed and the status says so.
+pub async fn run_once(
+    plan: &RunPlan,
+    host: &HostEnv,
+    options: &RuntimeOptions,
+    cancel: &CancellationToken,
+) -> JobStatus {
+    let start = SystemTime::now();
+    let started = Instant::now();
+    let spawned = tokio::select! {
+        spawned = runtime::spawn(plan, host, options) => spawned,
+        () = cancel.cancelled() => Err(RuntimeError::Refused("interrupted during setup".into())),
+    };
+    let mut status = match spawned {
+        Ok(rt) => {
+            let status = tokio::select! {
+                status = attempt(rt.as_ref(), plan, started) => status,
+                () = cancel.cancelled() => {
+                    if let Err(e) = rt.kill().await {
+                        tracing::warn!(error = %e, "killing the interrupted job failed");
+                    }
+                    JobStatus {
+                        phase: Phase::Failed,
+                        reason: Reason::Interrupted,
+                        message: Some("interrupted; every process of the job was killed".into()),
+                        result: None,
+                        start_time: None,
+                        completion_time: None,
+                    }
+                }
+            };
+            if let Err(e) = rt.cleanup().await {
+                tracing::warn!(error = %e, "cleanup after the job failed");
+            }
+            status
+        }
+        Err(_) if cancel.is_cancelled() => JobStatus {
+            phase: Phase::Failed,
+            reason: Reason::Interrupted,
+            message: Some("interrupted during setup".into()),
+            result: None,
+            start_time: None,
+            completion_time: None,
+        },
+        Err(e) => infra_error(&e),
+    };
+    status.start_time = Some(rfc3339(start));
+    status.completion_time = Some(rfc3339(SystemTime::now()));
+    status
+}
+
+fn infra_error(e: &RuntimeError) -> JobStatus {
+    JobStatus {
+        phase: Phase::Failed,
+        reason: Reason::InfraError,
+        message: Some(e.to_string()),
+        result: None,
+        start_time: None,
+        completion_time: None,
+    }
+}
+
+async fn attempt(rt: &dyn Runtime, plan: &RunPlan, started: Instant) -> JobStatus {
+    let job = plan.job();
+    if let Some(setup) = rt.setup()
+        && !setup.succeeded()
+    {
+        let result = ExecResult {
+            exit_code: setup.exit_code,
+            timed_out: setup.timed_out,
+            setup: Some(setup.clone()),
+            duration_ms: setup.duration_ms,
+            ..Default::default()
+        };
+        return JobStatus {
+            phase: Phase::Failed,
+            reason: Reason::SetupFailed,
+            message: Some(format!("setup exited with {}", setup.exit_code.unwrap_or(-1))),
+            result: Some(result),
+            start_time: None,
+            completion_time: None,
+        };
+    }
+    let (timeout, deadline_bound) = command_limit(job, started);
+    let request = ExecRequest {
+        argv: job.command.argv(),
+        stdin: job.stdin.as_ref().map(|s| s.as_bytes().to_vec()),
+        timeout,
+        ..Default::default()
+    };
+    match rt.execute(request).await {
+        Ok(mut result) => {
+            result.setup = rt.setup().cloned();
+            let (phase, reason) = status_of(result.clone(), deadline_bound);
+            JobStatus {
+                phase,
+                reason,
+                message: None,
+                result: Some(result),
+                start_time: None,
+                completion_time: None,
+            }
+        }
+        // A command that cannot start (missing binary) is the submission's failure, as a
+        // container's exit 127 would be; anything else is ours.
+        Err(RuntimeError::Start { program, source }) => JobStatus {
+            phase: Phase::Failed,
+            reason: Reason::Error,
+            message: Some(format!("cannot start {program:?}: {source}")),
+            result: Some(ExecResult {
+                exit_code: Some(127),
+                stderr: format!("runner: cannot start {program:?}: {source}\n"),
+                setup: rt.setup().cloned(),
+                ..Default::default()
+            }),
+            start_time: None,
+            completion_time: None,
+        },
+        Err(e) => infra_error(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification_follows_product_reasons() {
+        let ok = ExecResult {
+            exit_code: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(status_of(ok.clone(), false), (Phase::Succeeded, Reason::Completed));
+        let failed = ExecResult {
+            exit_code: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(status_of(failed, false), (Phase::Failed, Reason::Error));
+        let timed_out = ExecResult {
+            signal: Some(15),
+            timed_out: true,
+            ..Default::default()
+        };
+        assert_eq!(status_of(timed_out.clone(), false), (Phase::Failed, Reason::Timeout));
+        assert_eq!(status_of(timed_out, true), (Phase::Failed, Reason::DeadlineExceeded));
+        let oom = ExecResult {
+            signal: Some(9),
+            oom_killed: true,
+            ..Default::default()
+        };
+        assert_eq!(status_of(oom, false), (Phase::Failed, Reason::OomKilled));
+    }
+
+    #[test]
+    fn exit_codes_separate_submission_failures_from_ours() {
+        let mut s = JobStatus {
+            phase: Phase::Succeeded,
+            reason: Reason::Completed,
+            message: None,
+            result: None,
+            start_time: None,
+            completion_time: None,
+        };
+        assert_eq!(s.exit_code(), 0);
+        s.phase = Phase::Failed;
+        s.reason = Reason::Error;
+        assert_eq!(s.exit_code(), 1);
+        s.reason = Reason::InfraError;
+        assert_eq!(s.exit_code(), 2);
+    }
+}

@@ -1,0 +1,9 @@
+//! runner: a Kubernetes-style job runner over containerd's gRPC API, with a host-process
+//! backend behind the same interface for trusted runs.
+
+pub mod cli;
+pub mod commands;
+pub mod job;
+pub mod manifest;
+pub mod runtime;
+pub mod spec;

@@ -1,0 +1,42 @@
+//! `runner`: parse the command line, set up logging, run the verb, map the outcome to the
+//! exit code (0 succeeded, 1 the job failed, 2 the runner could not do its work).
+
+use clap::Parser;
+
+use runner::cli::{Cli, Verb};
+use runner::commands;
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.global.log).unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("runner: cannot start the async runtime: {e}");
+            std::process::exit(2);
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match &cli.command {
+            Verb::Validate(file) => commands::validate(&cli.global, file),
+            Verb::Spec { file, job } => commands::print_spec(&cli.global, file, job.as_deref()),
+            Verb::Apply {
+                file,
+                output,
+                backend,
+                max_output_bytes,
+            } => commands::apply(&cli.global, file, *output, *backend, *max_output_bytes).await,
+        }
+    });
+    let code = match outcome {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("runner: {e}");
+            2
+        }
+    };
+    std::process::exit(code);
+}

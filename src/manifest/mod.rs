@@ -1,0 +1,1025 @@
+//! Manifests: multi-document YAML → validated `Environment` and `Job` values.
+//!
+//! This module is the only caller of the YAML crate (`serde-saphyr`; see the README's design
+//! notes). Raw structs (`raw`) never leave it: once code holds a `Job`, the job is valid.
+
+pub mod error;
+pub mod paths;
+pub mod quantity;
+mod raw;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde_saphyr::Spanned;
+
+pub use error::{Location, ManifestError, ManifestErrorKind, Origin};
+pub use quantity::{MemoryBytes, MilliCpu};
+
+/// The only API version we read.
+pub const API_VERSION: &str = "runner/v1alpha1";
+/// Manifests larger than this are refused before parsing.
+pub const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
+/// YAML nesting deeper than this is refused (our manifests are at most ~6 levels deep).
+const MAX_YAML_DEPTH: usize = 64;
+/// Aliases are rare in manifests; a handful is plenty and bounds "billion laughs".
+const MAX_YAML_ALIASES: usize = 64;
+/// Upper bound of the scalar text of one document.
+const MAX_YAML_SCALAR_BYTES: usize = 4 * 1024 * 1024;
+/// Largest uid/gid accepted (CVE-2024-40635: containerd overflowed larger ids to 0).
+pub const MAX_ID: u64 = (1 << 31) - 2;
+/// Upper bound of a pids limit.
+pub const MAX_PIDS: i64 = 4_194_304;
+/// Longest timeout or deadline: one week.
+pub const MAX_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
+
+/// Defaults in one place: what an Environment gets when it says nothing.
+pub mod defaults {
+    use super::{MemoryBytes, MilliCpu};
+    pub const WORKDIR: &str = "/workspace";
+    pub const MEMORY: MemoryBytes = MemoryBytes(2 << 30);
+    pub const CPU: MilliCpu = MilliCpu(2000);
+    pub const PIDS: u32 = 1024;
+}
+
+/// Label prefixes owned by containerd (its GC and CRI labels) and by us (ownership labels):
+/// a manifest that set them could make containerd or `runner gc` act on its say-so.
+const RESERVED_LABEL_PREFIXES: &[&str] = &["containerd.io/", "io.containerd.", "io.cri-containerd.", "runner.dev/"];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Containerd,
+    Host,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Containerd => "containerd",
+            Backend::Host => "host",
+        }
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "containerd" => Ok(Backend::Containerd),
+            "host" => Ok(Backend::Host),
+            other => Err(format!("unknown backend {other:?} (expected containerd or host)")),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// A new network namespace with only `lo`.
+    None,
+    /// The host's network namespace.
+    Host,
+    /// A CNI bridge (not yet supported).
+    Bridge,
+}
+
+impl NetworkMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkMode::None => "none",
+            NetworkMode::Host => "host",
+            NetworkMode::Bridge => "bridge",
+        }
+    }
+}
+
+/// Who the command runs as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UserSpec {
+    Ids {
+        uid: u32,
+        gid: u32,
+    },
+    /// The caller's ids: `HUID`/`HGID` when set, else the runner process's own.
+    Host,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Resources {
+    pub memory: MemoryBytes,
+    pub cpu: MilliCpu,
+    pub pids: u32,
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Resources {
+            memory: defaults::MEMORY,
+            cpu: defaults::CPU,
+            pids: defaults::PIDS,
+        }
+    }
+}
+
+/// A bind mount as written: `source` may be relative (to the workspace).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountSpec {
+    pub source: String,
+    pub target: String,
+    pub read_only: bool,
+    pub source_origin: Origin,
+    pub target_origin: Origin,
+}
+
+/// Read-only data mounted at `/static/<save_path>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StaticAsset {
+    /// Absolute, or relative to the manifest's directory.
+    pub source: PathBuf,
+    pub save_path: String,
+    pub origin: Origin,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Executed directly.
+    Argv(Vec<String>),
+    /// Executed by `sh -c`.
+    Shell(String),
+}
+
+impl Command {
+    /// The argv that runs this command.
+    pub fn argv(&self) -> Vec<String> {
+        match self {
+            Command::Argv(argv) => argv.clone(),
+            Command::Shell(script) => vec!["/bin/sh".into(), "-c".into(), script.clone()],
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Environment {
+    pub name: String,
+    pub backend: Backend,
+    pub image: Option<String>,
+    pub workdir: String,
+    pub mount_workspace: bool,
+    pub user: Option<UserSpec>,
+    pub env: BTreeMap<String, String>,
+    pub include_host_env: bool,
+    pub setup: Vec<String>,
+    pub mounts: Vec<MountSpec>,
+    /// `None` when the manifest does not say: the backend picks (containerd: none, host: host).
+    pub network: Option<NetworkMode>,
+    pub resources: Resources,
+    pub(crate) origins: EnvOrigins,
+}
+
+impl Environment {
+    /// The file this Environment was read from.
+    pub fn origins_file(&self) -> Option<PathBuf> {
+        self.origins.file.clone()
+    }
+}
+
+/// Positions kept for checks that can only run once the backend is known.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub(crate) struct EnvOrigins {
+    image: Option<Location>,
+    include_host_env: Option<Location>,
+    network: Option<Location>,
+    file: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub environment: String,
+    pub environment_origin: Origin,
+    /// Absolute, or relative to the manifest's directory.
+    pub workspace: Option<PathBuf>,
+    pub static_assets: Vec<StaticAsset>,
+    pub mounts: Vec<MountSpec>,
+    pub command: Command,
+    pub stdin: Option<String>,
+    pub timeout: Option<Duration>,
+    pub disable_setup: bool,
+    pub backoff_limit: u32,
+    pub backoff_limit_origin: Option<Origin>,
+    pub active_deadline: Option<Duration>,
+    /// The directory relative paths of this job resolve against.
+    pub base_dir: PathBuf,
+    pub file: Option<PathBuf>,
+}
+
+/// Everything one manifest file (plus `--env-dir`) defines.
+#[derive(Clone, Debug, Default)]
+pub struct ManifestSet {
+    pub environments: Vec<Environment>,
+    pub jobs: Vec<Job>,
+    /// Environments found in `--env-dir`, consulted after the file's own.
+    pub env_dir: Vec<Environment>,
+    pub env_dir_path: Option<PathBuf>,
+}
+
+/// A Job together with the Environment it runs in, checked against each other for the
+/// backend that will run it.
+#[derive(Clone, Debug)]
+pub struct Bound {
+    pub job: Job,
+    pub env: Environment,
+    pub backend: Backend,
+    pub network: NetworkMode,
+}
+
+impl ManifestSet {
+    /// The Environment a job names: first this file's, then `--env-dir`'s.
+    pub fn environment_for(&self, job: &Job) -> Result<&Environment, ManifestError> {
+        self.environments
+            .iter()
+            .chain(self.env_dir.iter())
+            .find(|e| e.name == job.environment)
+            .ok_or_else(|| {
+                let searched = match &self.env_dir_path {
+                    Some(dir) => format!(" nor in {}", dir.display()),
+                    None => " (pass --env-dir DIR to look elsewhere)".to_string(),
+                };
+                ManifestError::new(
+                    job.environment_origin.clone(),
+                    ManifestErrorKind::EnvironmentNotFound {
+                        name: job.environment.clone(),
+                        searched,
+                    },
+                )
+                .in_document(format!("Job {:?}", job.name))
+                .with_file(&job.file)
+            })
+    }
+
+    /// Pair a job with its environment and run the checks that need both.
+    pub fn bind(&self, job: &Job, backend: Option<Backend>) -> Result<Bound, ManifestError> {
+        let env = self.environment_for(job)?;
+        bind(job, env, backend)
+    }
+}
+
+impl ManifestError {
+    fn with_file(self, file: &Option<PathBuf>) -> Self {
+        match file {
+            Some(f) => self.in_file(f),
+            None => self,
+        }
+    }
+}
+
+/// Checks that need both documents and the backend that will run them.
+pub fn bind(job: &Job, env: &Environment, backend: Option<Backend>) -> Result<Bound, ManifestError> {
+    let backend = backend.unwrap_or(env.backend);
+    let env_err = |path: &str, loc: Option<Location>, kind| {
+        ManifestError::new(Origin::new(path, loc), kind)
+            .in_document(format!("Environment {:?}", env.name))
+            .with_file(&env.origins.file)
+    };
+    let job_err = |origin: &Origin, kind| {
+        ManifestError::new(origin.clone(), kind)
+            .in_document(format!("Job {:?}", job.name))
+            .with_file(&job.file)
+    };
+    let network = match (backend, env.network) {
+        (_, Some(NetworkMode::Bridge)) => {
+            return Err(env_err(
+                "spec.network",
+                env.origins.network,
+                ManifestErrorKind::BridgeUnsupported,
+            ));
+        }
+        (Backend::Host, Some(NetworkMode::None)) => {
+            return Err(env_err(
+                "spec.network",
+                env.origins.network,
+                ManifestErrorKind::HostNetwork("none"),
+            ));
+        }
+        (Backend::Host, _) => NetworkMode::Host,
+        (Backend::Containerd, n) => n.unwrap_or(NetworkMode::None),
+    };
+    if backend == Backend::Host {
+        if let Some(m) = env.mounts.first() {
+            return Err(env_err(
+                &m.target_origin.path,
+                m.target_origin.location,
+                ManifestErrorKind::HostMounts,
+            ));
+        }
+        if let Some(m) = job.mounts.first() {
+            return Err(job_err(&m.target_origin, ManifestErrorKind::HostMounts));
+        }
+    }
+    if backend == Backend::Containerd {
+        if env.image.is_none() {
+            return Err(env_err("spec.image", None, ManifestErrorKind::ImageRequired));
+        }
+        if env.include_host_env {
+            return Err(env_err(
+                "spec.includeHostEnv",
+                env.origins.include_host_env,
+                ManifestErrorKind::HostEnvInContainer,
+            ));
+        }
+    }
+    if env.mount_workspace {
+        let workdir = paths::normalize(&env.workdir);
+        if workdir == "/" {
+            return Err(env_err("spec.workdir", None, ManifestErrorKind::WorkspaceAtRoot));
+        }
+        let under = |m: &MountSpec| paths::is_within(&paths::normalize(&m.target), &workdir);
+        if let Some(m) = env.mounts.iter().find(|m| under(m)) {
+            return Err(env_err(
+                &m.target_origin.path,
+                m.target_origin.location,
+                ManifestErrorKind::TargetUnderWorkdir {
+                    target: m.target.clone(),
+                    workdir: env.workdir.clone(),
+                },
+            ));
+        }
+        if let Some(m) = job.mounts.iter().find(|m| under(m)) {
+            return Err(job_err(
+                &m.target_origin,
+                ManifestErrorKind::TargetUnderWorkdir {
+                    target: m.target.clone(),
+                    workdir: env.workdir.clone(),
+                },
+            ));
+        }
+    }
+    Ok(Bound {
+        job: job.clone(),
+        env: env.clone(),
+        backend,
+        network,
+    })
+}
+
+/// Read and validate one manifest file, and the Environments of `env_dir` if given.
+pub fn load_file(path: &Path, env_dir: Option<&Path>) -> Result<ManifestSet, ManifestError> {
+    let text = read_limited(path)?;
+    let base_dir = path
+        .parent()
+        .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let mut set = parse_str(&text, &base_dir, Some(path))?;
+    if set.environments.is_empty() && set.jobs.is_empty() {
+        return Err(ManifestError::new(Origin::new("", None), ManifestErrorKind::Empty).in_file(path));
+    }
+    if let Some(dir) = env_dir {
+        set.env_dir = load_env_dir(dir)?;
+        set.env_dir_path = Some(dir.to_path_buf());
+    }
+    Ok(set)
+}
+
+/// Every Environment in the `*.yaml`/`*.yml` files of a directory (their Jobs are ignored).
+pub fn load_env_dir(dir: &Path) -> Result<Vec<Environment>, ManifestError> {
+    let read_err = |e| ManifestError::new(Origin::new("", None), ManifestErrorKind::Read(e)).in_file(dir);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(read_err)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+        .collect();
+    files.sort();
+    let mut envs: Vec<Environment> = Vec::new();
+    for file in files {
+        let text = read_limited(&file)?;
+        let set = parse_str(&text, dir, Some(&file))?;
+        for env in set.environments {
+            if envs.iter().any(|e| e.name == env.name) {
+                return Err(ManifestError::new(
+                    Origin::new("metadata.name", None),
+                    ManifestErrorKind::Duplicate {
+                        kind: "Environment",
+                        name: env.name.clone(),
+                    },
+                )
+                .in_file(&file));
+            }
+            envs.push(env);
+        }
+    }
+    Ok(envs)
+}
+
+fn read_limited(path: &Path) -> Result<String, ManifestError> {
+    let err = |kind| ManifestError::new(Origin::new("", None), kind).in_file(path);
+    let meta = std::fs::metadata(path).map_err(|e| err(ManifestErrorKind::Read(e)))?;
+    if meta.len() > MAX_MANIFEST_BYTES {
+        return Err(err(ManifestErrorKind::TooLarge {
+            size: meta.len(),
+            limit: MAX_MANIFEST_BYTES,
+        }));
+    }
+    let bytes = std::fs::read(path).map_err(|e| err(ManifestErrorKind::Read(e)))?;
+    String::from_utf8(bytes).map_err(|e| {
+        err(ManifestErrorKind::Yaml(format!(
+            "manifest is not UTF-8 (invalid byte at offset {})",
+            e.utf8_error().valid_up_to()
+        )))
+    })
+}
+
+/// Parse and validate manifest text. `base_dir` anchors relative workspace and asset paths.
+pub fn parse_str(text: &str, base_dir: &Path, file: Option<&Path>) -> Result<ManifestSet, ManifestError> {
+    let mut set = ManifestSet::default();
+    let attach = |e: ManifestError| match file {
+        Some(f) => e.in_file(f),
+        None => e,
+    };
+    for (index, doc) in split_documents(text).into_iter().enumerate() {
+        let label = format!("document {}", index + 1);
+        let header: raw::Header = decode(&doc).map_err(|e| attach(e.in_document(label.clone())))?;
+        let loc = |s: &Spanned<String>| location(&s.referenced, doc.first_line);
+        let Some(api) = &header.api_version else {
+            return Err(attach(
+                ManifestError::new(
+                    Origin::new("apiVersion", None),
+                    ManifestErrorKind::MissingApiVersion { expected: API_VERSION },
+                )
+                .in_document(label),
+            ));
+        };
+        if api.value != API_VERSION {
+            return Err(attach(
+                ManifestError::new(
+                    Origin::new("apiVersion", loc(api)),
+                    ManifestErrorKind::ApiVersion {
+                        found: api.value.clone(),
+                        expected: API_VERSION,
+                    },
+                )
+                .in_document(label),
+            ));
+        }
+        let Some(kind) = &header.kind else {
+            return Err(attach(
+                ManifestError::new(Origin::new("kind", None), ManifestErrorKind::MissingKind).in_document(label),
+            ));
+        };
+        match kind.value.as_str() {
+            "Environment" => {
+                let raw: raw::EnvironmentDoc = decode(&doc).map_err(|e| attach(e.in_document(label.clone())))?;
+                let doc_name = format!("Environment {:?}", raw.metadata.name.value);
+                let env = validate_environment(raw, doc.first_line, file)
+                    .map_err(|e| attach(e.in_document(doc_name.clone())))?;
+                if set.environments.iter().any(|e| e.name == env.name) {
+                    return Err(attach(
+                        ManifestError::new(
+                            Origin::new("metadata.name", None),
+                            ManifestErrorKind::Duplicate {
+                                kind: "Environment",
+                                name: env.name,
+                            },
+                        )
+                        .in_document(doc_name),
+                    ));
+                }
+                set.environments.push(env);
+            }
+            "Job" => {
+                let raw: raw::JobDoc = decode(&doc).map_err(|e| attach(e.in_document(label.clone())))?;
+                let doc_name = format!("Job {:?}", raw.metadata.name.value);
+                let job = validate_job(raw, doc.first_line, base_dir, file)
+                    .map_err(|e| attach(e.in_document(doc_name.clone())))?;
+                if set.jobs.iter().any(|j| j.name == job.name) {
+                    return Err(attach(
+                        ManifestError::new(
+                            Origin::new("metadata.name", None),
+                            ManifestErrorKind::Duplicate {
+                                kind: "Job",
+                                name: job.name,
+                            },
+                        )
+                        .in_document(doc_name),
+                    ));
+                }
+                set.jobs.push(job);
+            }
+            other => {
+                return Err(attach(
+                    ManifestError::new(
+                        Origin::new("kind", loc(kind)),
+                        ManifestErrorKind::Kind(other.to_string()),
+                    )
+                    .in_document(label),
+                ));
+            }
+        }
+    }
+    Ok(set)
+}
+
+/// One YAML document of a stream, with the line it starts on in the whole file.
+struct Document {
+    text: String,
+    /// 0-based line of the file where `text` begins.
+    first_line: u64,
+}
+
+/// Split a stream at `---` / `...` marker lines. YAML forbids these markers at column 0 inside
+/// content, so a line scan is exact; splitting ourselves lets each document be parsed on its
+/// own with the strict type its `kind` asks for, while positions stay those of the file.
+fn split_documents(text: &str) -> Vec<Document> {
+    let mut docs = Vec::new();
+    let mut current = String::new();
+    let mut first_line = 0u64;
+    let is_marker = |line: &str, marker: &str| {
+        line.strip_prefix(marker)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t', '\r']))
+    };
+    for (n, line) in text.split_inclusive('\n').enumerate() {
+        let n = n as u64;
+        let bare = line.trim_end_matches('\n');
+        if is_marker(bare, "---") || is_marker(bare, "...") {
+            if has_content(&current) {
+                docs.push(Document {
+                    text: std::mem::take(&mut current),
+                    first_line,
+                });
+            }
+            current.clear();
+            first_line = n;
+            if is_marker(bare, "---") {
+                // Keep what follows `---` on the same line (`--- {a: 1}`), at its column.
+                current.push_str("   ");
+                current.push_str(&line[3..]);
+            } else {
+                current.push('\n');
+            }
+        } else {
+            current.push_str(line);
+        }
+    }
+    if has_content(&current) {
+        docs.push(Document {
+            text: current,
+            first_line,
+        });
+    }
+    docs
+}
+
+fn has_content(text: &str) -> bool {
+    text.lines().any(|l| {
+        let t = l.trim();
+        !t.is_empty() && !t.starts_with('#') && !t.starts_with('%')
+    })
+}
+
+fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_depth: MAX_YAML_DEPTH,
+            max_aliases: MAX_YAML_ALIASES,
+            max_total_scalar_bytes: MAX_YAML_SCALAR_BYTES,
+            max_documents: 1,
+        },
+    }
+}
+
+fn location(loc: &serde_saphyr::Location, first_line: u64) -> Option<Location> {
+    (loc.line() > 0).then(|| Location {
+        line: loc.line() + first_line,
+        column: loc.column(),
+    })
+}
+
+/// Deserialize one document into a raw type, keeping the serde path of a failure.
+fn decode<T: DeserializeOwned>(doc: &Document) -> Result<T, ManifestError> {
+    let mut track = serde_path_to_error::Track::new();
+    let result = serde_saphyr::with_deserializer_from_str_with_options(&doc.text, yaml_options(), |de| {
+        T::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
+    });
+    result.map_err(|err| {
+        let path = track.path().to_string();
+        let path = if path == "." { String::new() } else { path };
+        // `Spanned<T>` is a struct to serde: drop its inner `.value` segment from the path.
+        let path = path.replace(".value.", ".").replace(".value[", "[");
+        let path = path.strip_suffix(".value").map(str::to_string).unwrap_or(path);
+        let loc = err.location().and_then(|l| location(&l, doc.first_line));
+        ManifestError::new(Origin::new(path, loc), ManifestErrorKind::Yaml(yaml_message(&err)))
+    })
+}
+
+/// The parser's message without its own position suffix (we print positions ourselves).
+fn yaml_message(err: &serde_saphyr::Error) -> String {
+    let text = err.without_snippet().to_string();
+    let text = match text.find(" at line ") {
+        Some(i) => text[..i].to_string(),
+        None => text,
+    };
+    text.lines().next().unwrap_or_default().trim().to_string()
+}
+
+fn validate_name(name: &Spanned<String>, first_line: u64) -> Result<String, ManifestError> {
+    let err = |reason| {
+        ManifestError::new(
+            Origin::new("metadata.name", location(&name.referenced, first_line)),
+            ManifestErrorKind::Name {
+                name: name.value.clone(),
+                reason,
+            },
+        )
+    };
+    let n = &name.value;
+    if n.is_empty() || n.len() > 63 {
+        return Err(err("must be 1 to 63 characters"));
+    }
+    if !n
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Err(err(
+            "only lowercase letters, digits and '-' are allowed (a DNS-1123 label)",
+        ));
+    }
+    if n.starts_with('-') || n.ends_with('-') {
+        return Err(err("must start and end with a letter or digit"));
+    }
+    Ok(n.clone())
+}
+
+fn label_part_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && s.as_bytes()[0].is_ascii_alphanumeric()
+        && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
+}
+
+fn validate_labels(labels: &BTreeMap<String, String>, field: &str) -> Result<(), ManifestError> {
+    for (key, value) in labels {
+        let origin = || Origin::new(format!("metadata.{field}.{key}"), None);
+        if let Some(prefix) = RESERVED_LABEL_PREFIXES.iter().find(|p| key.starts_with(*p)) {
+            return Err(ManifestError::new(
+                origin(),
+                ManifestErrorKind::ReservedLabel {
+                    key: key.clone(),
+                    prefix,
+                },
+            ));
+        }
+        if field == "annotations" {
+            continue;
+        }
+        let name = key.rsplit_once('/').map_or(key.as_str(), |(prefix, name)| {
+            if prefix.is_empty() || prefix.len() > 253 {
+                ""
+            } else {
+                name
+            }
+        });
+        if !label_part_ok(name) {
+            return Err(ManifestError::new(origin(), ManifestErrorKind::LabelKey(key.clone())));
+        }
+        if !value.is_empty() && !label_part_ok(value) {
+            return Err(ManifestError::new(
+                origin(),
+                ManifestErrorKind::LabelValue(value.clone()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn parse_user(user: &Spanned<String>, first_line: u64) -> Result<UserSpec, ManifestError> {
+    let origin = || Origin::new("spec.user", location(&user.referenced, first_line));
+    let value = user.value.trim();
+    if value == "host" {
+        return Ok(UserSpec::Host);
+    }
+    let syntax = || {
+        ManifestError::new(
+            origin(),
+            ManifestErrorKind::UserSyntax {
+                value: user.value.clone(),
+            },
+        )
+    };
+    let (uid, gid) = value.split_once(':').ok_or_else(syntax)?;
+    let id = |s: &str| -> Result<u32, ManifestError> {
+        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(syntax());
+        }
+        let n: u64 = s
+            .parse()
+            .map_err(|_| ManifestError::new(origin(), ManifestErrorKind::IdTooLarge { id: u64::MAX }))?;
+        if n > MAX_ID {
+            return Err(ManifestError::new(origin(), ManifestErrorKind::IdTooLarge { id: n }));
+        }
+        Ok(n as u32)
+    };
+    Ok(UserSpec::Ids {
+        uid: id(uid)?,
+        gid: id(gid)?,
+    })
+}
+
+fn validate_mounts(mounts: Vec<raw::Mount>, first_line: u64) -> Result<Vec<MountSpec>, ManifestError> {
+    mounts
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let source_origin = Origin::new(
+                format!("spec.mounts[{i}].source"),
+                location(&m.source.referenced, first_line),
+            );
+            let target_origin = Origin::new(
+                format!("spec.mounts[{i}].target"),
+                location(&m.target.referenced, first_line),
+            );
+            paths::check_lexical(&m.source.value).map_err(|k| ManifestError::new(source_origin.clone(), k))?;
+            if m.source.value.starts_with('/')
+                && let Some(reason) = paths::refused_source(&paths::normalize(&m.source.value), None)
+            {
+                return Err(ManifestError::new(
+                    source_origin,
+                    ManifestErrorKind::RefusedSource {
+                        path: m.source.value.clone(),
+                        reason,
+                    },
+                ));
+            }
+            paths::check_target(&m.target.value).map_err(|k| ManifestError::new(target_origin.clone(), k))?;
+            Ok(MountSpec {
+                source: m.source.value,
+                target: paths::normalize(&m.target.value),
+                read_only: m.read_only,
+                source_origin,
+                target_origin,
+            })
+        })
+        .collect()
+}
+
+fn validate_environment(
+    raw: raw::EnvironmentDoc,
+    first_line: u64,
+    file: Option<&Path>,
+) -> Result<Environment, ManifestError> {
+    let name = validate_name(&raw.metadata.name, first_line)?;
+    validate_labels(&raw.metadata.labels, "labels")?;
+    validate_labels(&raw.metadata.annotations, "annotations")?;
+    let spec = raw.spec;
+    let at = |s: &serde_saphyr::Location| location(s, first_line);
+    let workdir = match &spec.workdir {
+        Some(w) => {
+            paths::check_workdir(&w.value)
+                .map_err(|k| ManifestError::new(Origin::new("spec.workdir", at(&w.referenced)), k))?;
+            paths::normalize(&w.value)
+        }
+        None => defaults::WORKDIR.to_string(),
+    };
+    let user = spec.user.as_ref().map(|u| parse_user(u, first_line)).transpose()?;
+    for (key, value) in &spec.env {
+        let origin = || Origin::new(format!("spec.env.{key}"), None);
+        let valid = key
+            .bytes()
+            .enumerate()
+            .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()));
+        if key.is_empty() || !valid {
+            return Err(ManifestError::new(origin(), ManifestErrorKind::EnvName(key.clone())));
+        }
+        if value.contains('\0') {
+            return Err(ManifestError::new(
+                origin(),
+                ManifestErrorKind::EnvValueNul(key.clone()),
+            ));
+        }
+    }
+    let mounts = validate_mounts(spec.mounts, first_line)?;
+    let resources = validate_resources(spec.resources, first_line)?;
+    if let Some(image) = &spec.image
+        && (image.value.trim().is_empty() || image.value.contains(char::is_whitespace))
+    {
+        return Err(ManifestError::new(
+            Origin::new("spec.image", at(&image.referenced)),
+            ManifestErrorKind::Yaml(format!("{:?} is not an image reference", image.value)),
+        ));
+    }
+    Ok(Environment {
+        name,
+        backend: match spec.backend {
+            Some(raw::Backend::Host) => Backend::Host,
+            Some(raw::Backend::Containerd) | None => Backend::Containerd,
+        },
+        image: spec.image.as_ref().map(|i| i.value.clone()),
+        workdir,
+        mount_workspace: spec.mount_workspace.unwrap_or(true),
+        user,
+        env: spec.env,
+        include_host_env: spec.include_host_env.as_ref().is_some_and(|b| b.value),
+        setup: spec.setup.map(|s| s.commands).unwrap_or_default(),
+        mounts,
+        network: spec.network.as_ref().map(|n| match n.value {
+            raw::Network::None => NetworkMode::None,
+            raw::Network::Host => NetworkMode::Host,
+            raw::Network::Bridge => NetworkMode::Bridge,
+        }),
+        resources,
+        origins: EnvOrigins {
+            image: spec.image.as_ref().and_then(|i| at(&i.referenced)),
+            include_host_env: spec.include_host_env.as_ref().and_then(|b| at(&b.referenced)),
+            network: spec.network.as_ref().and_then(|n| at(&n.referenced)),
+            file: file.map(Path::to_path_buf),
+        },
+    })
+}
+
+fn validate_resources(raw: Option<raw::Resources>, first_line: u64) -> Result<Resources, ManifestError> {
+    let mut out = Resources::default();
+    let Some(raw) = raw else { return Ok(out) };
+    if let Some(m) = raw.memory {
+        let origin = Origin::new("spec.resources.memory", location(&m.referenced, first_line));
+        let bytes = MemoryBytes::parse(&m.value.0).map_err(|e| ManifestError::new(origin.clone(), e.into()))?;
+        if bytes.0 < quantity::MIN_MEMORY_BYTES {
+            return Err(ManifestError::new(
+                origin,
+                ManifestErrorKind::MemoryTooSmall {
+                    bytes: bytes.0,
+                    min: quantity::MIN_MEMORY_BYTES,
+                },
+            ));
+        }
+        out.memory = bytes;
+    }
+    if let Some(c) = raw.cpu {
+        let origin = Origin::new("spec.resources.cpu", location(&c.referenced, first_line));
+        let milli = MilliCpu::parse(&c.value.0).map_err(|e| ManifestError::new(origin.clone(), e.into()))?;
+        if !(quantity::MIN_MILLI_CPU..=quantity::MAX_MILLI_CPU).contains(&milli.0) {
+            return Err(ManifestError::new(
+                origin,
+                ManifestErrorKind::CpuOutOfRange {
+                    milli: milli.0,
+                    min: quantity::MIN_MILLI_CPU,
+                    max: quantity::MAX_MILLI_CPU,
+                },
+            ));
+        }
+        out.cpu = milli;
+    }
+    if let Some(p) = raw.pids {
+        if !(1..=MAX_PIDS).contains(&p.value) {
+            return Err(ManifestError::new(
+                Origin::new("spec.resources.pids", location(&p.referenced, first_line)),
+                ManifestErrorKind::PidsOutOfRange(p.value),
+            ));
+        }
+        out.pids = p.value as u32;
+    }
+    Ok(out)
+}
+
+fn seconds(value: f64) -> Option<Duration> {
+    (value.is_finite() && value > 0.0 && value <= MAX_TIMEOUT_SECONDS as f64).then(|| Duration::from_secs_f64(value))
+}
+
+fn validate_job(raw: raw::JobDoc, first_line: u64, base_dir: &Path, file: Option<&Path>) -> Result<Job, ManifestError> {
+    let name = validate_name(&raw.metadata.name, first_line)?;
+    validate_labels(&raw.metadata.labels, "labels")?;
+    validate_labels(&raw.metadata.annotations, "annotations")?;
+    let spec = raw.spec;
+    let at = |s: &serde_saphyr::Location| location(s, first_line);
+    let environment_origin = Origin::new("spec.environment", at(&spec.environment.referenced));
+    if spec.environment.value.is_empty() {
+        return Err(ManifestError::new(
+            environment_origin,
+            ManifestErrorKind::Name {
+                name: String::new(),
+                reason: "must name an Environment",
+            },
+        ));
+    }
+    let workspace = match &spec.workspace {
+        Some(w) => {
+            paths::check_lexical(&w.value)
+                .map_err(|k| ManifestError::new(Origin::new("spec.workspace", at(&w.referenced)), k))?;
+            Some(base_dir.join(&w.value))
+        }
+        None => None,
+    };
+    let static_assets = spec
+        .static_assets
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let origin = Origin::new(format!("spec.staticAssets[{i}].source"), at(&a.source.referenced));
+            paths::check_lexical(&a.source.value).map_err(|k| ManifestError::new(origin.clone(), k))?;
+            paths::check_save_path(&a.save_path.value).map_err(|k| {
+                ManifestError::new(
+                    Origin::new(format!("spec.staticAssets[{i}].savePath"), at(&a.save_path.referenced)),
+                    k,
+                )
+            })?;
+            Ok(StaticAsset {
+                source: base_dir.join(&a.source.value),
+                save_path: paths::normalize(&a.save_path.value).trim_start_matches('/').to_string(),
+                origin,
+            })
+        })
+        .collect::<Result<Vec<_>, ManifestError>>()?;
+    let mounts = validate_mounts(spec.mounts, first_line)?;
+    let command_origin = || Origin::new("spec.command", at(&spec.command.referenced));
+    let command = match spec.command.value {
+        raw::Command::Argv(argv) => {
+            if argv.is_empty() || argv[0].is_empty() {
+                return Err(ManifestError::new(command_origin(), ManifestErrorKind::EmptyCommand));
+            }
+            if argv.iter().any(|a| a.contains('\0')) {
+                return Err(ManifestError::new(command_origin(), ManifestErrorKind::Nul));
+            }
+            Command::Argv(argv)
+        }
+        raw::Command::Shell(script) => {
+            if script.trim().is_empty() {
+                return Err(ManifestError::new(command_origin(), ManifestErrorKind::EmptyCommand));
+            }
+            if script.contains('\0') {
+                return Err(ManifestError::new(command_origin(), ManifestErrorKind::Nul));
+            }
+            Command::Shell(script)
+        }
+    };
+    let timeout = match &spec.timeout_seconds {
+        Some(t) => Some(seconds(t.value).ok_or_else(|| {
+            ManifestError::new(
+                Origin::new("spec.timeoutSeconds", at(&t.referenced)),
+                ManifestErrorKind::Timeout,
+            )
+        })?),
+        None => None,
+    };
+    let active_deadline = match &spec.active_deadline_seconds {
+        Some(d) if d.value == 0 || d.value > MAX_TIMEOUT_SECONDS => {
+            return Err(ManifestError::new(
+                Origin::new("spec.activeDeadlineSeconds", at(&d.referenced)),
+                ManifestErrorKind::Deadline,
+            ));
+        }
+        Some(d) => Some(Duration::from_secs(d.value)),
+        None => None,
+    };
+    Ok(Job {
+        name,
+        labels: raw.metadata.labels,
+        annotations: raw.metadata.annotations,
+        environment: spec.environment.value.clone(),
+        environment_origin,
+        workspace,
+        static_assets,
+        mounts,
+        command,
+        stdin: spec.stdin,
+        timeout,
+        disable_setup: spec.disable_setup,
+        backoff_limit: spec.backoff_limit.as_ref().map_or(0, |b| b.value),
+        backoff_limit_origin: spec
+            .backoff_limit
+            .as_ref()
+            .map(|b| Origin::new("spec.backoffLimit", at(&b.referenced))),
+        active_deadline,
+        base_dir: base_dir.to_path_buf(),
+        file: file.map(Path::to_path_buf),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_documents_and_keeps_file_line_numbers() {
+        let docs = split_documents("a: 1\n---\nb: 2\n--- {c: 3}\n...\n# only a comment\n");
+        assert_eq!(docs.len(), 3);
+        assert_eq!(docs[0].first_line, 0);
+        assert_eq!(docs[1].first_line, 1);
+        assert!(docs[1].text.contains("b: 2"));
+        assert_eq!(docs[2].first_line, 3);
+        assert!(docs[2].text.starts_with("    {c: 3}"));
+    }
+
+    #[test]
+    fn errors_carry_path_and_line_column() {
+        let text = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec:\n  resources:\n    memory: lots\n";
+        let err = parse_str(text, Path::new("."), None).unwrap_err();
+        assert_eq!(err.origin.path, "spec.resources.memory");
+        assert_eq!(err.origin.location, Some(Location { line: 6, column: 13 }));
+        assert!(err.to_string().contains("6:13"), "{err}");
+    }
+}

@@ -1,0 +1,202 @@
+//! Raw manifest structs exactly as written in YAML. `deny_unknown_fields` everywhere, and
+//! `Spanned` on every value that a later, semantic check may refuse, so that check can name
+//! the line and column. Nothing outside `manifest` sees these types.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde_saphyr::Spanned;
+
+/// Only `apiVersion` and `kind`: read first to pick the strict type for the document.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Header {
+    pub api_version: Option<Spanned<String>>,
+    pub kind: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnvironmentDoc {
+    #[expect(
+        dead_code,
+        reason = "checked through Header; declared so deny_unknown_fields accepts it"
+    )]
+    pub api_version: String,
+    #[expect(
+        dead_code,
+        reason = "checked through Header; declared so deny_unknown_fields accepts it"
+    )]
+    pub kind: String,
+    pub metadata: Metadata,
+    pub spec: EnvironmentSpec,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JobDoc {
+    #[expect(
+        dead_code,
+        reason = "checked through Header; declared so deny_unknown_fields accepts it"
+    )]
+    pub api_version: String,
+    #[expect(
+        dead_code,
+        reason = "checked through Header; declared so deny_unknown_fields accepts it"
+    )]
+    pub kind: String,
+    pub metadata: Metadata,
+    pub spec: JobSpec,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Metadata {
+    pub name: Spanned<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Containerd,
+    Host,
+}
+
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    None,
+    Host,
+    Bridge,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnvironmentSpec {
+    pub backend: Option<Backend>,
+    pub image: Option<Spanned<String>>,
+    pub workdir: Option<Spanned<String>>,
+    pub mount_workspace: Option<bool>,
+    pub user: Option<Spanned<String>>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub include_host_env: Option<Spanned<bool>>,
+    pub setup: Option<Setup>,
+    #[serde(default)]
+    pub mounts: Vec<Mount>,
+    pub network: Option<Spanned<Network>>,
+    pub resources: Option<Resources>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Setup {
+    #[serde(default)]
+    pub commands: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Mount {
+    pub source: Spanned<String>,
+    pub target: Spanned<String>,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Resources {
+    pub memory: Option<Spanned<Quantity>>,
+    pub cpu: Option<Spanned<Quantity>>,
+    pub pids: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StaticAsset {
+    pub source: Spanned<String>,
+    pub save_path: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JobSpec {
+    pub environment: Spanned<String>,
+    pub workspace: Option<Spanned<String>>,
+    #[serde(default)]
+    pub static_assets: Vec<StaticAsset>,
+    #[serde(default)]
+    pub mounts: Vec<Mount>,
+    pub command: Spanned<Command>,
+    pub stdin: Option<String>,
+    pub timeout_seconds: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub disable_setup: bool,
+    pub backoff_limit: Option<Spanned<u32>>,
+    pub active_deadline_seconds: Option<Spanned<u64>>,
+}
+
+/// A quantity may be written as a string (`512Mi`), an integer (`2`) or a float (`0.5`);
+/// all three are kept as text and parsed by `quantity`.
+pub struct Quantity(pub String);
+
+impl<'de> Deserialize<'de> for Quantity {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Quantity;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a quantity such as 512Mi, 2Gi, 500m or 2")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Quantity, E> {
+                Ok(Quantity(v.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Quantity, E> {
+                Ok(Quantity(v.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Quantity, E> {
+                Ok(Quantity(v.to_string()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Quantity, E> {
+                Ok(Quantity(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `command: ["python3", "main.py"]` (argv, no shell) or `command: "make test"` (run by `sh -c`).
+pub enum Command {
+    Argv(Vec<String>),
+    Shell(String),
+}
+
+impl<'de> Deserialize<'de> for Command {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Command;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of arguments or a shell command string")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Command, E> {
+                Ok(Command::Shell(v.to_string()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Command, A::Error> {
+                let mut argv = Vec::new();
+                while let Some(arg) = seq.next_element::<String>()? {
+                    argv.push(arg);
+                }
+                Ok(Command::Argv(argv))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}

@@ -1,0 +1,185 @@
+//! The runtime interface (reference 000's spawn → execute/stream/poll/kill → cleanup) and its
+//! backends. `host` runs trusted commands as host processes; the containerd backend
+//! implements the same trait.
+
+pub mod host;
+pub mod output;
+pub mod tree;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::spec::RunPlan;
+
+/// One command to run in a spawned runtime.
+#[derive(Clone, Debug, Default)]
+pub struct ExecRequest {
+    pub argv: Vec<String>,
+    /// `None` means EOF at once.
+    pub stdin: Option<Vec<u8>>,
+    pub timeout: Option<Duration>,
+    /// Extra environment for this command only.
+    pub env: BTreeMap<String, String>,
+    /// Working directory for this command (default: the runtime's workdir).
+    pub cwd: Option<String>,
+}
+
+/// Output and status of the setup commands run at spawn.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SetupResult {
+    pub exit_code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_dropped_bytes: u64,
+    pub stderr_dropped_bytes: u64,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+}
+
+impl SetupResult {
+    pub fn succeeded(&self) -> bool {
+        self.exit_code == Some(0) && !self.timed_out
+    }
+}
+
+/// What one command did: the `result` object of product.md.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecResult {
+    /// Exit status when the process exited; `None` when a signal ended it.
+    pub exit_code: Option<i32>,
+    /// The signal that ended the process, if one did.
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub oom_killed: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_dropped_bytes: u64,
+    pub stderr_dropped_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub setup: Option<SetupResult>,
+    pub duration_ms: u64,
+    pub peak_memory_bytes: Option<u64>,
+    pub cpu_time_ms: Option<u64>,
+}
+
+impl ExecResult {
+    /// Shell convention: the exit code, or 128 + signal.
+    pub fn status_code(&self) -> i32 {
+        match (self.exit_code, self.signal) {
+            (Some(code), _) => code,
+            (None, Some(sig)) => 128 + sig,
+            (None, None) => -1,
+        }
+    }
+}
+
+/// Live output of a streamed command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub enum RuntimeEvent {
+    Stdout {
+        data: String,
+    },
+    Stderr {
+        data: String,
+    },
+    Exit {
+        #[serde(rename = "exitCode")]
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        #[serde(rename = "timedOut")]
+        timed_out: bool,
+    },
+}
+
+/// What `poll` sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessState {
+    /// Nothing has run yet.
+    Idle,
+    Running,
+    /// The last process ended: its exit code, or 128 + signal.
+    Exited(i32),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("empty command")]
+    EmptyCommand,
+    #[error("cannot start {program:?}: {source}")]
+    Start {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the runtime was cleaned up")]
+    CleanedUp,
+    #[error("{0}")]
+    Refused(String),
+    #[error("backend {0} is not available yet")]
+    Unavailable(&'static str),
+}
+
+/// A spawned sandbox: one process at a time; a second command waits for the first.
+#[async_trait]
+pub trait Runtime: Send + Sync {
+    /// Output of the setup commands run at spawn (`None`: setup disabled or empty).
+    fn setup(&self) -> Option<&SetupResult>;
+    /// Run a command to completion (or its timeout) and collect its output.
+    async fn execute(&self, request: ExecRequest) -> Result<ExecResult, RuntimeError>;
+    /// Start a command and return its output as it happens; the last event is `Exit`.
+    /// Streaming takes no stdin (EOF at once), as in reference 000.
+    async fn stream(
+        &self,
+        argv: Vec<String>,
+        timeout: Option<Duration>,
+    ) -> Result<mpsc::Receiver<RuntimeEvent>, RuntimeError>;
+    /// Whether a command is running, or how the last one ended.
+    fn poll(&self) -> ProcessState;
+    /// Kill the running command's whole process tree, if one runs.
+    async fn kill(&self) -> Result<(), RuntimeError>;
+    /// Kill what runs and release everything the runtime holds. Idempotent.
+    async fn cleanup(&self) -> Result<(), RuntimeError>;
+}
+
+/// Knobs that are the runner's, not the manifest's.
+#[derive(Clone, Debug)]
+pub struct RuntimeOptions {
+    /// Bytes kept per stream (head + tail).
+    pub output_limit: usize,
+    /// After a timeout: how long SIGTERM may take before SIGKILL.
+    pub kill_grace: Duration,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        RuntimeOptions {
+            output_limit: output::DEFAULT_OUTPUT_LIMIT,
+            kill_grace: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Start a runtime for a plan on its backend.
+pub async fn spawn(
+    plan: &RunPlan,
+    host: &crate::spec::HostEnv,
+    options: &RuntimeOptions,
+) -> Result<Box<dyn Runtime>, RuntimeError> {
+    match plan.bound.backend {
+        crate::manifest::Backend::Host => Ok(Box::new(host::HostRuntime::spawn(plan, host, options).await?)),
+        crate::manifest::Backend::Containerd => Err(RuntimeError::Unavailable("containerd")),
+    }
+}
