@@ -57,18 +57,6 @@ fn plans(set: &ManifestSet, host: &HostEnv, backend: Option<Backend>) -> Result<
 pub fn validate(global: &Global, args: &FileArgs) -> Result<i32, CommandError> {
     let set = load(args)?;
     let host = HostEnv::detect(&global.state_dir);
-    // Environments on their own are checked against their own backend.
-    for env in &set.environments {
-        if env.backend == Backend::Containerd && env.image.is_none() {
-            return Err(ManifestError::new(
-                manifest::Origin::new("spec.image", None),
-                manifest::ManifestErrorKind::ImageRequired,
-            )
-            .in_document(format!("Environment {:?}", env.name))
-            .in_file(&args.file)
-            .into());
-        }
-    }
     let plans = plans(&set, &host, None)?;
     println!(
         "{}: valid ({} environment{}, {} job{})",

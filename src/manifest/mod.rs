@@ -335,20 +335,7 @@ pub fn bind(job: &Job, env: &Environment, backend: Option<Backend>) -> Result<Bo
     }
     if env.mount_workspace {
         let workdir = paths::normalize(&env.workdir);
-        if workdir == "/" {
-            return Err(env_err("spec.workdir", None, ManifestErrorKind::WorkspaceAtRoot));
-        }
         let under = |m: &MountSpec| paths::is_within(&paths::normalize(&m.target), &workdir);
-        if let Some(m) = env.mounts.iter().find(|m| under(m)) {
-            return Err(env_err(
-                &m.target_origin.path,
-                m.target_origin.location,
-                ManifestErrorKind::TargetUnderWorkdir {
-                    target: m.target.clone(),
-                    workdir: env.workdir.clone(),
-                },
-            ));
-        }
         if let Some(m) = job.mounts.iter().find(|m| under(m)) {
             return Err(job_err(
                 &m.target_origin,
@@ -804,7 +791,36 @@ fn validate_environment(
         }
     }
     let mounts = validate_mounts(spec.mounts, first_line)?;
+    let mount_workspace = spec.mount_workspace.unwrap_or(true);
+    if mount_workspace {
+        if workdir == "/" {
+            let loc = spec.workdir.as_ref().and_then(|w| at(&w.referenced));
+            return Err(ManifestError::new(
+                Origin::new("spec.workdir", loc),
+                ManifestErrorKind::WorkspaceAtRoot,
+            ));
+        }
+        if let Some(m) = mounts.iter().find(|m| paths::is_within(&m.target, &workdir)) {
+            return Err(ManifestError::new(
+                m.target_origin.clone(),
+                ManifestErrorKind::TargetUnderWorkdir {
+                    target: m.target.clone(),
+                    workdir: workdir.clone(),
+                },
+            ));
+        }
+    }
+    let backend = match spec.backend {
+        Some(raw::Backend::Host) => Backend::Host,
+        Some(raw::Backend::Containerd) | None => Backend::Containerd,
+    };
     let resources = validate_resources(spec.resources, first_line)?;
+    if backend == Backend::Containerd && spec.image.is_none() {
+        return Err(ManifestError::new(
+            Origin::new("spec.image", None),
+            ManifestErrorKind::ImageRequired,
+        ));
+    }
     if let Some(image) = &spec.image
         && (image.value.trim().is_empty() || image.value.contains(char::is_whitespace))
     {
@@ -815,13 +831,10 @@ fn validate_environment(
     }
     Ok(Environment {
         name,
-        backend: match spec.backend {
-            Some(raw::Backend::Host) => Backend::Host,
-            Some(raw::Backend::Containerd) | None => Backend::Containerd,
-        },
+        backend,
         image: spec.image.as_ref().map(|i| i.value.clone()),
         workdir,
-        mount_workspace: spec.mount_workspace.unwrap_or(true),
+        mount_workspace,
         user,
         env: spec.env,
         include_host_env: spec.include_host_env.as_ref().is_some_and(|b| b.value),

@@ -151,12 +151,14 @@ impl Running {
                 Err(_) => {
                     timed_out = true;
                     tree.signal(Signal::SIGTERM);
-                    if tokio::time::timeout(self.grace, &mut self.wait).await.is_err()
-                        || !tree.wait_empty(self.grace).await
-                    {
+                    let polite = tokio::time::timeout(self.grace, &mut self.wait).await;
+                    if polite.is_err() || !tree.wait_empty(self.grace).await {
                         tree.kill_until_empty(KILL_LIMIT).await;
                     }
-                    (&mut self.wait).await
+                    match polite {
+                        Ok(status) => status,
+                        Err(_) => (&mut self.wait).await,
+                    }
                 }
             },
             None => (&mut self.wait).await,
@@ -345,7 +347,7 @@ impl HostRuntime {
 
     /// Start one process; output goes to the two sinks.
     fn start(&self, request: ExecRequest, out: Sink, err: Sink) -> Result<Running, RuntimeError> {
-        let mut tree = ProcessTree::prepare();
+        let mut tree = ProcessTree::prepare(self.options.use_cgroup);
         let mut cmd = self.command(&request, &tree)?;
         let started = Instant::now();
         let mut child = cmd.spawn().map_err(|source| RuntimeError::Start {

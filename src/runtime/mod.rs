@@ -161,6 +161,9 @@ pub struct RuntimeOptions {
     pub output_limit: usize,
     /// After a timeout: how long SIGTERM may take before SIGKILL.
     pub kill_grace: Duration,
+    /// Host backend: track process trees with a cgroup when possible (else the process
+    /// group). Off only to exercise the fallback.
+    pub use_cgroup: bool,
 }
 
 impl Default for RuntimeOptions {
@@ -168,6 +171,7 @@ impl Default for RuntimeOptions {
         RuntimeOptions {
             output_limit: output::DEFAULT_OUTPUT_LIMIT,
             kill_grace: Duration::from_millis(500),
+            use_cgroup: true,
         }
     }
 }

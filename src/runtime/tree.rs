@@ -52,8 +52,8 @@ fn own_cgroup2_path() -> Option<String> {
 impl ProcessTree {
     /// Prepare tracking for one process about to be started. Never fails: without a usable
     /// cgroup it falls back to the process group.
-    pub fn prepare() -> Self {
-        let cgroup = Self::make_cgroup();
+    pub fn prepare(use_cgroup: bool) -> Self {
+        let cgroup = if use_cgroup { Self::make_cgroup() } else { None };
         let procs_fd = cgroup.as_ref().and_then(|dir| {
             fs::OpenOptions::new()
                 .write(true)
@@ -121,8 +121,7 @@ impl ProcessTree {
             return self.members().is_empty();
         }
         match self.pgid {
-            // kill(-pgid, 0) fails with ESRCH once no process of the group remains.
-            Some(pgid) => killpg(Pid::from_raw(pgid), None).is_err(),
+            Some(pgid) => live_group_members(pgid).is_empty(),
             None => true,
         }
     }
@@ -215,6 +214,28 @@ impl ProcessTree {
             remove_cgroup(&dir);
         }
     }
+}
+
+/// Processes of process group `pgid` that are not zombies. kill(-pgid, 0) would count
+/// zombies too: orphans killed by us stay zombies until init reaps them, which in a
+/// container without a reaping init can be never.
+fn live_group_members(pgid: i32) -> Vec<i32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = fs::read_to_string(e.path().join("stat")).ok()?;
+            // Fields after the parenthesised command name: state ppid pgrp ...
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let mut fields = rest.split_whitespace();
+            let state = fields.next()?;
+            let pgrp: i32 = fields.nth(1)?.parse().ok()?;
+            (pgrp == pgid && state != "Z" && state != "X").then_some(pid)
+        })
+        .collect()
 }
 
 fn remove_cgroup(dir: &Path) {

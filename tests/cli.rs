@@ -1,0 +1,277 @@
+//! The `runner` binary end to end on the host backend: exit codes, output formats, timeouts
+//! that kill whole process trees, output caps. Each test works in its own temp dir.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn json(output: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): stdout={} stderr={}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+#[test]
+fn apply_json_keeps_streams_apart_and_maps_a_failing_job_to_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_manifest(
+        dir.path(),
+        "job.yaml",
+        &host_job("out-err", r#"["sh", "-c", "echo out; echo err >&2; exit 3"]"#, ""),
+    );
+    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let job = json(&out);
+    let result = &job["status"]["result"];
+    assert_eq!(result["exitCode"], 3);
+    assert_eq!(result["stdout"], "out\n");
+    assert_eq!(result["stderr"], "err\n");
+    assert_eq!(result["timedOut"], false);
+    assert_eq!(job["status"]["phase"], "Failed");
+    assert_eq!(job["status"]["reason"], "Error");
+    assert_eq!(job["kind"], "Job");
+    assert!(job["status"]["startTime"].as_str().unwrap().ends_with('Z'));
+}
+
+#[test]
+fn apply_yaml_and_default_output_of_a_succeeding_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_manifest(dir.path(), "job.yaml", &host_job("ok", r#""echo hi""#, ""));
+    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "yaml"], dir.path());
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("phase: Succeeded"), "{text}");
+    assert!(text.contains("reason: Completed"), "{text}");
+    let out = runner(&["apply", "-f", file.to_str().unwrap()], dir.path());
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("job/ok Succeeded (Completed)"));
+}
+
+#[test]
+fn timeout_kills_backgrounded_and_reparented_grandchildren() {
+    let dir = tempfile::tempdir().unwrap();
+    // Three escape attempts: a background child, a re-parented grandchild (subshell exits),
+    // and one that leaves the process group with setsid. Then the job blocks.
+    let cmd = r#"["sh", "-c", "sleep 971.1 & (sleep 971.2 &) ; setsid sleep 971.3 & echo started; sleep 971.4"]"#;
+    let file = write_manifest(dir.path(), "job.yaml", &host_job("tree", cmd, "  timeoutSeconds: 1\n"));
+    let start = Instant::now();
+    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    let elapsed = start.elapsed();
+    let survivors = processes_matching("sleep 971.");
+    kill_matching("sleep 971.");
+    assert_eq!(out.status.code(), Some(1));
+    let job = json(&out);
+    assert_eq!(job["status"]["result"]["timedOut"], true);
+    assert_eq!(job["status"]["reason"], "Timeout");
+    assert_eq!(job["status"]["result"]["stdout"], "started\n");
+    assert!(elapsed < Duration::from_secs(3), "took {elapsed:?}");
+    assert!(survivors.is_empty(), "processes survived the timeout: {survivors:?}");
+}
+
+#[test]
+fn fifty_megabytes_of_output_are_capped_with_an_exact_dropped_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let total: u64 = 50 * 1000 * 1000;
+    let cmd = format!(r#"["sh", "-c", "head -c {total} /dev/zero | tr '\\0' x"]"#);
+    let file = write_manifest(dir.path(), "job.yaml", &host_job("flood", &cmd, ""));
+    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let result = &json(&out)["status"]["result"];
+    let kept = result["stdout"].as_str().unwrap().len() as u64;
+    let dropped = result["stdoutDroppedBytes"].as_u64().unwrap();
+    assert_eq!(kept, 10 * 1024 * 1024);
+    assert_eq!(kept + dropped, total);
+    // A smaller cap on the command line.
+    let out = runner(
+        &[
+            "apply",
+            "-f",
+            file.to_str().unwrap(),
+            "-o",
+            "json",
+            "--max-output-bytes",
+            "1000",
+        ],
+        dir.path(),
+    );
+    let result = &json(&out)["status"]["result"];
+    assert_eq!(result["stdout"].as_str().unwrap().len(), 1000);
+    assert_eq!(result["stdoutDroppedBytes"].as_u64().unwrap(), total - 1000);
+}
+
+#[test]
+fn stdin_is_delivered_and_absent_stdin_is_eof() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_manifest(
+        dir.path(),
+        "job.yaml",
+        &host_job("cat", r#"["cat"]"#, "  stdin: \"a\\nb\\n\"\n"),
+    );
+    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    assert_eq!(json(&out)["status"]["result"]["stdout"], "a\nb\n");
+    let file = write_manifest(
+        dir.path(),
+        "job2.yaml",
+        &host_job("cat2", r#"["cat"]"#, "  timeoutSeconds: 5\n"),
+    );
+    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    let status = &json(&out)["status"];
+    assert_eq!(status["result"]["timedOut"], false, "cat must see EOF at once");
+    assert_eq!(status["phase"], "Succeeded");
+}
+
+#[test]
+fn invalid_utf8_output_is_replaced_not_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_manifest(
+        dir.path(),
+        "job.yaml",
+        &host_job("bytes", r#"["printf", "ok\\377\\376!"]"#, ""),
+    );
+    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    assert_eq!(json(&out)["status"]["result"]["stdout"], "ok\u{fffd}\u{fffd}!");
+}
+
+#[test]
+fn setup_output_is_reported_apart_and_a_failing_setup_fails_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: host}\nspec:\n  backend: host\n  setup:\n    commands: [\"echo setting up\", \"echo setup-err >&2\"]\n";
+    let job = "---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: s}\nspec:\n  environment: host\n  command: \"echo main\"\n";
+    let file = write_manifest(dir.path(), "job.yaml", &format!("{env}{job}"));
+    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    let result = &json(&out)["status"]["result"];
+    assert_eq!(result["stdout"], "main\n");
+    assert_eq!(result["setup"]["stdout"], "setting up\n");
+    assert_eq!(result["setup"]["stderr"], "setup-err\n");
+    assert_eq!(result["setup"]["exitCode"], 0);
+    // disableSetup skips it.
+    let file = write_manifest(dir.path(), "job2.yaml", &format!("{env}{job}  disableSetup: true\n"));
+    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    assert!(json(&out)["status"]["result"].get("setup").is_none());
+    // A failing setup: the command never runs.
+    let failing = env.replace("\"echo setup-err >&2\"", "\"exit 4\"");
+    let file = write_manifest(dir.path(), "job3.yaml", &format!("{failing}{job}"));
+    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    let status = &json(&out)["status"];
+    assert_eq!(status["reason"], "SetupFailed");
+    assert_eq!(status["result"]["setup"]["exitCode"], 4);
+    assert_eq!(status["result"]["stdout"], "");
+}
+
+#[test]
+fn validate_exits_2_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let base =
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec:\n  image: local/busybox:latest\n";
+    let cases = [
+        ("  colour: blue\n", "spec.colour"),
+        ("  resources: {memory: lots}\n", "spec.resources.memory"),
+        ("  mounts: [{source: /proc, target: /data}]\n", "spec.mounts[0].source"),
+        (
+            "  mounts: [{source: /tmp, target: /workspace/x}]\n",
+            "spec.mounts[0].target",
+        ),
+    ];
+    for (extra, field) in cases {
+        let file = write_manifest(dir.path(), "bad.yaml", &format!("{base}{extra}"));
+        let out = runner(&["validate", "-f", file.to_str().unwrap()], dir.path());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra}: {stderr}");
+        assert!(stderr.contains(field), "{extra}: expected {field} in {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    }
+    let file = write_manifest(dir.path(), "good.yaml", base);
+    let out = runner(&["validate", "-f", file.to_str().unwrap()], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn spec_prints_the_hardened_spec_of_a_containerd_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = env!("CARGO_MANIFEST_DIR");
+    let out = runner(
+        &["spec", "-f", &format!("{repo}/manifests/examples/eval.yaml")],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let spec = json(&out);
+    assert_eq!(spec["process"]["noNewPrivileges"], true);
+    assert_ne!(spec["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ALLOW");
+    assert_eq!(spec["linux"]["resources"]["devices"][0]["allow"], false);
+    // Same input, same bytes (capability sets are sorted).
+    let again = runner(
+        &["spec", "-f", &format!("{repo}/manifests/examples/eval.yaml")],
+        dir.path(),
+    );
+    assert_eq!(out.stdout, again.stdout);
+}
+
+#[test]
+fn containerd_backend_is_refused_clearly_until_it_lands() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = env!("CARGO_MANIFEST_DIR");
+    let out = runner(
+        &["apply", "-f", &format!("{repo}/manifests/examples/python.yaml")],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not available yet"));
+}
+
+#[test]
+fn global_flags_work_before_and_after_the_verb() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_manifest(dir.path(), "job.yaml", &host_job("flags", r#""true""#, ""));
+    let f = file.to_str().unwrap();
+    let state = dir.path().join("state");
+    let s = state.to_str().unwrap();
+    for args in [
+        vec!["--namespace", "x", "--state-dir", s, "validate", "-f", f],
+        vec![
+            "validate",
+            "-f",
+            f,
+            "--namespace",
+            "x",
+            "--address",
+            "/tmp/none.sock",
+            "--state-dir",
+            s,
+        ],
+    ] {
+        let out = runner(&args, dir.path());
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn a_workspace_inside_the_state_dir_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(state.join("ws")).unwrap();
+    let file = write_manifest(
+        dir.path(),
+        "job.yaml",
+        &host_job(
+            "st",
+            r#""true""#,
+            &format!("  workspace: {}\n", state.join("ws").display()),
+        ),
+    );
+    let out = runner(&["validate", "-f", file.to_str().unwrap()], &state);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("state directory"));
+}

@@ -1,0 +1,78 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+/// The built `runner` binary.
+pub fn runner_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_runner"))
+}
+
+/// Run `runner ARGS` with a private state dir; returns its output.
+pub fn runner(args: &[&str], state_dir: &Path) -> Output {
+    Command::new(runner_bin())
+        .args(args)
+        .env("RUNNER_STATE_DIR", state_dir)
+        .env_remove("HUID")
+        .env_remove("HGID")
+        .output()
+        .expect("run runner")
+}
+
+/// Write a manifest into `dir` and return its path.
+pub fn write_manifest(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Host-backend Environment + Job around `command` (YAML flow list or string).
+pub fn host_job(name: &str, command: &str, extra_job: &str) -> String {
+    format!(
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: host}}\nspec:\n  backend: host\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n  environment: host\n  command: {command}\n{extra_job}"
+    )
+}
+
+/// PIDs of live processes whose command line contains `needle`.
+pub fn processes_matching(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        // Zombies have an empty cmdline; they hold no resources but a slot in the table.
+        if text.contains(needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Kill what a failed test left behind, so one failure does not leak into the next run.
+pub fn kill_matching(needle: &str) {
+    for pid in processes_matching(needle) {
+        unsafe_kill(pid);
+    }
+}
+
+fn unsafe_kill(pid: i32) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+}
+
+/// Wait up to `limit` for `cond`.
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}
