@@ -28,9 +28,10 @@ pub struct Cli {
 
 #[derive(Args, Debug, Clone)]
 pub struct Global {
-    /// containerd's gRPC socket.
-    #[arg(long, global = true, env = "CONTAINERD_ADDRESS", default_value = DEFAULT_ADDRESS)]
-    pub address: PathBuf,
+    /// containerd's gRPC socket [default: /run/containerd/containerd.sock, else runner's own
+    /// private containerd under the state dir, started on first use].
+    #[arg(long, global = true, env = "CONTAINERD_ADDRESS")]
+    pub address: Option<PathBuf>,
     /// containerd namespace for everything runner creates.
     #[arg(long, global = true, env = "CONTAINERD_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
     pub namespace: String,
@@ -68,6 +69,62 @@ pub enum Verb {
         #[arg(long, default_value_t = crate::runtime::output::DEFAULT_OUTPUT_LIMIT)]
         max_output_bytes: usize,
     },
+    /// Manage images in containerd.
+    Image {
+        #[command(subcommand)]
+        verb: ImageVerb,
+    },
+    /// Manage runner's private containerd.
+    Daemon {
+        #[command(subcommand)]
+        verb: DaemonVerb,
+    },
+    /// Remove containers, snapshots and leases runner created that no live job owns.
+    Gc,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ImageVerb {
+    /// Import an OCI layout tar, a `docker save` archive, or a plain rootfs tarball.
+    Import {
+        /// The archive.
+        file: PathBuf,
+        /// Image name (required for rootfs tarballs and unnamed archives; overrides others).
+        #[arg(long)]
+        name: Option<String>,
+        /// Rootfs tarballs: the image's default command, as a JSON array (`'["sh","-c","x"]'`)
+        /// or a shell string (run by /bin/sh -c), as Docker's CMD.
+        #[arg(long = "cmd", allow_hyphen_values = true)]
+        cmd: Option<String>,
+        /// Rootfs tarballs: an environment variable KEY=VALUE (repeatable).
+        #[arg(long = "env")]
+        env: Vec<String>,
+        /// Rootfs tarballs: the image's working directory.
+        #[arg(long)]
+        workdir: Option<String>,
+        /// Rootfs tarballs: the image's user.
+        #[arg(long)]
+        user: Option<String>,
+    },
+    /// List images.
+    #[command(alias = "list")]
+    Ls {
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<OutputFormat>,
+    },
+    /// Remove images.
+    #[command(alias = "remove")]
+    Rm { names: Vec<String> },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DaemonVerb {
+    /// Start runner's private containerd under the state dir (no-op when it runs).
+    Start,
+    /// Stop the private containerd runner started (only that process).
+    Stop,
+    /// Say whether it runs, its PID and socket.
+    Status,
 }
 
 #[derive(Args, Debug)]

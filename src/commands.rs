@@ -5,10 +5,16 @@ use std::io::Write;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{FileArgs, Global, OutputFormat};
+use std::path::Path;
+
+use crate::cli::{DEFAULT_ADDRESS, DaemonVerb, FileArgs, Global, ImageVerb, OutputFormat};
+use crate::daemon::{self, DaemonPaths};
+use crate::image::{self, ImportOptions};
 use crate::job::{self, JobObject, JobStatus};
 use crate::manifest::{self, Backend, ManifestError, ManifestSet};
 use crate::runtime::RuntimeOptions;
+use crate::runtime::containerd::client::{Containerd, CtdError};
+use crate::runtime::containerd::{self as ctd, Engine};
 use crate::spec::{self, HostEnv, SpecError};
 
 /// Why the runner could not do its work (exit 2).
@@ -20,6 +26,12 @@ pub enum CommandError {
     Spec(#[from] SpecError),
     #[error("{0}")]
     Usage(String),
+    #[error(transparent)]
+    Containerd(#[from] CtdError),
+    #[error(transparent)]
+    Daemon(#[from] daemon::DaemonError),
+    #[error(transparent)]
+    Image(#[from] image::ImageError),
     #[error("{what}: {source}")]
     Output {
         what: &'static str,
@@ -137,17 +149,27 @@ pub async fn apply(
                 origin.path
             )));
         }
-        if plan.bound.backend == Backend::Containerd {
-            return Err(CommandError::Usage(format!(
-                "Job {:?}: backend containerd is not available yet in this build; run trusted jobs with --backend host",
-                job.name
-            )));
-        }
     }
+    let engine = if plans.iter().any(|p| p.bound.backend == Backend::Containerd) {
+        let client = connect(global).await?;
+        reconcile(&client, global).await;
+        Some(Engine::new(
+            client,
+            &global.state_dir,
+            host.clone(),
+            RuntimeOptions::default(),
+        ))
+    } else {
+        None
+    };
     let options = RuntimeOptions {
         output_limit: max_output_bytes,
         ..RuntimeOptions::default()
     };
+    let engine = engine.map(|mut e| {
+        e.options = options.clone();
+        e
+    });
     let cancel = CancellationToken::new();
     let on_signal = cancel.clone();
     tokio::spawn(async move {
@@ -158,7 +180,7 @@ pub async fn apply(
     let mut objects = Vec::new();
     let mut code = 0;
     for plan in &plans {
-        let status = job::run_once(plan, &host, &options, &cancel).await;
+        let status = job::run_once(plan, &host, &options, engine.as_ref(), &cancel).await;
         code = worst(code, status.exit_code());
         if output.is_none() {
             print_human(plan, &status);
@@ -277,4 +299,239 @@ fn print_human(plan: &spec::RunPlan, status: &JobStatus) {
         (None, None) => String::new(),
     };
     let _ = writeln!(stderr, "job/{} {:?} ({reason}){detail}", plan.job().name, status.phase);
+}
+
+/// Valid containerd namespace: alphanumeric words joined by `.`, `_` or `-`.
+fn check_namespace(ns: &str) -> Result<(), CommandError> {
+    let ok = !ns.is_empty()
+        && ns.len() <= 76
+        && ns
+            .split(['.', '_', '-'])
+            .all(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphanumeric()));
+    if ok {
+        Ok(())
+    } else {
+        Err(CommandError::Usage(format!(
+            "--namespace {ns:?} is not a valid containerd namespace (letters and digits joined by . _ -)"
+        )))
+    }
+}
+
+/// Connect to containerd: the address given, else the system daemon at the default
+/// address, else runner's private daemon under the state dir (started on first use).
+pub async fn connect(global: &Global) -> Result<Containerd, CommandError> {
+    check_namespace(&global.namespace)?;
+    if let Some(address) = &global.address {
+        return Ok(Containerd::connect(address, &global.namespace).await?);
+    }
+    let default = Path::new(DEFAULT_ADDRESS);
+    let system = Containerd::connect(default, &global.namespace).await;
+    if let Ok(client) = system {
+        return Ok(client);
+    }
+    let paths = DaemonPaths::new(&global.state_dir);
+    if daemon::running(&paths).is_none() {
+        if !daemon::installed() {
+            return Err(system.unwrap_err().into());
+        }
+        let pid = daemon::start(&paths).await?;
+        eprintln!(
+            "runner: no containerd at {DEFAULT_ADDRESS}; started a private one (pid {pid}, socket {}; `runner daemon stop` stops it)",
+            paths.socket.display()
+        );
+    }
+    Ok(Containerd::connect(&paths.socket, &global.namespace).await?)
+}
+
+/// Start-up reconciliation: remove what runner processes that are gone left behind.
+async fn reconcile(client: &Containerd, global: &Global) {
+    match gc_orphans(client, global).await {
+        Ok(report) if report.total() > 0 => tracing::info!(?report, "removed orphans of dead runner processes"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "start-up reconciliation failed"),
+    }
+}
+
+#[derive(Debug, Default, serde::Serialize)]
+pub struct GcReport {
+    pub containers: Vec<String>,
+    pub snapshots: Vec<String>,
+    pub leases: Vec<String>,
+    pub fifo_dirs: Vec<String>,
+}
+
+impl GcReport {
+    fn total(&self) -> usize {
+        self.containers.len() + self.snapshots.len() + self.leases.len() + self.fifo_dirs.len()
+    }
+}
+
+/// Remove every container, snapshot and lease labelled as runner's whose owning runner
+/// process is gone, and FIFO directories of containers that no longer exist.
+pub async fn gc_orphans(client: &Containerd, global: &Global) -> Result<GcReport, CommandError> {
+    let managed = format!("labels.\"{}\"==true", ctd::LABEL_MANAGED);
+    let host = HostEnv::detect(&global.state_dir);
+    let engine = Engine::new(client.clone(), &global.state_dir, host, RuntimeOptions::default());
+    let dead = |labels: &std::collections::HashMap<String, String>| {
+        labels.get(ctd::LABEL_OWNER).is_none_or(|o| !ctd::owner_alive(o))
+    };
+    let mut report = GcReport::default();
+    let containers = client.containers(vec![managed.clone()]).await?;
+    for c in &containers {
+        if dead(&c.labels) {
+            engine.teardown(&c.id).await.ok();
+            report.containers.push(c.id.clone());
+        }
+    }
+    let live: std::collections::HashSet<String> = client
+        .containers(vec![managed.clone()])
+        .await?
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    for s in client.snapshots(vec![managed.clone()]).await? {
+        if !live.contains(&s.name) && dead(&s.labels) {
+            client.snapshot_remove(&s.name).await?;
+            report.snapshots.push(s.name);
+        }
+    }
+    for l in client.leases(vec![managed]).await? {
+        if dead(&l.labels) {
+            client.lease_delete(&l.id).await?;
+            report.leases.push(l.id);
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir(global.state_dir.join("run")) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if !live.contains(&name) && std::fs::remove_dir_all(e.path()).is_ok() {
+                report.fifo_dirs.push(name);
+            }
+        }
+    }
+    Ok(report)
+}
+
+pub async fn gc(global: &Global) -> Result<i32, CommandError> {
+    let client = connect(global).await?;
+    let report = gc_orphans(&client, global).await?;
+    println!(
+        "removed {} containers, {} snapshots, {} leases, {} FIFO directories",
+        report.containers.len(),
+        report.snapshots.len(),
+        report.leases.len(),
+        report.fifo_dirs.len()
+    );
+    for c in &report.containers {
+        println!("container/{c}");
+    }
+    Ok(0)
+}
+
+pub async fn image_cmd(global: &Global, verb: &ImageVerb) -> Result<i32, CommandError> {
+    let client = connect(global).await?;
+    match verb {
+        ImageVerb::Import {
+            file,
+            name,
+            cmd,
+            env,
+            workdir,
+            user,
+        } => {
+            let cmd = match cmd {
+                Some(text) if text.trim_start().starts_with('[') => Some(
+                    serde_json::from_str::<Vec<String>>(text)
+                        .map_err(|e| CommandError::Usage(format!("--cmd: not a JSON array of strings: {e}")))?,
+                ),
+                Some(text) => Some(vec!["/bin/sh".to_string(), "-c".to_string(), text.clone()]),
+                None => None,
+            };
+            let options = ImportOptions {
+                name: name.clone(),
+                cmd,
+                env: env.clone(),
+                workdir: workdir.clone(),
+                user: user.clone(),
+            };
+            for imported in image::import(&client, file, &options).await? {
+                println!(
+                    "imported {} ({} archive, {} layer{}, {})",
+                    imported.name,
+                    imported.format,
+                    imported.layers,
+                    if imported.layers == 1 { "" } else { "s" },
+                    imported.digest
+                );
+            }
+            Ok(0)
+        }
+        ImageVerb::Ls { output } => {
+            let images = client.images().await?;
+            let rows: Vec<serde_json::Value> = images
+                .iter()
+                .map(|i| {
+                    let t = i.target.clone().unwrap_or_default();
+                    serde_json::json!({"name": i.name, "digest": t.digest, "mediaType": t.media_type, "size": t.size})
+                })
+                .collect();
+            match output {
+                Some(OutputFormat::Json) => println!("{}", serde_json::to_string_pretty(&rows).unwrap_or_default()),
+                Some(OutputFormat::Yaml) => print!("{}", serde_saphyr::to_string(&rows).unwrap_or_default()),
+                _ => {
+                    println!("{:<40} {:<20} MEDIA TYPE", "NAME", "DIGEST");
+                    for i in &images {
+                        let t = i.target.clone().unwrap_or_default();
+                        let short = t.digest.get(7..19).unwrap_or(&t.digest);
+                        println!("{:<40} {:<20} {}", i.name, short, t.media_type);
+                    }
+                }
+            }
+            Ok(0)
+        }
+        ImageVerb::Rm { names } => {
+            if names.is_empty() {
+                return Err(CommandError::Usage("runner image rm NAME...".into()));
+            }
+            for name in names {
+                let name = image::normalize_name(name)?;
+                match client.image_delete(&name).await {
+                    Ok(()) => println!("deleted {name}"),
+                    Err(e) if e.is_not_found() => {
+                        return Err(CommandError::Usage(format!("image {name} is not present")));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(0)
+        }
+    }
+}
+
+pub async fn daemon_cmd(global: &Global, verb: &DaemonVerb) -> Result<i32, CommandError> {
+    let paths = DaemonPaths::new(&global.state_dir);
+    match verb {
+        DaemonVerb::Start => {
+            let pid = daemon::start(&paths).await?;
+            println!("containerd running (pid {pid}) at {}", paths.socket.display());
+            Ok(0)
+        }
+        DaemonVerb::Stop => {
+            match daemon::stop(&paths).await? {
+                Some(pid) => println!("stopped containerd (pid {pid})"),
+                None => println!("no private containerd was running"),
+            }
+            Ok(0)
+        }
+        DaemonVerb::Status => match daemon::running(&paths) {
+            Some(pid) => {
+                println!("running (pid {pid}) at {}", paths.socket.display());
+                Ok(0)
+            }
+            None => {
+                println!("stopped");
+                Ok(1)
+            }
+        },
+    }
 }

@@ -3,6 +3,8 @@
 
 pub mod cli;
 pub mod commands;
+pub mod daemon;
+pub mod image;
 pub mod job;
 pub mod manifest;
 pub mod runtime;

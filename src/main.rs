@@ -29,6 +29,9 @@ fn main() {
                 backend,
                 max_output_bytes,
             } => commands::apply(&cli.global, file, *output, *backend, *max_output_bytes).await,
+            Verb::Image { verb } => commands::image_cmd(&cli.global, verb).await,
+            Verb::Daemon { verb } => commands::daemon_cmd(&cli.global, verb).await,
+            Verb::Gc => commands::gc(&cli.global).await,
         }
     });
     let code = match outcome {

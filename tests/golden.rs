@@ -22,6 +22,7 @@ fn host() -> HostEnv {
         state_dir: PathBuf::from("/var/lib/runner"),
         arch: "x86_64".into(),
         vars: BTreeMap::new(),
+        nofile_hard: 1 << 20,
     }
 }
 

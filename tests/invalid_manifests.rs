@@ -21,6 +21,7 @@ fn host(state_dir: &Path) -> HostEnv {
         state_dir: state_dir.to_path_buf(),
         arch: "x86_64".into(),
         vars: BTreeMap::new(),
+        nofile_hard: 1 << 20,
     }
 }
 

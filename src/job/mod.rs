@@ -7,7 +7,8 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::manifest::Job;
+use crate::manifest::{Backend, Job};
+use crate::runtime::containerd::Engine;
 use crate::runtime::{self, ExecRequest, ExecResult, Runtime, RuntimeError, RuntimeOptions};
 use crate::spec::{HostEnv, RunPlan};
 
@@ -159,19 +160,76 @@ fn command_limit(job: &Job, started: Instant) -> (Option<Duration>, bool) {
 /// Run one attempt of a job to its end: spawn (setup), execute, clean up. Always returns a
 /// status: a runner failure becomes `InfraError`, never a lost result.
 /// `cancel` stops the job (Ctrl-C): its process tree is killed and the status says so.
+/// `engine` is the containerd connection, needed for `backend: containerd`.
 pub async fn run_once(
     plan: &RunPlan,
     host: &HostEnv,
     options: &RuntimeOptions,
+    engine: Option<&Engine>,
     cancel: &CancellationToken,
 ) -> JobStatus {
     let start = SystemTime::now();
     let started = Instant::now();
+    let mut status = match plan.bound.backend {
+        Backend::Host => run_host(plan, host, options, cancel, started).await,
+        Backend::Containerd => match engine {
+            Some(engine) => run_container(plan, engine, cancel).await,
+            None => infra_error(&RuntimeError::Unavailable("containerd")),
+        },
+    };
+    status.start_time = Some(rfc3339(start));
+    status.completion_time = Some(rfc3339(SystemTime::now()));
+    status
+}
+
+async fn run_container(plan: &RunPlan, engine: &Engine, cancel: &CancellationToken) -> JobStatus {
+    match engine.run_oneshot(plan, cancel).await {
+        Ok(result) => {
+            if cancel.is_cancelled() {
+                return interrupted(Some(result));
+            }
+            let deadline_bound = match (plan.job().timeout, plan.job().active_deadline) {
+                (Some(t), Some(d)) => d < t,
+                (None, Some(_)) => true,
+                _ => false,
+            };
+            let (phase, reason) = status_of(result.clone(), deadline_bound);
+            JobStatus {
+                phase,
+                reason,
+                message: None,
+                result: Some(result),
+                start_time: None,
+                completion_time: None,
+            }
+        }
+        Err(e) => infra_error(&e),
+    }
+}
+
+fn interrupted(result: Option<ExecResult>) -> JobStatus {
+    JobStatus {
+        phase: Phase::Failed,
+        reason: Reason::Interrupted,
+        message: Some("interrupted; every process of the job was killed".into()),
+        result,
+        start_time: None,
+        completion_time: None,
+    }
+}
+
+async fn run_host(
+    plan: &RunPlan,
+    host: &HostEnv,
+    options: &RuntimeOptions,
+    cancel: &CancellationToken,
+    started: Instant,
+) -> JobStatus {
     let spawned = tokio::select! {
         spawned = runtime::spawn(plan, host, options) => spawned,
-        () = cancel.cancelled() => Err(RuntimeError::Refused("interrupted during setup".into())),
+        () = cancel.cancelled() => return interrupted(None),
     };
-    let mut status = match spawned {
+    match spawned {
         Ok(rt) => {
             let status = tokio::select! {
                 status = attempt(rt.as_ref(), plan, started) => status,
@@ -179,14 +237,7 @@ pub async fn run_once(
                     if let Err(e) = rt.kill().await {
                         tracing::warn!(error = %e, "killing the interrupted job failed");
                     }
-                    JobStatus {
-                        phase: Phase::Failed,
-                        reason: Reason::Interrupted,
-                        message: Some("interrupted; every process of the job was killed".into()),
-                        result: None,
-                        start_time: None,
-                        completion_time: None,
-                    }
+                    interrupted(None)
                 }
             };
             if let Err(e) = rt.cleanup().await {
@@ -194,19 +245,8 @@ pub async fn run_once(
             }
             status
         }
-        Err(_) if cancel.is_cancelled() => JobStatus {
-            phase: Phase::Failed,
-            reason: Reason::Interrupted,
-            message: Some("interrupted during setup".into()),
-            result: None,
-            start_time: None,
-            completion_time: None,
-        },
         Err(e) => infra_error(&e),
-    };
-    status.start_time = Some(rfc3339(start));
-    status.completion_time = Some(rfc3339(SystemTime::now()));
-    status
+    }
 }
 
 fn infra_error(e: &RuntimeError) -> JobStatus {

@@ -2,6 +2,8 @@
 //! backends. `host` runs trusted commands as host processes; the containerd backend
 //! implements the same trait.
 
+pub mod cgroupfs;
+pub mod containerd;
 pub mod host;
 pub mod output;
 pub mod tree;
@@ -130,6 +132,12 @@ pub enum RuntimeError {
     Refused(String),
     #[error("backend {0} is not available yet")]
     Unavailable(&'static str),
+    #[error(transparent)]
+    Containerd(#[from] containerd::client::CtdError),
+    #[error(transparent)]
+    Image(#[from] crate::image::ImageError),
+    #[error("{0}")]
+    Internal(String),
 }
 
 /// A spawned sandbox: one process at a time; a second command waits for the first.
@@ -176,14 +184,27 @@ impl Default for RuntimeOptions {
     }
 }
 
-/// Start a runtime for a plan on its backend.
+/// Start a live runtime for a plan on its backend.
 pub async fn spawn(
     plan: &RunPlan,
     host: &crate::spec::HostEnv,
     options: &RuntimeOptions,
 ) -> Result<Box<dyn Runtime>, RuntimeError> {
+    spawn_with(plan, host, options, None).await
+}
+
+/// As `spawn`, with the containerd engine for `backend: containerd`.
+pub async fn spawn_with(
+    plan: &RunPlan,
+    host: &crate::spec::HostEnv,
+    options: &RuntimeOptions,
+    engine: Option<&containerd::Engine>,
+) -> Result<Box<dyn Runtime>, RuntimeError> {
     match plan.bound.backend {
         crate::manifest::Backend::Host => Ok(Box::new(host::HostRuntime::spawn(plan, host, options).await?)),
-        crate::manifest::Backend::Containerd => Err(RuntimeError::Unavailable("containerd")),
+        crate::manifest::Backend::Containerd => match engine {
+            Some(engine) => Ok(Box::new(engine.spawn_live(plan).await?)),
+            None => Err(RuntimeError::Unavailable("containerd")),
+        },
     }
 }

@@ -28,7 +28,7 @@ pub const STATIC_ROOT: &str = "/static";
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// CFS period for the cpu quota: the kernel default (100 ms).
 pub const CPU_PERIOD_US: u64 = 100_000;
-/// Open files per process in the container.
+/// Open files per process in the container (lowered to the host's hard limit).
 pub const NOFILE_LIMIT: u64 = 65_536;
 /// Size of the tmpfs on /dev and /dev/shm.
 const DEV_TMPFS_SIZE: &str = "size=65536k";
@@ -116,6 +116,9 @@ pub struct HostEnv {
     pub arch: String,
     /// The runner's environment, for `includeHostEnv` on the host backend.
     pub vars: BTreeMap<String, String>,
+    /// Hard RLIMIT_NOFILE of the runner (and so, usually, of the containerd it starts):
+    /// runc cannot raise a container's limit above its own.
+    pub nofile_hard: u64,
 }
 
 impl HostEnv {
@@ -129,6 +132,9 @@ impl HostEnv {
             state_dir: state_dir.to_path_buf(),
             arch: std::env::consts::ARCH.to_string(),
             vars: std::env::vars().collect(),
+            nofile_hard: nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                .map(|(_, hard)| hard)
+                .unwrap_or(NOFILE_LIMIT),
         }
     }
 
@@ -157,6 +163,9 @@ pub struct RunPlan {
     pub job_mounts: Vec<BindMount>,
     /// Static assets: target is `/static/<savePath>`.
     pub assets: Vec<BindMount>,
+    /// `KEY=VALUE` defaults from the image config (untrusted content: defaults only, below
+    /// the Environment's `env`). Empty until the containerd backend reads the image.
+    pub image_env: Vec<String>,
 }
 
 impl RunPlan {
@@ -274,6 +283,7 @@ pub fn resolve(bound: &Bound, host: &HostEnv) -> Result<RunPlan, SpecError> {
         env_mounts,
         job_mounts,
         assets,
+        image_env: Vec::new(),
     })
 }
 
@@ -323,11 +333,20 @@ pub fn runs_setup(job: &Job, env: &Environment) -> bool {
     !job.disable_setup && !env.setup.is_empty()
 }
 
-/// Process environment inside the container: defaults, then the Environment's `env`.
-pub fn container_env(env: &Environment, uid: u32) -> Vec<String> {
+/// Process environment inside the container: our defaults, then the image's, then the
+/// Environment's `env`.
+pub fn container_env(env: &Environment, image_env: &[String], uid: u32) -> Vec<String> {
     let mut vars: BTreeMap<String, String> = BTreeMap::new();
     vars.insert("PATH".into(), DEFAULT_PATH.into());
     vars.insert("HOME".into(), if uid == 0 { "/root".into() } else { "/tmp".into() });
+    for entry in image_env {
+        if let Some((k, v)) = entry.split_once('=')
+            && !k.is_empty()
+            && !entry.contains('\0')
+        {
+            vars.insert(k.to_string(), v.to_string());
+        }
+    }
     vars.extend(env.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     vars.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
@@ -442,7 +461,7 @@ pub fn build(plan: &RunPlan, host: &HostEnv) -> Result<Spec, SpecError> {
         .terminal(false)
         .user(UserBuilder::default().uid(uid).gid(gid).build()?)
         .args(process_args(job, env))
-        .env(container_env(env, uid))
+        .env(container_env(env, &plan.image_env, uid))
         .cwd(&env.workdir)
         .capabilities(
             LinuxCapabilitiesBuilder::default()
@@ -456,8 +475,8 @@ pub fn build(plan: &RunPlan, host: &HostEnv) -> Result<Spec, SpecError> {
         .rlimits(vec![
             PosixRlimitBuilder::default()
                 .typ(PosixRlimitType::RlimitNofile)
-                .soft(NOFILE_LIMIT)
-                .hard(NOFILE_LIMIT)
+                .soft(NOFILE_LIMIT.min(host.nofile_hard))
+                .hard(NOFILE_LIMIT.min(host.nofile_hard))
                 .build()?,
             // No core dumps: they would fill the workspace and leak memory contents.
             PosixRlimitBuilder::default()

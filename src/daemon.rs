@@ -1,0 +1,185 @@
+//! The embedded containerd: when no containerd answers at the default address, runner starts
+//! a private one under its state directory (own root, state, sockets), detached from the CLI
+//! so it outlives it, and stops only the PID it started.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::runtime::containerd::client::Containerd;
+
+/// The binary we start.
+pub const CONTAINERD_BIN: &str = "containerd";
+/// How long a fresh daemon may take to answer.
+const START_LIMIT: Duration = Duration::from_secs(15);
+/// How long SIGTERM may take before SIGKILL on stop.
+const STOP_LIMIT: Duration = Duration::from_secs(10);
+/// Unix socket paths are limited to 108 bytes; stay well below.
+const MAX_SOCKET_PATH: usize = 100;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("the containerd binary is not installed (apt-get install containerd)")]
+    NotInstalled,
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("containerd (pid {pid}) did not answer at {socket} within {limit:?}; see {log}")]
+    NoAnswer {
+        pid: u32,
+        socket: PathBuf,
+        limit: Duration,
+        log: PathBuf,
+    },
+}
+
+/// Where the embedded daemon keeps everything.
+#[derive(Clone, Debug)]
+pub struct DaemonPaths {
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    pub pid_file: PathBuf,
+    pub log: PathBuf,
+}
+
+impl DaemonPaths {
+    pub fn new(state_dir: &Path) -> Self {
+        let dir = state_dir.join("containerd");
+        let mut socket = dir.join("containerd.sock");
+        if socket.as_os_str().len() > MAX_SOCKET_PATH {
+            // A deep state dir: keep the socket short in /run, named after the state dir.
+            let digest = crate::image::archive::sha256_bytes(state_dir.as_os_str().as_encoded_bytes());
+            socket = PathBuf::from(format!("/run/runner-{}/containerd.sock", &digest[7..19]));
+        }
+        DaemonPaths {
+            config: dir.join("config.toml"),
+            pid_file: dir.join("containerd.pid"),
+            log: dir.join("containerd.log"),
+            socket,
+            dir,
+        }
+    }
+
+    fn config_text(&self) -> String {
+        let root = self.dir.join("root");
+        let state = self.dir.join("state");
+        format!(
+            "# Written by runner: a private containerd (runner daemon start).\nversion = 2\nroot = {root:?}\nstate = {state:?}\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\", \"io.containerd.snapshotter.v1.aufs\", \"io.containerd.snapshotter.v1.btrfs\", \"io.containerd.snapshotter.v1.zfs\", \"io.containerd.snapshotter.v1.devmapper\"]\n\n[grpc]\n  address = {sock:?}\n\n[ttrpc]\n  address = {ttrpc:?}\n\n[debug]\n  address = \"\"\n\n[metrics]\n  address = \"\"\n",
+            root = root.display().to_string(),
+            state = state.display().to_string(),
+            sock = self.socket.display().to_string(),
+            ttrpc = format!("{}.ttrpc", self.socket.display()),
+        )
+    }
+}
+
+/// Whether the daemon we started is running: its PID, if so. A PID file whose process is
+/// gone, or is not our containerd, counts as stopped.
+pub fn running(paths: &DaemonPaths) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(&paths.pid_file).ok()?.trim().parse().ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    (cmdline.contains(CONTAINERD_BIN) && cmdline.contains(&*paths.config.to_string_lossy())).then_some(pid)
+}
+
+fn find_binary() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(CONTAINERD_BIN))
+        .find(|p| p.is_file())
+}
+
+pub fn installed() -> bool {
+    find_binary().is_some()
+}
+
+/// Start the private daemon (or find it running) and wait until it answers.
+pub async fn start(paths: &DaemonPaths) -> Result<u32, DaemonError> {
+    if let Some(pid) = running(paths)
+        && wait_answer(&paths.socket, Duration::from_secs(2)).await
+    {
+        return Ok(pid);
+    }
+    let binary = find_binary().ok_or(DaemonError::NotInstalled)?;
+    let io = |what: &str| {
+        let what = what.to_string();
+        move |source| DaemonError::Io { what, source }
+    };
+    std::fs::create_dir_all(&paths.dir).map_err(io("creating the daemon directory"))?;
+    if let Some(parent) = paths.socket.parent() {
+        std::fs::create_dir_all(parent).map_err(io("creating the socket directory"))?;
+    }
+    // A stale socket from a dead daemon would make containerd refuse to listen.
+    let _ = std::fs::remove_file(&paths.socket);
+    std::fs::write(&paths.config, paths.config_text()).map_err(io("writing the daemon config"))?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&paths.log)
+        .map_err(io("opening the daemon log"))?;
+    let log2 = log.try_clone().map_err(io("opening the daemon log"))?;
+    let child = std::process::Command::new(binary)
+        .arg("--config")
+        .arg(&paths.config)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2)
+        // Its own process group: Ctrl-C in the terminal that started it must not stop it.
+        .process_group(0)
+        .spawn()
+        .map_err(io("starting containerd"))?;
+    let pid = child.id();
+    // Not waited for: the daemon outlives this process; init reaps it.
+    drop(child);
+    std::fs::write(&paths.pid_file, format!("{pid}\n")).map_err(io("writing the daemon pid file"))?;
+    if wait_answer(&paths.socket, START_LIMIT).await {
+        Ok(pid)
+    } else {
+        Err(DaemonError::NoAnswer {
+            pid,
+            socket: paths.socket.clone(),
+            limit: START_LIMIT,
+            log: paths.log.clone(),
+        })
+    }
+}
+
+async fn wait_answer(socket: &Path, limit: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if Containerd::connect(socket, "default").await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// Stop the daemon we started (only that PID): SIGTERM, then SIGKILL after a while.
+/// Running containers survive (their shims are separate processes).
+pub async fn stop(paths: &DaemonPaths) -> Result<Option<u32>, DaemonError> {
+    let Some(pid) = running(paths) else {
+        let _ = std::fs::remove_file(&paths.pid_file);
+        return Ok(None);
+    };
+    let target = Pid::from_raw(pid as i32);
+    let _ = kill(target, Signal::SIGTERM);
+    let start = Instant::now();
+    while running(paths).is_some() && start.elapsed() < STOP_LIMIT {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if running(paths).is_some() {
+        let _ = kill(target, Signal::SIGKILL);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = std::fs::remove_file(&paths.pid_file);
+    Ok(Some(pid))
+}

@@ -1,0 +1,80 @@
+//! Reading a container's cgroup counters (OOM kills, peak memory, CPU time) on cgroup v1 and
+//! v2. containerd 1.6's Tasks.Metrics returns v1 metrics the Rust client cannot decode, and
+//! the counters must be read before Tasks.Delete removes the cgroup.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The root every cgroup hierarchy is mounted under.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupStats {
+    /// Processes the kernel OOM-killed in this cgroup.
+    pub oom_kills: Option<u64>,
+    pub peak_memory: Option<u64>,
+    pub cpu_usage: Option<Duration>,
+}
+
+/// Which layout the host uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Controllers in separate hierarchies (`/sys/fs/cgroup/memory/...`), as on hybrid hosts.
+    V1,
+    /// One unified hierarchy at `/sys/fs/cgroup`.
+    V2,
+}
+
+pub fn layout() -> Layout {
+    if Path::new(CGROUP_ROOT).join("cgroup.controllers").exists() {
+        Layout::V2
+    } else {
+        Layout::V1
+    }
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// `key N` out of a flat-keyed file (memory.events, memory.oom_control, cpu.stat).
+fn keyed(path: &Path, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+fn v1_dir(controller: &str, cgroup: &str) -> PathBuf {
+    Path::new(CGROUP_ROOT)
+        .join(controller)
+        .join(cgroup.trim_start_matches('/'))
+}
+
+/// Counters of the cgroup at `cgroup` (the spec's `cgroupsPath`).
+pub fn read(cgroup: &str) -> CgroupStats {
+    match layout() {
+        Layout::V2 => {
+            let dir = Path::new(CGROUP_ROOT).join(cgroup.trim_start_matches('/'));
+            CgroupStats {
+                oom_kills: keyed(&dir.join("memory.events"), "oom_kill"),
+                peak_memory: read_u64(&dir.join("memory.peak")),
+                cpu_usage: keyed(&dir.join("cpu.stat"), "usage_usec").map(Duration::from_micros),
+            }
+        }
+        Layout::V1 => {
+            let memory = v1_dir("memory", cgroup);
+            let cpuacct = ["cpuacct", "cpu,cpuacct"]
+                .iter()
+                .map(|c| v1_dir(c, cgroup))
+                .find(|d| d.exists())
+                .unwrap_or_else(|| v1_dir("cpuacct", cgroup));
+            CgroupStats {
+                oom_kills: keyed(&memory.join("memory.oom_control"), "oom_kill"),
+                peak_memory: read_u64(&memory.join("memory.max_usage_in_bytes")),
+                cpu_usage: read_u64(&cpuacct.join("cpuacct.usage")).map(Duration::from_nanos),
+            }
+        }
+    }
+}

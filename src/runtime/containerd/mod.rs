@@ -1,0 +1,663 @@
+//! The containerd backend: one-shot jobs (one task: setup + command) and live containers
+//! (an idle init, commands through Tasks.Exec), both on the hardened spec of `spec::build`.
+//!
+//! Order of operations follows docs/containerd-notes.md: a lease from Snapshots.Prepare to
+//! Containers.Create; stdio FIFO read ends open before Tasks.Create; Wait issued before Start;
+//! cgroup counters read before Tasks.Delete; teardown kill → wait → Tasks.Delete →
+//! Snapshots.Remove → Containers.Delete, NotFound counting as done.
+
+pub mod client;
+mod io;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use self::client::{Containerd, CtdError, LEASE_EXPIRE_LABEL};
+use self::io::{Fifos, OutputPump};
+use super::cgroupfs;
+use super::{ExecRequest, ExecResult, ProcessState, Runtime, RuntimeError, RuntimeEvent, RuntimeOptions, SetupResult};
+use crate::image;
+use crate::spec::{self, HostEnv, RunPlan};
+
+/// Label on everything runner creates in containerd (containers, snapshots, leases).
+pub const LABEL_MANAGED: &str = "runner.dev/managed";
+/// Which runner process owns it: `<pid>:<process start time>`, checked by `runner gc`.
+pub const LABEL_OWNER: &str = "runner.dev/owner";
+/// The job (or session) it belongs to.
+pub const LABEL_JOB: &str = "runner.dev/job";
+/// `oneshot` or `live`.
+pub const LABEL_KIND: &str = "runner.dev/kind";
+/// The idle loop a live container's init runs after setup (needs `sh` and `sleep`).
+const KEEPALIVE: &str = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done";
+/// How long the container lease may outlive a crashed runner.
+const CREATE_LEASE_TTL: Duration = Duration::from_secs(600);
+/// After the task exited, how long its output may take to reach EOF.
+const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+/// How long a Wait may keep failing with Unavailable (containerd restarting) before we give up.
+const RECONNECT_LIMIT: Duration = Duration::from_secs(60);
+const SIGTERM: u32 = 15;
+const SIGKILL: u32 = 9;
+
+/// This runner process, as written in `LABEL_OWNER`.
+pub fn owner_id() -> String {
+    let pid = std::process::id();
+    format!("{pid}:{}", process_start_time(pid).unwrap_or_default())
+}
+
+/// Start time of a process (field 22 of /proc/PID/stat), to tell a live owner from a reused PID.
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 2..].split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the runner process named by an owner label still runs.
+pub fn owner_alive(owner: &str) -> bool {
+    let Some((pid, start)) = owner.split_once(':') else {
+        return false;
+    };
+    let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else {
+        return false;
+    };
+    process_start_time(pid) == Some(start)
+}
+
+static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+
+fn container_id(job: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
+    let tag = crate::image::archive::sha256_bytes(format!("{}-{nanos}-{n}", std::process::id()).as_bytes());
+    format!("{job}-{}", &tag[7..17])
+}
+
+/// The containerd side of the runner: a connection plus where FIFOs live.
+#[derive(Clone, Debug)]
+pub struct Engine {
+    pub client: Containerd,
+    /// Directory for per-process FIFOs.
+    pub run_dir: PathBuf,
+    pub host: HostEnv,
+    pub options: RuntimeOptions,
+}
+
+impl Engine {
+    pub fn new(client: Containerd, state_dir: &Path, host: HostEnv, options: RuntimeOptions) -> Self {
+        Engine {
+            run_dir: state_dir.join("run"),
+            client,
+            host,
+            options,
+        }
+    }
+
+    fn labels(&self, job: &str, kind: &str) -> HashMap<String, String> {
+        HashMap::from([
+            (LABEL_MANAGED.to_string(), "true".to_string()),
+            (LABEL_OWNER.to_string(), owner_id()),
+            (LABEL_JOB.to_string(), job.to_string()),
+            (LABEL_KIND.to_string(), kind.to_string()),
+        ])
+    }
+
+    fn cgroup_path(&self, id: &str) -> String {
+        format!("/runner/{}/{id}", self.client.namespace())
+    }
+
+    /// Build the spec for a plan against the image, create container + snapshot under a lease.
+    async fn create(&self, plan: &RunPlan, args: Option<Vec<String>>, kind: &str) -> Result<Created, RuntimeError> {
+        let env = plan.env();
+        let image_name = env
+            .image
+            .clone()
+            .ok_or_else(|| RuntimeError::Refused("spec.image is required".into()))?;
+        let image = image::resolve(&self.client, &image_name).await?;
+        let mut plan = plan.clone();
+        plan.image_env = image.config.env.clone().unwrap_or_default();
+        let mut built = spec::build(&plan, &self.host).map_err(|e| RuntimeError::Refused(e.to_string()))?;
+        let id = container_id(&plan.job().name);
+        let cgroup = self.cgroup_path(&id);
+        if let Some(linux) = built.linux_mut() {
+            linux.set_cgroups_path(Some(PathBuf::from(&cgroup)));
+        }
+        if let (Some(args), Some(process)) = (args, built.process_mut()) {
+            process.set_args(Some(args));
+        }
+        let process = built
+            .process()
+            .clone()
+            .ok_or_else(|| RuntimeError::Refused("spec without process".into()))?;
+        let spec_json =
+            serde_json::to_vec(&built).map_err(|e| RuntimeError::Refused(format!("encoding the spec: {e}")))?;
+        let labels = self.labels(&plan.job().name, kind);
+        let lease = format!("{id}-create");
+        let mut lease_labels = labels.clone();
+        let expire = std::time::SystemTime::now() + CREATE_LEASE_TTL;
+        lease_labels.insert(
+            LEASE_EXPIRE_LABEL.into(),
+            humantime::format_rfc3339_seconds(expire).to_string(),
+        );
+        self.client.lease_create(&lease, lease_labels).await?;
+        let created = async {
+            let mounts = self
+                .client
+                .snapshot_prepare(&lease, &id, &image.top_chain, labels.clone())
+                .await?;
+            self.client
+                .container_create(&lease, &id, &image.name, spec_json, labels.clone())
+                .await?;
+            Ok::<_, CtdError>(mounts)
+        }
+        .await;
+        // The container now references its snapshot; the lease only bridged the gap.
+        if let Err(e) = self.client.lease_delete(&lease).await {
+            tracing::warn!(lease, error = %e, "could not delete the create lease (it expires by itself)");
+        }
+        let rootfs = match created {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = self.client.snapshot_remove(&id).await;
+                let _ = self.client.container_delete(&id).await;
+                return Err(e.into());
+            }
+        };
+        Ok(Created {
+            id,
+            rootfs,
+            cgroup,
+            process,
+        })
+    }
+
+    /// Remove a container and everything it owns, in containerd's order. Errors are logged
+    /// and returned after every step was tried.
+    pub async fn teardown(&self, id: &str) -> Result<(), RuntimeError> {
+        let c = &self.client;
+        let mut first_error = None;
+        if let Ok(Some(_)) = c.task_get(id).await {
+            let _ = c.task_kill(id, "", SIGKILL, true).await;
+        }
+        match c.task_delete(id).await {
+            Ok(_) => {}
+            Err(e) => first_error = first_error.or(Some(e)),
+        }
+        if let Err(e) = c.snapshot_remove(id).await {
+            first_error = first_error.or(Some(e));
+        }
+        if let Err(e) = c.container_delete(id).await {
+            first_error = first_error.or(Some(e));
+        }
+        let _ = std::fs::remove_dir_all(self.run_dir.join(id));
+        match first_error {
+            Some(e) => {
+                tracing::warn!(container = id, error = %e, "teardown incomplete");
+                Err(e.into())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Wait for a process, riding out a containerd restart (the shim keeps the process).
+    async fn wait(&self, id: &str, exec_id: &str) -> Result<client::Exit, CtdError> {
+        let start = Instant::now();
+        loop {
+            match self.client.task_wait(id, exec_id).await {
+                Err(e) if e.is_unavailable() && start.elapsed() < RECONNECT_LIMIT => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Run one job to completion in a fresh container: setup + command in one task.
+    pub async fn run_oneshot(&self, plan: &RunPlan, cancel: &CancellationToken) -> Result<ExecResult, RuntimeError> {
+        let created = self.create(plan, None, "oneshot").await?;
+        let result = self.run_created(plan, &created, cancel).await;
+        let teardown = self.teardown(&created.id).await;
+        let result = result?;
+        teardown?;
+        Ok(result)
+    }
+
+    async fn run_created(
+        &self,
+        plan: &RunPlan,
+        created: &Created,
+        cancel: &CancellationToken,
+    ) -> Result<ExecResult, RuntimeError> {
+        let job = plan.job();
+        let id = &created.id;
+        let fifos = Fifos::create(&self.run_dir.join(id), "init", job.stdin.is_some())?;
+        let expect_marker = spec::runs_setup(job, plan.env());
+        let limit = self.options.output_limit;
+        let pumps = OutputPump::start(&fifos, expect_marker, limit)?;
+        let stdin = fifos.open_stdin()?;
+        let started = Instant::now();
+        self.client
+            .task_create(id, created.rootfs.clone(), &fifos.stdio())
+            .await?;
+        let waiter = {
+            let engine = self.clone();
+            let id = id.clone();
+            tokio::spawn(async move { engine.wait(&id, "").await })
+        };
+        self.client.task_start(id, "").await?;
+        if let (Some(data), Some(stdin)) = (&job.stdin, stdin) {
+            io::deliver_stdin(
+                stdin,
+                data.as_bytes().to_vec(),
+                self.client.clone(),
+                id.clone(),
+                String::new(),
+            );
+        }
+        let deadline = job.timeout.into_iter().chain(job.active_deadline).min();
+        let (exit, timed_out, interrupted) = self.supervise(id, "", waiter, deadline, cancel, started).await?;
+        let duration = started.elapsed();
+        let (out, err) = pumps.finish(DRAIN_LIMIT).await;
+        let stats = cgroupfs::read(&created.cgroup);
+        let oom = stats.oom_kills.is_some_and(|n| n > 0);
+        let setup_failed = expect_marker && out.setup_status != Some(0);
+        let setup = expect_marker.then(|| SetupResult {
+            exit_code: out
+                .setup_status
+                .or(if setup_failed { Some(exit.status as i32) } else { None }),
+            stdout: out.setup.text.clone(),
+            stderr: err.setup.text.clone(),
+            stdout_dropped_bytes: out.setup.dropped_bytes,
+            stderr_dropped_bytes: err.setup.dropped_bytes,
+            timed_out: timed_out && out.setup_status.is_none(),
+            duration_ms: out
+                .setup_at
+                .map(|t| t.saturating_duration_since(started).as_millis() as u64)
+                .unwrap_or(0),
+        });
+        let killed = timed_out || interrupted || oom;
+        Ok(ExecResult {
+            exit_code: Some(exit.status as i32),
+            signal: (killed && exit.status > 128).then(|| exit.status as i32 - 128),
+            timed_out,
+            oom_killed: oom,
+            stdout: out.command.text,
+            stderr: err.command.text,
+            stdout_dropped_bytes: out.command.dropped_bytes,
+            stderr_dropped_bytes: err.command.dropped_bytes,
+            setup,
+            duration_ms: duration.as_millis() as u64,
+            peak_memory_bytes: stats.peak_memory,
+            cpu_time_ms: stats.cpu_usage.map(|d| d.as_millis() as u64),
+        })
+    }
+
+    /// Wait for the process; on timeout or cancel, SIGTERM (the whole container for the init,
+    /// the process for an exec), a grace period, then SIGKILL. Returns (exit, timed out, interrupted).
+    async fn supervise(
+        &self,
+        id: &str,
+        exec_id: &str,
+        mut waiter: tokio::task::JoinHandle<Result<client::Exit, CtdError>>,
+        limit: Option<Duration>,
+        cancel: &CancellationToken,
+        started: Instant,
+    ) -> Result<(client::Exit, bool, bool), RuntimeError> {
+        let all = exec_id.is_empty();
+        let sleep = async {
+            match limit {
+                Some(l) => tokio::time::sleep(l.saturating_sub(started.elapsed())).await,
+                None => std::future::pending().await,
+            }
+        };
+        let (timed_out, interrupted) = tokio::select! {
+            r = &mut waiter => return Ok((join(r)?, false, false)),
+            () = sleep => (true, false),
+            () = cancel.cancelled() => (false, true),
+        };
+        let _ = self.client.task_kill(id, exec_id, SIGTERM, all).await;
+        match tokio::time::timeout(self.options.kill_grace, &mut waiter).await {
+            Ok(r) => Ok((join(r)?, timed_out, interrupted)),
+            Err(_) => {
+                self.client.task_kill(id, exec_id, SIGKILL, all).await?;
+                Ok((join(waiter.await)?, timed_out, interrupted))
+            }
+        }
+    }
+
+    /// Start a live container: setup runs once in its init, which then idles.
+    pub async fn spawn_live(&self, plan: &RunPlan) -> Result<LiveContainer, RuntimeError> {
+        let job = plan.job();
+        let env = plan.env();
+        let init_args = spec::entry::compose(
+            &env.setup,
+            job.disable_setup,
+            &[spec::SHELL.to_string(), "-c".to_string(), KEEPALIVE.to_string()],
+        );
+        let created = self.create(plan, Some(init_args), "live").await?;
+        match self.start_live(plan, &created).await {
+            Ok(live) => Ok(live),
+            Err(e) => {
+                let _ = self.teardown(&created.id).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn start_live(&self, plan: &RunPlan, created: &Created) -> Result<LiveContainer, RuntimeError> {
+        let job = plan.job();
+        let id = created.id.clone();
+        let fifos = Fifos::create(&self.run_dir.join(&id), "init", false)?;
+        let expect_marker = spec::runs_setup(job, plan.env());
+        let limit = self.options.output_limit;
+        let mut pumps = OutputPump::start(&fifos, expect_marker, limit)?;
+        let started = Instant::now();
+        self.client
+            .task_create(&id, created.rootfs.clone(), &fifos.stdio())
+            .await?;
+        let mut waiter = {
+            let engine = self.clone();
+            let id = id.clone();
+            tokio::spawn(async move { engine.wait(&id, "").await })
+        };
+        self.client.task_start(&id, "").await?;
+        let mut setup = None;
+        if expect_marker {
+            let limit = job.timeout.into_iter().chain(job.active_deadline).min();
+            let timeout = async {
+                match limit {
+                    Some(l) => tokio::time::sleep(l).await,
+                    None => std::future::pending().await,
+                }
+            };
+            // Setup is done when its marker arrives, or failed when the init exits first.
+            let outcome = tokio::select! {
+                status = pumps.setup_done() => Ok(status),
+                r = &mut waiter => Err(Some(join(r)?)),
+                () = timeout => Err(None),
+            };
+            let (out, err) = pumps.setup_output();
+            let (exit_code, timed_out) = match outcome {
+                Ok(status) => (Some(status), false),
+                Err(Some(exit)) => (Some(exit.status as i32), false),
+                Err(None) => (None, true),
+            };
+            setup = Some(SetupResult {
+                exit_code,
+                stdout: out.text,
+                stderr: err.text,
+                stdout_dropped_bytes: out.dropped_bytes,
+                stderr_dropped_bytes: err.dropped_bytes,
+                timed_out,
+                duration_ms: started.elapsed().as_millis() as u64,
+            });
+        }
+        pumps.discard_rest();
+        Ok(LiveContainer {
+            engine: self.clone(),
+            id,
+            cgroup: created.cgroup.clone(),
+            process: created.process.clone(),
+            setup,
+            slot: Arc::new(tokio::sync::Mutex::new(())),
+            state: Arc::new(Mutex::new(LiveState::default())),
+            sequence: Arc::new(AtomicU64::new(0)),
+        })
+    }
+}
+
+fn join<T>(r: Result<Result<T, CtdError>, tokio::task::JoinError>) -> Result<T, RuntimeError> {
+    match r {
+        Ok(inner) => Ok(inner?),
+        Err(e) => Err(RuntimeError::Internal(format!("waiting for the task: {e}"))),
+    }
+}
+
+struct Created {
+    id: String,
+    rootfs: Vec<containerd_client::types::Mount>,
+    cgroup: String,
+    process: oci_spec::runtime::Process,
+}
+
+#[derive(Default)]
+struct LiveState {
+    running: Option<String>,
+    last: Option<i32>,
+    cleaned: bool,
+}
+
+/// A long-lived container: the runtime interface over Tasks.Exec.
+pub struct LiveContainer {
+    engine: Engine,
+    id: String,
+    cgroup: String,
+    process: oci_spec::runtime::Process,
+    setup: Option<SetupResult>,
+    slot: Arc<tokio::sync::Mutex<()>>,
+    state: Arc<Mutex<LiveState>>,
+    sequence: Arc<AtomicU64>,
+}
+
+impl LiveContainer {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn exec_process(&self, request: &ExecRequest) -> Result<Vec<u8>, RuntimeError> {
+        let mut process = self.process.clone();
+        process.set_args(Some(request.argv.clone()));
+        if !request.env.is_empty() {
+            let mut env = process.env().clone().unwrap_or_default();
+            for (k, v) in &request.env {
+                env.retain(|e| e.split_once('=').map(|(key, _)| key) != Some(k.as_str()));
+                env.push(format!("{k}={v}"));
+            }
+            process.set_env(Some(env));
+        }
+        if let Some(cwd) = &request.cwd {
+            let base = process.cwd().clone();
+            crate::manifest::paths::check_lexical(cwd).map_err(|e| RuntimeError::Refused(format!("cwd: {e}")))?;
+            process.set_cwd(base.join(cwd));
+        }
+        serde_json::to_vec(&process).map_err(|e| RuntimeError::Refused(format!("encoding the process: {e}")))
+    }
+
+    fn check_live(&self) -> Result<(), RuntimeError> {
+        if self.state.lock().expect("state lock").cleaned {
+            return Err(RuntimeError::CleanedUp);
+        }
+        Ok(())
+    }
+
+    /// Start an exec; returns its id, output pumps and waiter.
+    async fn start_exec(
+        &self,
+        request: &ExecRequest,
+        stream: Option<mpsc::Sender<RuntimeEvent>>,
+    ) -> Result<StartedExec, RuntimeError> {
+        let exec_id = format!("exec-{}", self.sequence.fetch_add(1, Ordering::Relaxed));
+        let process = self.exec_process(request)?;
+        let dir = self.engine.run_dir.join(&self.id);
+        let fifos = Fifos::create(&dir, &exec_id, request.stdin.is_some())?;
+        let pumps = match stream {
+            Some(tx) => OutputPump::stream(&fifos, tx)?,
+            None => OutputPump::start(&fifos, false, self.engine.options.output_limit)?,
+        };
+        let stdin = fifos.open_stdin()?;
+        let client = &self.engine.client;
+        client.exec(&self.id, &exec_id, process, &fifos.stdio()).await?;
+        let waiter = {
+            let engine = self.engine.clone();
+            let id = self.id.clone();
+            let exec_id = exec_id.clone();
+            tokio::spawn(async move { engine.wait(&id, &exec_id).await })
+        };
+        let started = Instant::now();
+        if let Err(e) = client.task_start(&self.id, &exec_id).await {
+            waiter.abort();
+            let _ = client.process_delete(&self.id, &exec_id).await;
+            fifos.remove();
+            return Err(match e {
+                CtdError::Rpc { message, .. } => RuntimeError::Start {
+                    program: request.argv[0].clone(),
+                    source: std::io::Error::other(message),
+                },
+                other => other.into(),
+            });
+        }
+        if let (Some(data), Some(stdin)) = (&request.stdin, stdin) {
+            io::deliver_stdin(stdin, data.clone(), client.clone(), self.id.clone(), exec_id.clone());
+        }
+        self.state.lock().expect("state lock").running = Some(exec_id.clone());
+        Ok(StartedExec {
+            exec_id,
+            fifos,
+            pumps,
+            waiter,
+            started,
+        })
+    }
+
+    async fn finish_exec(&self, exec: StartedExec, timeout: Option<Duration>) -> Result<ExecResult, RuntimeError> {
+        let before = cgroupfs::read(&self.cgroup);
+        let never = CancellationToken::new();
+        let outcome = self
+            .engine
+            .supervise(&self.id, &exec.exec_id, exec.waiter, timeout, &never, exec.started)
+            .await;
+        let duration = exec.started.elapsed();
+        let (out, err) = exec.pumps.finish(DRAIN_LIMIT).await;
+        let _ = self.engine.client.process_delete(&self.id, &exec.exec_id).await;
+        exec.fifos.remove();
+        let after = cgroupfs::read(&self.cgroup);
+        let (exit, timed_out, _) = outcome?;
+        let oom = matches!((before.oom_kills, after.oom_kills), (Some(b), Some(a)) if a > b);
+        let result = ExecResult {
+            exit_code: Some(exit.status as i32),
+            signal: ((timed_out || oom) && exit.status > 128).then(|| exit.status as i32 - 128),
+            timed_out,
+            oom_killed: oom,
+            stdout: out.command.text,
+            stderr: err.command.text,
+            stdout_dropped_bytes: out.command.dropped_bytes,
+            stderr_dropped_bytes: err.command.dropped_bytes,
+            setup: None,
+            duration_ms: duration.as_millis() as u64,
+            peak_memory_bytes: after.peak_memory,
+            cpu_time_ms: match (before.cpu_usage, after.cpu_usage) {
+                (Some(b), Some(a)) => Some(a.saturating_sub(b).as_millis() as u64),
+                _ => None,
+            },
+        };
+        let mut state = self.state.lock().expect("state lock");
+        state.running = None;
+        state.last = Some(result.status_code());
+        Ok(result)
+    }
+}
+
+struct StartedExec {
+    exec_id: String,
+    fifos: Fifos,
+    pumps: OutputPump,
+    waiter: tokio::task::JoinHandle<Result<client::Exit, CtdError>>,
+    started: Instant,
+}
+
+#[async_trait]
+impl Runtime for LiveContainer {
+    fn setup(&self) -> Option<&SetupResult> {
+        self.setup.as_ref()
+    }
+
+    async fn execute(&self, request: ExecRequest) -> Result<ExecResult, RuntimeError> {
+        self.check_live()?;
+        if request.argv.is_empty() {
+            return Err(RuntimeError::EmptyCommand);
+        }
+        let _slot = self.slot.lock().await;
+        let timeout = request.timeout;
+        let exec = self.start_exec(&request, None).await?;
+        self.finish_exec(exec, timeout).await
+    }
+
+    async fn stream(
+        &self,
+        argv: Vec<String>,
+        timeout: Option<Duration>,
+    ) -> Result<mpsc::Receiver<RuntimeEvent>, RuntimeError> {
+        self.check_live()?;
+        if argv.is_empty() {
+            return Err(RuntimeError::EmptyCommand);
+        }
+        let slot = self.slot.clone().lock_owned().await;
+        let (tx, rx) = mpsc::channel(64);
+        let request = ExecRequest {
+            argv,
+            timeout,
+            ..Default::default()
+        };
+        let exec = self.start_exec(&request, Some(tx.clone())).await?;
+        let this = LiveContainer {
+            engine: self.engine.clone(),
+            id: self.id.clone(),
+            cgroup: self.cgroup.clone(),
+            process: self.process.clone(),
+            setup: None,
+            slot: self.slot.clone(),
+            state: self.state.clone(),
+            sequence: self.sequence.clone(),
+        };
+        tokio::spawn(async move {
+            let _slot = slot;
+            let event = match this.finish_exec(exec, timeout).await {
+                Ok(r) => RuntimeEvent::Exit {
+                    exit_code: r.exit_code,
+                    signal: r.signal,
+                    timed_out: r.timed_out,
+                },
+                Err(e) => RuntimeEvent::Stderr {
+                    data: format!("runner: {e}\n"),
+                },
+            };
+            let _ = tx.send(event).await;
+        });
+        Ok(rx)
+    }
+
+    fn poll(&self) -> ProcessState {
+        let state = self.state.lock().expect("state lock");
+        match (&state.running, state.last) {
+            (Some(_), _) => ProcessState::Running,
+            (None, Some(code)) => ProcessState::Exited(code),
+            (None, None) => ProcessState::Idle,
+        }
+    }
+
+    async fn kill(&self) -> Result<(), RuntimeError> {
+        let running = self.state.lock().expect("state lock").running.clone();
+        if let Some(exec_id) = running {
+            self.engine.client.task_kill(&self.id, &exec_id, SIGKILL, false).await?;
+        }
+        Ok(())
+    }
+
+    async fn cleanup(&self) -> Result<(), RuntimeError> {
+        {
+            let mut state = self.state.lock().expect("state lock");
+            if state.cleaned {
+                return Ok(());
+            }
+            state.cleaned = true;
+        }
+        self.engine.teardown(&self.id).await
+    }
+}
