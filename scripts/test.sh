@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: dependencies, formatting, lints, unit tests and the
-# integration tests (host backend now; the containerd ones run against a private containerd
-# this script starts and stops). Exits non-zero on any failure; nothing is skipped silently.
+# The whole test suite, as CI runs it: dependencies, formatting, lints, then the unit and
+# integration tests — the containerd ones against a private containerd this script starts
+# (own root, state, sockets, namespace) and stops by its PID. Fails on any failure and on
+# anything the suite leaves behind in containerd; nothing is skipped silently.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 
 scripts/deps.sh
 
@@ -13,5 +15,45 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
 
-echo "== cargo test (unit + integration)"
+echo "== build"
+cargo build --locked --all-targets
+runner="$root/target/debug/runner"
+
+work=$(mktemp -d /tmp/runner-test.XXXXXX)
+export RUNNER_STATE_DIR="$work/state"
+export CONTAINERD_NAMESPACE="runner-test-$$"
+cleanup() {
+  "$runner" daemon stop >/dev/null 2>&1 || true
+  rm -rf "$work" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+echo "== private containerd"
+"$runner" daemon start
+export CONTAINERD_ADDRESS
+CONTAINERD_ADDRESS=$("$runner" daemon status | sed -n 's/^running (pid [0-9]*) at //p')
+echo "containerd at $CONTAINERD_ADDRESS, namespace $CONTAINERD_NAMESPACE"
+
+echo "== test images"
+export RUNNER_TEST_IMAGES="$work/images"
+mkdir -p "$RUNNER_TEST_IMAGES"
+for format in oci docker rootfs; do
+  images/busybox/build.sh "$RUNNER_TEST_IMAGES/busybox-$format.tar" "$format"
+done
+
+echo "== cargo test (unit + integration, including the containerd suite)"
 cargo test --locked --all-targets -- --include-ignored
+
+echo "== nothing left behind in $CONTAINERD_NAMESPACE"
+ctr_() { ctr --address "$CONTAINERD_ADDRESS" --namespace "$CONTAINERD_NAMESPACE" "$@"; }
+containers=$(ctr_ containers ls -q | wc -l)
+tasks=$(ctr_ tasks ls -q | wc -l)
+leases=$(ctr_ leases ls -q | wc -l)
+active=$(ctr_ snapshots ls | awk 'NR > 1 && $NF != "Committed"' | wc -l)
+echo "containers=$containers tasks=$tasks leases=$leases active-snapshots=$active"
+if [ "$containers$tasks$leases$active" != "0000" ]; then
+  ctr_ containers ls; ctr_ leases ls; ctr_ snapshots ls
+  echo "FAIL: the suite left resources behind" >&2
+  exit 1
+fi
+echo "suite passed"

@@ -215,15 +215,25 @@ fn spec_prints_the_hardened_spec_of_a_containerd_job() {
 }
 
 #[test]
-fn containerd_backend_is_refused_clearly_until_it_lands() {
+fn an_unreachable_containerd_is_exit_2_naming_the_socket() {
     let dir = tempfile::tempdir().unwrap();
     let repo = env!("CARGO_MANIFEST_DIR");
+    let sock = dir.path().join("nothing.sock");
     let out = runner(
-        &["apply", "-f", &format!("{repo}/manifests/examples/python.yaml")],
+        &[
+            "apply",
+            "-f",
+            &format!("{repo}/manifests/examples/eval.yaml"),
+            "--address",
+            sock.to_str().unwrap(),
+        ],
         dir.path(),
     );
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not available yet"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(sock.to_str().unwrap()), "{stderr}");
+    assert!(stderr.contains("runner daemon start"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
 
 #[test]

@@ -76,3 +76,34 @@ pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
     cond()
 }
+
+/// The private containerd the test script started, and the namespace to use. Panics with
+/// instructions when absent: these tests never skip silently.
+pub fn containerd_env() -> (PathBuf, String) {
+    let address = std::env::var("CONTAINERD_ADDRESS").unwrap_or_else(|_| {
+        panic!("containerd tests need CONTAINERD_ADDRESS and CONTAINERD_NAMESPACE: run scripts/test.sh, which starts a private containerd")
+    });
+    let namespace = std::env::var("CONTAINERD_NAMESPACE").unwrap_or_else(|_| "runner-test".into());
+    (PathBuf::from(address), namespace)
+}
+
+/// Directory of the image archives the test script built.
+pub fn image_dir() -> PathBuf {
+    PathBuf::from(std::env::var("RUNNER_TEST_IMAGES").unwrap_or_else(|_| {
+        panic!("containerd tests need RUNNER_TEST_IMAGES (built by scripts/test.sh from images/busybox/build.sh)")
+    }))
+}
+
+/// Run `runner` against the test containerd.
+pub fn runner_ctd(args: &[&str], state_dir: &Path) -> Output {
+    let (address, namespace) = containerd_env();
+    Command::new(runner_bin())
+        .args(args)
+        .env("RUNNER_STATE_DIR", state_dir)
+        .env("CONTAINERD_ADDRESS", address)
+        .env("CONTAINERD_NAMESPACE", namespace)
+        .env_remove("HUID")
+        .env_remove("HGID")
+        .output()
+        .expect("run runner")
+}

@@ -212,6 +212,19 @@ impl Containerd {
         ignore_not_found(r.map(|_| ()))
     }
 
+    /// Delete a lease and wait for the garbage collection it triggers.
+    pub async fn lease_delete_sync(&self, id: &str) -> Result<(), CtdError> {
+        let mut client = svc::leases_client::LeasesClient::new(self.channel.clone());
+        client
+            .delete(self.request(svc::DeleteRequest {
+                id: id.to_string(),
+                sync: true,
+            }))
+            .await
+            .map_err(rpc("lease delete"))?;
+        Ok(())
+    }
+
     pub async fn leases(&self, filters: Vec<String>) -> Result<Vec<svc::Lease>, CtdError> {
         let mut client = svc::leases_client::LeasesClient::new(self.channel.clone());
         Ok(client

@@ -1,0 +1,584 @@
+//! The containerd backend against a real, private containerd (started by scripts/test.sh;
+//! `CONTAINERD_ADDRESS`, `CONTAINERD_NAMESPACE`, `RUNNER_TEST_IMAGES`). Marked ignored so a
+//! bare `cargo test` does not need root and containerd; the test script runs them with
+//! `--include-ignored`, and without their environment they fail loudly.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use runner::manifest;
+use runner::runtime::containerd::client::Containerd;
+use runner::runtime::containerd::{self as ctd, Engine};
+use runner::runtime::{ExecRequest, ExecResult, ProcessState, Runtime, RuntimeEvent, RuntimeOptions};
+use runner::spec::{self, HostEnv, RunPlan};
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+
+use common::*;
+
+const IMAGE: &str = "local/busybox:latest";
+
+static IMPORTED: OnceCell<()> = OnceCell::const_new();
+
+async fn client() -> Containerd {
+    let (address, namespace) = containerd_env();
+    let c = Containerd::connect(&address, &namespace)
+        .await
+        .expect("connect to the test containerd");
+    IMPORTED
+        .get_or_init(|| async {
+            let path = image_dir().join("busybox-oci.tar");
+            runner::image::import(&c, &path, &Default::default())
+                .await
+                .expect("import busybox");
+        })
+        .await;
+    c
+}
+
+fn host(state: &Path) -> HostEnv {
+    let mut h = HostEnv::detect(state);
+    h.vars = BTreeMap::new();
+    h
+}
+
+async fn engine(state: &Path) -> Engine {
+    Engine::new(client().await, state, host(state), RuntimeOptions::default())
+}
+
+/// A job name no other test uses (tests run in parallel and check their own leftovers).
+fn unique_name() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("t{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A RunPlan for a Job in `dir` with the given Environment spec lines and Job spec lines;
+/// the job gets a unique name.
+fn plan(dir: &Path, env_extra: &str, job_extra: &str, command: &str) -> RunPlan {
+    std::fs::create_dir_all(dir.join("ws")).unwrap();
+    let yaml = format!(
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: bb}}\nspec:\n  image: {IMAGE}\n{env_extra}---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: t}}\nspec:\n  environment: bb\n  workspace: ./ws\n  command: {command}\n{job_extra}"
+    );
+    let set = manifest::parse_str(&yaml, dir, None).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    let mut bound = set.bind(&set.jobs[0], None).unwrap();
+    bound.job.name = unique_name();
+    spec::resolve(&bound, &host(&dir.join("state"))).unwrap()
+}
+
+async fn oneshot(dir: &Path, env_extra: &str, job_extra: &str, command: &str) -> ExecResult {
+    oneshot_named(dir, env_extra, job_extra, command).await.0
+}
+
+/// As `oneshot`, also returning the job's name (for leftover checks).
+async fn oneshot_named(dir: &Path, env_extra: &str, job_extra: &str, command: &str) -> (ExecResult, String) {
+    let p = plan(dir, env_extra, job_extra, command);
+    let r = engine(&dir.join("state"))
+        .await
+        .run_oneshot(&p, &CancellationToken::new())
+        .await
+        .unwrap();
+    (r, p.job().name.clone())
+}
+
+/// A workspace any uid may write to (the jobs below run as non-root users).
+fn open_workspace(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir.join("ws")).unwrap();
+    std::fs::set_permissions(dir.join("ws"), std::fs::Permissions::from_mode(0o777)).unwrap();
+}
+
+/// Containers, active snapshots and leases of ours whose job name is `job`.
+async fn leftovers(c: &Containerd, job: &str) -> usize {
+    let filter = format!("labels.\"{}\"=={job}", ctd::LABEL_JOB);
+    c.containers(vec![filter.clone()]).await.unwrap().len()
+        + c.snapshots(vec![filter.clone()]).await.unwrap().len()
+        + c.leases(vec![filter]).await.unwrap().len()
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn image_import_in_all_three_formats() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = image_dir();
+    let imports: [(&str, &[&str], &str); 3] = [
+        ("busybox-oci.tar", &[], "local/busybox:latest"),
+        ("busybox-docker.tar", &["--name", "local/bbd:1"], "local/bbd:1"),
+        (
+            "busybox-rootfs.tar",
+            &["--name", "local/bbr:1", "--env", "FROM_IMAGE=yes"],
+            "local/bbr:1",
+        ),
+    ];
+    for (file, extra, name) in imports {
+        let path = images.join(file);
+        let mut args = vec!["image", "import", path.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = runner_ctd(&args, dir.path());
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains(name));
+    }
+    let ls = runner_ctd(&["image", "ls"], dir.path());
+    let listing = String::from_utf8_lossy(&ls.stdout);
+    for name in ["local/busybox:latest", "local/bbd:1", "local/bbr:1"] {
+        assert!(listing.contains(name), "{name} missing from:\n{listing}");
+    }
+    // A rootfs tarball without a name is refused with a clear message.
+    let out = runner_ctd(
+        &["image", "import", images.join("busybox-rootfs.tar").to_str().unwrap()],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--name"));
+    // Every imported image runs, and the rootfs import's --env reaches the process.
+    for name in ["local/bbd:1", "local/bbr:1"] {
+        let d = dir.path().join(name.replace(['/', ':'], "-"));
+        let p = plan(&d, "", "", r#"["sh", "-c", "echo ran:$FROM_IMAGE"]"#);
+        let mut p = p;
+        p.bound.env.image = Some(name.to_string());
+        let r = engine(&d.join("state"))
+            .await
+            .run_oneshot(&p, &CancellationToken::new())
+            .await
+            .unwrap();
+        let expected = if name == "local/bbr:1" { "ran:yes\n" } else { "ran:\n" };
+        assert_eq!(r.stdout, expected, "{name}");
+    }
+    // Images survive containerd's garbage collection (GC labels and image records hold them).
+    let c = client().await;
+    c.lease_create("runner-test-gc-trigger", Default::default())
+        .await
+        .unwrap();
+    c.lease_delete_sync("runner-test-gc-trigger").await.unwrap();
+    for name in ["local/busybox:latest", "local/bbd:1", "local/bbr:1"] {
+        runner::image::resolve(&c, name)
+            .await
+            .unwrap_or_else(|e| panic!("{name} after GC: {e}"));
+    }
+    // rm removes it.
+    let out = runner_ctd(&["image", "rm", "local/bbd:1"], dir.path());
+    assert_eq!(out.status.code(), Some(0));
+    assert!(c.image_get("local/bbd:1").await.unwrap().is_none());
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn exit_code_and_separated_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let (r, name) = oneshot_named(dir.path(), "", "", r#"["sh", "-c", "echo out; echo err >&2; exit 5"]"#).await;
+    assert_eq!(r.exit_code, Some(5));
+    assert_eq!(r.stdout, "out\n");
+    assert_eq!(r.stderr, "err\n");
+    assert!(!r.timed_out && !r.oom_killed);
+    assert!(r.cpu_time_ms.is_some() && r.peak_memory_bytes.is_some());
+    assert_eq!(leftovers(&client().await, &name).await, 0);
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn stdin_is_delivered_then_closed_and_absent_stdin_is_eof() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = oneshot(
+        dir.path(),
+        "",
+        "  stdin: \"line1\\nline2\\n\"\n  timeoutSeconds: 10\n",
+        r#"["sh", "-c", "cat; echo done"]"#,
+    )
+    .await;
+    assert_eq!(r.stdout, "line1\nline2\ndone\n");
+    assert!(!r.timed_out);
+    let r = oneshot(
+        dir.path(),
+        "",
+        "  timeoutSeconds: 10\n",
+        r#"["sh", "-c", "cat; echo eof"]"#,
+    )
+    .await;
+    assert_eq!(r.stdout, "eof\n");
+    assert!(!r.timed_out);
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn setup_output_is_split_exactly_from_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = "  setup:\n    commands: [\"printf 'no newline'\", \"echo e >&2\"]\n";
+    let r = oneshot(dir.path(), env, "", r#"["sh", "-c", "echo main"]"#).await;
+    let setup = r.setup.clone().unwrap();
+    assert_eq!(setup.stdout, "no newline");
+    assert_eq!(setup.stderr, "e\n");
+    assert_eq!(setup.exit_code, Some(0));
+    assert_eq!(r.stdout, "main\n");
+    assert_eq!(r.stderr, "");
+    // A failing setup: the command does not run.
+    let env = "  setup:\n    commands: [\"echo before\", \"exit 7\"]\n";
+    let r = oneshot(dir.path(), env, "", r#"["sh", "-c", "echo main"]"#).await;
+    assert_eq!(r.setup.unwrap().exit_code, Some(7));
+    assert_eq!(r.stdout, "");
+    // disableSetup skips it.
+    let r = oneshot(
+        dir.path(),
+        env,
+        "  disableSetup: true\n",
+        r#"["sh", "-c", "echo main"]"#,
+    )
+    .await;
+    assert!(r.setup.is_none());
+    assert_eq!(r.stdout, "main\n");
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn timeout_kills_every_process_of_the_container() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let (r, name) = oneshot_named(
+        dir.path(),
+        "",
+        "  timeoutSeconds: 1\n",
+        r#"["sh", "-c", "sleep 981 & (sleep 982 &); echo started; sleep 983"]"#,
+    )
+    .await;
+    let elapsed = start.elapsed();
+    assert!(r.timed_out);
+    assert_eq!(r.stdout, "started\n");
+    assert!(elapsed < Duration::from_secs(4), "took {elapsed:?}");
+    assert!(processes_matching("sleep 98").is_empty(), "processes survived");
+    assert_eq!(leftovers(&client().await, &name).await, 0);
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn a_memory_bomb_is_oom_killed_and_exit_137_alone_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = "  resources: {memory: 32Mi}\n";
+    let r = oneshot(
+        dir.path(),
+        env,
+        "  timeoutSeconds: 30\n",
+        r#"["sh", "-c", "x=aaaaaaaa; while :; do x=$x$x; done"]"#,
+    )
+    .await;
+    assert!(r.oom_killed, "{r:?}");
+    assert!(!r.timed_out);
+    assert_eq!(r.exit_code, Some(137));
+    let status = runner::job::status_of(r, false);
+    assert_eq!(status.1, runner::job::Reason::OomKilled);
+    let r = oneshot(dir.path(), env, "", r#"["sh", "-c", "exit 137"]"#).await;
+    assert!(!r.oom_killed);
+    assert_eq!(r.exit_code, Some(137));
+    assert_eq!(runner::job::status_of(r, false).1, runner::job::Reason::Error);
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn a_pids_limit_stops_a_fork_flood() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let (r, name) = oneshot_named(
+        dir.path(),
+        "  resources: {pids: 16}\n",
+        "  timeoutSeconds: 20\n",
+        r#"["sh", "-c", "cat /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/pids.max 2>/dev/null; for i in $(seq 1 200); do sleep 30 & done; echo unreachable"]"#,
+    )
+    .await;
+    // The shell cannot fork past the limit: it reports it and gives up, long before 200.
+    assert!(!r.timed_out, "{r:?}");
+    assert!(r.stdout.starts_with("16\n"), "{r:?}");
+    assert!(!r.stdout.contains("unreachable"), "{r:?}");
+    assert!(r.stderr.contains("fork"), "{}", r.stderr);
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert_eq!(leftovers(&client().await, &name).await, 0);
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn cpu_quota_throttles() {
+    let dir = tempfile::tempdir().unwrap();
+    let busy = r#"["sh", "-c", "end=$(( $(date +%s) + 3 )); while [ $(date +%s) -lt $end ]; do :; done"]"#;
+    let r = oneshot(dir.path(), "  resources: {cpu: 200m}\n", "", busy).await;
+    let cpu = r.cpu_time_ms.expect("cpu time");
+    assert!(r.duration_ms >= 2000);
+    // 20% of at most 3 s of wall time, with slack for accounting granularity.
+    assert!(cpu < 1000, "used {cpu} ms of CPU in {} ms at 200m", r.duration_ms);
+    assert!(cpu > 100, "used only {cpu} ms: did the loop run?");
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn static_assets_are_read_only_and_the_workspace_is_shared() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("assets")).unwrap();
+    std::fs::write(dir.path().join("assets/expected.txt"), "42\n").unwrap();
+    let job = "  staticAssets: [{source: ./assets, savePath: fixtures}]\n";
+    let r = oneshot(
+        dir.path(),
+        "",
+        job,
+        r#"["sh", "-c", "cat /static/fixtures/expected.txt; echo x > /static/fixtures/new && echo WROTE; echo result > /workspace/out.txt"]"#,
+    )
+    .await;
+    assert_eq!(r.stdout, "42\n");
+    assert!(r.stderr.contains("Read-only file system"), "{}", r.stderr);
+    assert!(!dir.path().join("assets/new").exists());
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("ws/out.txt")).unwrap(),
+        "result\n"
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn network_none_has_only_loopback_and_host_shares_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let ifaces = r#"["sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort"]"#;
+    let r = oneshot(dir.path(), "", "", ifaces).await;
+    assert_eq!(r.stdout, "lo\n");
+    let r = oneshot(dir.path(), "  network: host\n", "", ifaces).await;
+    let host_ifaces = std::fs::read_to_string("/proc/net/dev").unwrap();
+    let mut expected: Vec<&str> = host_ifaces
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .map(str::trim)
+        .collect();
+    expected.sort();
+    assert_eq!(r.stdout.lines().collect::<Vec<_>>(), expected);
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn user_is_honoured_and_owns_workspace_files() {
+    let dir = tempfile::tempdir().unwrap();
+    open_workspace(dir.path());
+    let r = oneshot(
+        dir.path(),
+        "  user: \"1000:1000\"\n",
+        "",
+        r#"["sh", "-c", "id -u; id -g; touch /workspace/by-1000"]"#,
+    )
+    .await;
+    assert_eq!(r.stdout, "1000\n1000\n", "{}", r.stderr);
+    let meta = std::fs::metadata(dir.path().join("ws/by-1000")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (1000, 1000));
+    // user: host = HUID/HGID (the human behind sudo), else the runner's own ids.
+    let d2 = dir.path().join("host");
+    open_workspace(&d2);
+    let mut p = plan(
+        &d2,
+        "  user: host\n",
+        "",
+        r#"["sh", "-c", "id -u; touch /workspace/by-host"]"#,
+    );
+    let mut h = host(&d2.join("state"));
+    h.huid = Some(4321);
+    h.hgid = Some(4322);
+    p.bound.env.user = Some(manifest::UserSpec::Host);
+    let e = Engine::new(client().await, &d2.join("state"), h, RuntimeOptions::default());
+    let r = e.run_oneshot(&p, &CancellationToken::new()).await.unwrap();
+    assert_eq!(r.stdout, "4321\n", "{}", r.stderr);
+    let meta = std::fs::metadata(d2.join("ws/by-host")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (4321, 4322));
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn many_execs_in_one_live_container() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = "  setup:\n    commands: [\"echo setup-ran >> /workspace/setup.log\"]\n";
+    let p = plan(dir.path(), env, "", r#""true""#);
+    open_workspace(dir.path());
+    let e = engine(&dir.path().join("state")).await;
+    let live = e.spawn_live(&p).await.unwrap();
+    assert_eq!(live.setup().unwrap().exit_code, Some(0));
+    for i in 0..30 {
+        let r = live
+            .execute(ExecRequest {
+                argv: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    format!("echo {i} >> /tmp/state; wc -l < /tmp/state"),
+                ],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(r.stdout.trim(), (i + 1).to_string());
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("ws/setup.log")).unwrap(),
+        "setup-ran\n"
+    );
+    live.cleanup().await.unwrap();
+    assert_eq!(leftovers(&client().await, &p.job().name).await, 0);
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn twenty_concurrent_jobs_leave_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Arc::new(engine(&dir.path().join("state")).await);
+    let mut handles = Vec::new();
+    for i in 0..20 {
+        let d = dir.path().join(format!("j{i}"));
+        let p = plan(&d, "", "", &format!(r#"["sh", "-c", "echo job{i}"]"#));
+        let mut p = p;
+        p.bound.job.name = "concurrent".into();
+        let e = e.clone();
+        handles.push(tokio::spawn(async move {
+            let r = e.run_oneshot(&p, &CancellationToken::new()).await.unwrap();
+            assert_eq!(r.stdout, format!("job{i}\n"));
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    assert_eq!(leftovers(&client().await, "concurrent").await, 0);
+}
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn ctrl_c_of_the_cli_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    let yaml = format!(
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: bb}}\nspec:\n  image: {IMAGE}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: interrupted}}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"echo started; sleep 984\"]\n"
+    );
+    let file = write_manifest(dir.path(), "job.yaml", &yaml);
+    let (address, namespace) = containerd_env();
+    let child = std::process::Command::new(runner_bin())
+        .args(["apply", "-f", file.to_str().unwrap()])
+        .env("RUNNER_STATE_DIR", dir.path().join("state"))
+        .env("CONTAINERD_ADDRESS", &address)
+        .env("CONTAINERD_NAMESPACE", &namespace)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(10), || !processes_matching("sleep 984").is_empty()));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(processes_matching("sleep 984").is_empty());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let left = rt.block_on(async { leftovers(&client().await, "interrupted").await });
+    assert_eq!(left, 0);
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn an_exec_timeout_kills_the_command_but_not_the_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(dir.path(), "", "", r#""true""#);
+    let live = engine(&dir.path().join("state")).await.spawn_live(&p).await.unwrap();
+    let start = Instant::now();
+    let r = live
+        .execute(ExecRequest {
+            argv: vec!["sh".into(), "-c".into(), "sleep 985".into()],
+            timeout: Some(Duration::from_millis(500)),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(r.timed_out);
+    assert!(start.elapsed() < Duration::from_secs(3));
+    let r = live
+        .execute(ExecRequest {
+            argv: vec!["echo".into(), "alive".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, "alive\n");
+    live.cleanup().await.unwrap();
+}
+
+/// The runtime-interface cases both backends must pass alike.
+async fn parity_cases(rt: &dyn Runtime) {
+    let sh = |s: &str| ExecRequest {
+        argv: vec!["sh".into(), "-c".into(), s.into()],
+        ..Default::default()
+    };
+    assert_eq!(rt.poll(), ProcessState::Idle);
+    let r = rt.execute(sh("echo out; echo err >&2; exit 3")).await.unwrap();
+    assert_eq!(
+        (r.exit_code, r.stdout.as_str(), r.stderr.as_str()),
+        (Some(3), "out\n", "err\n")
+    );
+    assert_eq!(rt.poll(), ProcessState::Exited(3));
+    let mut req = sh("cat");
+    req.stdin = Some(b"piped".to_vec());
+    assert_eq!(rt.execute(req).await.unwrap().stdout, "piped");
+    let mut req = sh("cat; echo eof");
+    req.timeout = Some(Duration::from_secs(5));
+    let r = rt.execute(req).await.unwrap();
+    assert_eq!((r.stdout.as_str(), r.timed_out), ("eof\n", false));
+    let mut req = sh("echo $EXTRA");
+    req.env.insert("EXTRA".into(), "x".into());
+    assert_eq!(rt.execute(req).await.unwrap().stdout, "x\n");
+    rt.execute(sh("echo kept > state.txt")).await.unwrap();
+    assert_eq!(rt.execute(sh("cat state.txt")).await.unwrap().stdout, "kept\n");
+    let mut req = sh("sleep 986");
+    req.timeout = Some(Duration::from_millis(300));
+    let r = rt.execute(req).await.unwrap();
+    assert!(r.timed_out);
+    let mut rx = rt
+        .stream(
+            vec!["sh".into(), "-c".into(), "echo a; echo b >&2; exit 4".into()],
+            None,
+        )
+        .await
+        .unwrap();
+    let mut events = Vec::new();
+    while let Some(e) = rx.recv().await {
+        events.push(e);
+    }
+    assert!(
+        events.contains(&RuntimeEvent::Stdout { data: "a\n".into() }),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&RuntimeEvent::Stderr { data: "b\n".into() }),
+        "{events:?}"
+    );
+    assert!(
+        matches!(events.last(), Some(RuntimeEvent::Exit { exit_code: Some(4), .. })),
+        "{events:?}"
+    );
+    let r = rt.execute(sh("printf 'ok\\377'")).await.unwrap();
+    assert_eq!(r.stdout, "ok\u{fffd}");
+    rt.cleanup().await.unwrap();
+    assert!(rt.execute(sh("true")).await.is_err());
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn parity_of_the_runtime_interface_on_both_backends() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(dir.path(), "", "", r#""true""#);
+    let state = dir.path().join("state");
+    let live = engine(&state).await.spawn_live(&p).await.unwrap();
+    parity_cases(&live).await;
+    let mut hp = p.clone();
+    hp.bound.backend = manifest::Backend::Host;
+    hp.bound.network = manifest::NetworkMode::Host;
+    let h = runner::runtime::host::HostRuntime::spawn(&hp, &host(&state), &RuntimeOptions::default())
+        .await
+        .unwrap();
+    parity_cases(&h).await;
+    assert!(processes_matching("sleep 986").is_empty());
+}
