@@ -23,6 +23,8 @@ work=$(mktemp -d /tmp/runner-test.XXXXXX)
 export RUNNER_STATE_DIR="$work/state"
 export CONTAINERD_NAMESPACE="runner-test-$$"
 cleanup() {
+  # Whatever a failed test left running (its owner, the test process, is gone) goes first.
+  "$runner" gc >/dev/null 2>&1 || true
   "$runner" daemon stop >/dev/null 2>&1 || true
   rm -rf "$work" 2>/dev/null || true
 }

@@ -253,7 +253,9 @@ async fn timeout_kills_every_process_of_the_container() {
     assert!(r.timed_out);
     assert_eq!(r.stdout, "started\n");
     assert!(elapsed < Duration::from_secs(4), "took {elapsed:?}");
-    assert!(processes_matching("sleep 98").is_empty(), "processes survived");
+    for sleep in ["sleep 981", "sleep 982", "sleep 983"] {
+        assert!(processes_matching(sleep).is_empty(), "{sleep} survived");
+    }
     assert_eq!(leftovers(&client().await, &name).await, 0);
 }
 
@@ -488,7 +490,7 @@ async fn an_exec_timeout_kills_the_command_but_not_the_sandbox() {
     let start = Instant::now();
     let r = live
         .execute(ExecRequest {
-            argv: vec!["sh".into(), "-c".into(), "sleep 985".into()],
+            argv: vec!["sh".into(), "-c".into(), "sleep 985 & sleep 987".into()],
             timeout: Some(Duration::from_millis(500)),
             ..Default::default()
         })
@@ -496,6 +498,27 @@ async fn an_exec_timeout_kills_the_command_but_not_the_sandbox() {
         .unwrap();
     assert!(r.timed_out);
     assert!(start.elapsed() < Duration::from_secs(3));
+    assert!(
+        processes_matching("sleep 985").is_empty(),
+        "the command's background child survived"
+    );
+    assert!(processes_matching("sleep 987").is_empty());
+    // What a command starts in the background stays up in the sandbox, and does not hold
+    // the command's result back.
+    let start = Instant::now();
+    let r = live
+        .execute(ExecRequest {
+            argv: vec!["sh".into(), "-c".into(), "sleep 988 & echo started".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, "started\n");
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(
+        !processes_matching("sleep 988").is_empty(),
+        "the background process must keep running"
+    );
     let r = live
         .execute(ExecRequest {
             argv: vec!["echo".into(), "alive".into()],
@@ -505,6 +528,11 @@ async fn an_exec_timeout_kills_the_command_but_not_the_sandbox() {
         .unwrap();
     assert_eq!(r.stdout, "alive\n");
     live.cleanup().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(3), || processes_matching("sleep 988").is_empty()),
+        "cleanup must end the sandbox: {:?}",
+        processes_matching("sleep 988")
+    );
 }
 
 /// The runtime-interface cases both backends must pass alike.

@@ -300,13 +300,22 @@ impl OutputPump {
         // The tasks run on until the init's FIFOs close at teardown.
     }
 
-    /// Wait for both streams to reach EOF (bounded) and return what they carried.
-    pub async fn finish(self, limit: Duration) -> (StreamOut, StreamOut) {
+    /// Wait for both streams to reach EOF (bounded) and return what they carried. When
+    /// `detach`, a stream still open at the limit (a background process of a live
+    /// container's command holds it) keeps being drained, discarded, instead of being cut:
+    /// a writer to a FIFO without a reader would die of SIGPIPE.
+    pub async fn finish(self, limit: Duration, detach: bool) -> (StreamOut, StreamOut) {
         let mut outs = Vec::new();
         for (mut task, shared) in self.tasks {
             if tokio::time::timeout(limit, &mut task).await.is_err() {
-                tracing::warn!("process output still open {limit:?} after exit; a process holds it");
-                task.abort();
+                if detach {
+                    if let Some(s) = &shared {
+                        s.lock().expect("pump lock").discard = true;
+                    }
+                } else {
+                    tracing::warn!("process output still open {limit:?} after exit; a process holds it");
+                    task.abort();
+                }
             }
             let out = match shared {
                 Some(s) => {

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -40,8 +41,15 @@ const KEEPALIVE: &str = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; d
 const CREATE_LEASE_TTL: Duration = Duration::from_secs(600);
 /// After the task exited, how long its output may take to reach EOF.
 const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+/// After an exec exited, how long its output may stay open before background processes it
+/// left are assumed to hold it.
+const EXEC_DRAIN_LIMIT: Duration = Duration::from_millis(200);
 /// How long a Wait may keep failing with Unavailable (containerd restarting) before we give up.
 const RECONNECT_LIMIT: Duration = Duration::from_secs(60);
+/// How long a SIGKILLed task may take to exit during teardown.
+const TEARDOWN_WAIT: Duration = Duration::from_secs(10);
+/// `containerd.v1.types.Status.STOPPED`.
+const STATUS_STOPPED: i32 = 3;
 const SIGTERM: u32 = 15;
 const SIGKILL: u32 = 9;
 
@@ -183,8 +191,14 @@ impl Engine {
     pub async fn teardown(&self, id: &str) -> Result<(), RuntimeError> {
         let c = &self.client;
         let mut first_error = None;
-        if let Ok(Some(_)) = c.task_get(id).await {
-            let _ = c.task_kill(id, "", SIGKILL, true).await;
+        if let Ok(Some(process)) = c.task_get(id).await {
+            // Status 3 is STOPPED (containerd.v1.types.Status); anything else may still run.
+            if process.status != STATUS_STOPPED {
+                let _ = c.task_kill(id, "", SIGKILL, true).await;
+                if tokio::time::timeout(TEARDOWN_WAIT, c.task_wait(id, "")).await.is_err() {
+                    tracing::warn!(container = id, "task did not exit within {TEARDOWN_WAIT:?} of SIGKILL");
+                }
+            }
         }
         match c.task_delete(id).await {
             Ok(_) => {}
@@ -262,9 +276,18 @@ impl Engine {
             );
         }
         let deadline = job.timeout.into_iter().chain(job.active_deadline).min();
-        let (exit, timed_out, interrupted) = self.supervise(id, "", waiter, deadline, cancel, started).await?;
+        let (exit, timed_out, interrupted) = self
+            .supervise(
+                id,
+                "",
+                waiter,
+                deadline.map(|d| d.saturating_sub(started.elapsed())),
+                cancel,
+                None,
+            )
+            .await?;
         let duration = started.elapsed();
-        let (out, err) = pumps.finish(DRAIN_LIMIT).await;
+        let (out, err) = pumps.finish(DRAIN_LIMIT, false).await;
         let stats = cgroupfs::read(&created.cgroup);
         let oom = stats.oom_kills.is_some_and(|n| n > 0);
         let setup_failed = expect_marker && out.setup_status != Some(0);
@@ -299,7 +322,7 @@ impl Engine {
         })
     }
 
-    /// Wait for the process; on timeout or cancel, SIGTERM (the whole container for the init,
+    /// Wait for the process for at most `limit` more; on timeout or cancel, SIGTERM (the whole container for the init,
     /// the process for an exec), a grace period, then SIGKILL. Returns (exit, timed out, interrupted).
     async fn supervise(
         &self,
@@ -308,12 +331,12 @@ impl Engine {
         mut waiter: tokio::task::JoinHandle<Result<client::Exit, CtdError>>,
         limit: Option<Duration>,
         cancel: &CancellationToken,
-        started: Instant,
+        group: Option<u32>,
     ) -> Result<(client::Exit, bool, bool), RuntimeError> {
         let all = exec_id.is_empty();
         let sleep = async {
             match limit {
-                Some(l) => tokio::time::sleep(l.saturating_sub(started.elapsed())).await,
+                Some(l) => tokio::time::sleep(l).await,
                 None => std::future::pending().await,
             }
         };
@@ -323,13 +346,18 @@ impl Engine {
             () = cancel.cancelled() => (false, true),
         };
         let _ = self.client.task_kill(id, exec_id, SIGTERM, all).await;
-        match tokio::time::timeout(self.options.kill_grace, &mut waiter).await {
+        signal_group(group, Signal::SIGTERM);
+        let result = match tokio::time::timeout(self.options.kill_grace, &mut waiter).await {
             Ok(r) => Ok((join(r)?, timed_out, interrupted)),
             Err(_) => {
+                signal_group(group, Signal::SIGKILL);
                 self.client.task_kill(id, exec_id, SIGKILL, all).await?;
                 Ok((join(waiter.await)?, timed_out, interrupted))
             }
-        }
+        };
+        // Children of an exec that outlived it (SIGTERM ignored) die with their group.
+        signal_group(group, Signal::SIGKILL);
+        result
     }
 
     /// Start a live container: setup runs once in its init, which then idles.
@@ -413,6 +441,14 @@ impl Engine {
     }
 }
 
+/// Signal the process group an exec leads, from the host. Only groups led by a process of
+/// ours are signalled: `group` is the PID Tasks.Start returned for the exec.
+fn signal_group(group: Option<u32>, signal: Signal) {
+    if let Some(pgid) = group.and_then(|g| i32::try_from(g).ok()).filter(|g| *g > 1) {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), signal);
+    }
+}
+
 fn join<T>(r: Result<Result<T, CtdError>, tokio::task::JoinError>) -> Result<T, RuntimeError> {
     match r {
         Ok(inner) => Ok(inner?),
@@ -429,7 +465,8 @@ struct Created {
 
 #[derive(Default)]
 struct LiveState {
-    running: Option<String>,
+    /// The running exec and its host PID.
+    running: Option<(String, u32)>,
     last: Option<i32>,
     cleaned: bool,
 }
@@ -501,23 +538,27 @@ impl LiveContainer {
             tokio::spawn(async move { engine.wait(&id, &exec_id).await })
         };
         let started = Instant::now();
-        if let Err(e) = client.task_start(&self.id, &exec_id).await {
-            waiter.abort();
-            let _ = client.process_delete(&self.id, &exec_id).await;
-            fifos.remove();
-            return Err(match e {
-                CtdError::Rpc { message, .. } => RuntimeError::Start {
-                    program: request.argv[0].clone(),
-                    source: std::io::Error::other(message),
-                },
-                other => other.into(),
-            });
-        }
+        let pid = match client.task_start(&self.id, &exec_id).await {
+            Ok(pid) => pid,
+            Err(e) => {
+                waiter.abort();
+                let _ = client.process_delete(&self.id, &exec_id).await;
+                fifos.remove();
+                return Err(match e {
+                    CtdError::Rpc { message, .. } => RuntimeError::Start {
+                        program: request.argv[0].clone(),
+                        source: std::io::Error::other(message),
+                    },
+                    other => other.into(),
+                });
+            }
+        };
         if let (Some(data), Some(stdin)) = (&request.stdin, stdin) {
             io::deliver_stdin(stdin, data.clone(), client.clone(), self.id.clone(), exec_id.clone());
         }
-        self.state.lock().expect("state lock").running = Some(exec_id.clone());
+        self.state.lock().expect("state lock").running = Some((exec_id.clone(), pid));
         Ok(StartedExec {
+            pid,
             exec_id,
             fifos,
             pumps,
@@ -531,12 +572,29 @@ impl LiveContainer {
         let never = CancellationToken::new();
         let outcome = self
             .engine
-            .supervise(&self.id, &exec.exec_id, exec.waiter, timeout, &never, exec.started)
+            .supervise(
+                &self.id,
+                &exec.exec_id,
+                exec.waiter,
+                timeout.map(|t| t.saturating_sub(exec.started.elapsed())),
+                &never,
+                Some(exec.pid),
+            )
             .await;
         let duration = exec.started.elapsed();
-        let (out, err) = exec.pumps.finish(DRAIN_LIMIT).await;
-        let _ = self.engine.client.process_delete(&self.id, &exec.exec_id).await;
-        exec.fifos.remove();
+        // What the command left running in the sandbox keeps running; its output is not ours.
+        let (out, err) = exec.pumps.finish(EXEC_DRAIN_LIMIT, true).await;
+        // The shim's Delete of an exec waits up to 2 s for the process's output to close
+        // (containerd runc shim, execProcess.delete): done in the background, so a command
+        // that leaves a background process behind still answers at once.
+        let client = self.engine.client.clone();
+        let (id, exec_id, fifos) = (self.id.clone(), exec.exec_id.clone(), exec.fifos);
+        tokio::spawn(async move {
+            if let Err(e) = client.process_delete(&id, &exec_id).await {
+                tracing::debug!(error = %e, "deleting the exec process");
+            }
+            fifos.remove();
+        });
         let after = cgroupfs::read(&self.cgroup);
         let (exit, timed_out, _) = outcome?;
         let oom = matches!((before.oom_kills, after.oom_kills), (Some(b), Some(a)) if a > b);
@@ -565,6 +623,9 @@ impl LiveContainer {
 }
 
 struct StartedExec {
+    /// Host PID of the exec'd process: runc makes it a session (and group) leader, so its
+    /// group is the command's process tree.
+    pid: u32,
     exec_id: String,
     fifos: Fifos,
     pumps: OutputPump,
@@ -644,7 +705,8 @@ impl Runtime for LiveContainer {
 
     async fn kill(&self) -> Result<(), RuntimeError> {
         let running = self.state.lock().expect("state lock").running.clone();
-        if let Some(exec_id) = running {
+        if let Some((exec_id, pid)) = running {
+            signal_group(Some(pid), Signal::SIGKILL);
             self.engine.client.task_kill(&self.id, &exec_id, SIGKILL, false).await?;
         }
         Ok(())
