@@ -151,8 +151,11 @@ pub async fn apply(
         }
     }
     let engine = if plans.iter().any(|p| p.bound.backend == Backend::Containerd) {
+        let t0 = std::time::Instant::now();
         let client = connect(global).await?;
+        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "connected");
         reconcile(&client, global).await;
+        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "reconciled");
         Some(Engine::new(
             client,
             &global.state_dir,

@@ -610,3 +610,50 @@ async fn parity_of_the_runtime_interface_on_both_backends() {
     parity_cases(&h).await;
     assert!(processes_matching("sleep 986").is_empty());
 }
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn gc_removes_what_a_killed_runner_left_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: bb}}\nspec:\n  image: {IMAGE}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: orphaned}}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"sleep 989\"]\n"
+    );
+    let file = write_manifest(dir.path(), "job.yaml", &yaml);
+    let (address, namespace) = containerd_env();
+    let mut child = std::process::Command::new(runner_bin())
+        .args(["apply", "-f", file.to_str().unwrap()])
+        .env("RUNNER_STATE_DIR", dir.path().join("state"))
+        .env("CONTAINERD_ADDRESS", &address)
+        .env("CONTAINERD_NAMESPACE", &namespace)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(10), || !processes_matching("sleep 989").is_empty()));
+    // SIGKILL: no cleanup runs; the container keeps running under its shim.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // A live container of this (alive) test process must survive gc.
+    let p = plan(&dir.path().join("live"), "", "", r#""true""#);
+    let live = rt.block_on(async { engine(&dir.path().join("state")).await.spawn_live(&p).await.unwrap() });
+    assert!(rt.block_on(async { leftovers(&client().await, "orphaned").await }) > 0);
+    let out = runner_ctd(&["gc"], &dir.path().join("state"));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("removed 1 containers"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(eventually(Duration::from_secs(5), || processes_matching("sleep 989").is_empty()));
+    assert_eq!(rt.block_on(async { leftovers(&client().await, "orphaned").await }), 0);
+    // The live one is untouched and still answers.
+    let r = rt
+        .block_on(live.execute(ExecRequest {
+            argv: vec!["echo".into(), "still here".into()],
+            ..Default::default()
+        }))
+        .unwrap();
+    assert_eq!(r.stdout, "still here\n");
+    rt.block_on(live.cleanup()).unwrap();
+}

@@ -128,7 +128,9 @@ impl Engine {
             .image
             .clone()
             .ok_or_else(|| RuntimeError::Refused("spec.image is required".into()))?;
+        let t0 = Instant::now();
         let image = image::resolve(&self.client, &image_name).await?;
+        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "image resolved");
         let mut plan = plan.clone();
         plan.image_env = image.config.env.clone().unwrap_or_default();
         let mut built = spec::build(&plan, &self.host).map_err(|e| RuntimeError::Refused(e.to_string()))?;
@@ -235,9 +237,13 @@ impl Engine {
 
     /// Run one job to completion in a fresh container: setup + command in one task.
     pub async fn run_oneshot(&self, plan: &RunPlan, cancel: &CancellationToken) -> Result<ExecResult, RuntimeError> {
+        let t0 = Instant::now();
         let created = self.create(plan, None, "oneshot").await?;
+        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "container created");
         let result = self.run_created(plan, &created, cancel).await;
+        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "task finished");
         let teardown = self.teardown(&created.id).await;
+        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "torn down");
         let result = result?;
         teardown?;
         Ok(result)
@@ -530,7 +536,9 @@ impl LiveContainer {
         };
         let stdin = fifos.open_stdin()?;
         let client = &self.engine.client;
+        let t0 = Instant::now();
         client.exec(&self.id, &exec_id, process, &fifos.stdio()).await?;
+        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "exec registered");
         let waiter = {
             let engine = self.engine.clone();
             let id = self.id.clone();
@@ -538,7 +546,9 @@ impl LiveContainer {
             tokio::spawn(async move { engine.wait(&id, &exec_id).await })
         };
         let started = Instant::now();
-        let pid = match client.task_start(&self.id, &exec_id).await {
+        let started_rpc = client.task_start(&self.id, &exec_id).await;
+        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "exec started");
+        let pid = match started_rpc {
             Ok(pid) => pid,
             Err(e) => {
                 waiter.abort();
@@ -582,8 +592,10 @@ impl LiveContainer {
             )
             .await;
         let duration = exec.started.elapsed();
+        tracing::debug!(ms = duration.as_secs_f64() * 1e3, "exec exited");
         // What the command left running in the sandbox keeps running; its output is not ours.
         let (out, err) = exec.pumps.finish(EXEC_DRAIN_LIMIT, true).await;
+        tracing::debug!(ms = exec.started.elapsed().as_secs_f64() * 1e3, "exec output drained");
         // The shim's Delete of an exec waits up to 2 s for the process's output to close
         // (containerd runc shim, execProcess.delete): done in the background, so a command
         // that leaves a background process behind still answers at once.

@@ -1,0 +1,109 @@
+//! Benchmark driver for scripts/bench.sh: times runner's own paths through the library, one
+//! line of JSON per measurement set. `ctr` is timed by the script, side by side, in one run.
+//!
+//! Usage: bench oneshot|exec|concurrent N [ARGS] (CONTAINERD_ADDRESS, CONTAINERD_NAMESPACE,
+//! RUNNER_STATE_DIR, BENCH_IMAGE).
+
+use std::time::{Duration, Instant};
+
+use runner::manifest;
+use runner::runtime::containerd::Engine;
+use runner::runtime::containerd::client::Containerd;
+use runner::runtime::{ExecRequest, Runtime, RuntimeOptions};
+use runner::spec::{self, HostEnv};
+use tokio_util::sync::CancellationToken;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+#[tokio::main]
+async fn main() {
+    if let Ok(filter) = std::env::var("RUNNER_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(false)
+            .init();
+    }
+    let args: Vec<String> = std::env::args().collect();
+    let mode = args.get(1).map(String::as_str).unwrap_or("exec");
+    let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20);
+    let address = std::env::var("CONTAINERD_ADDRESS").expect("CONTAINERD_ADDRESS");
+    let namespace = std::env::var("CONTAINERD_NAMESPACE").unwrap_or_else(|_| "runner-bench".into());
+    let state = std::path::PathBuf::from(std::env::var("RUNNER_STATE_DIR").expect("RUNNER_STATE_DIR"));
+    let image = std::env::var("BENCH_IMAGE").unwrap_or_else(|_| "local/busybox:latest".into());
+    let client = Containerd::connect(std::path::Path::new(&address), &namespace)
+        .await
+        .expect("connect");
+    let host = HostEnv::detect(&state);
+    let engine = Engine::new(client, &state, host.clone(), RuntimeOptions::default());
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: bb}}\nspec:\n  image: {image}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: bench}}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"true\"]\n"
+    );
+    let set = manifest::parse_str(&yaml, dir.path(), None).unwrap();
+    let bound = set.bind(&set.jobs[0], None).unwrap();
+    let plan = spec::resolve(&bound, &host).unwrap();
+    match mode {
+        "exec" => {
+            let live = engine.spawn_live(&plan).await.expect("spawn");
+            let mut times = Vec::new();
+            for _ in 0..n {
+                let t = Instant::now();
+                let r = live
+                    .execute(ExecRequest {
+                        argv: vec!["/bin/true".into()],
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("exec");
+                assert_eq!(r.exit_code, Some(0));
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            live.cleanup().await.expect("cleanup");
+            println!("{{\"exec_ms_median\": {:.2}, \"runs\": {n}}}", median(times));
+        }
+        "concurrent" => {
+            let engine = std::sync::Arc::new(engine);
+            let t = Instant::now();
+            let mut handles = Vec::new();
+            for _ in 0..n {
+                let (e, p) = (engine.clone(), plan.clone());
+                handles.push(tokio::spawn(async move {
+                    e.run_oneshot(&p, &CancellationToken::new())
+                        .await
+                        .expect("job")
+                        .exit_code
+                }));
+            }
+            for h in handles {
+                assert_eq!(h.await.unwrap(), Some(0));
+            }
+            let secs = t.elapsed().as_secs_f64();
+            println!(
+                "{{\"jobs\": {n}, \"seconds\": {secs:.3}, \"jobs_per_second\": {:.1}}}",
+                n as f64 / secs
+            );
+        }
+        _ => {
+            let anchor = if std::env::var_os("BENCH_ANCHOR").is_some() {
+                Some(engine.spawn_live(&plan).await.unwrap())
+            } else {
+                None
+            };
+            let mut times = Vec::new();
+            for _ in 0..n {
+                let t = Instant::now();
+                let r = engine.run_oneshot(&plan, &CancellationToken::new()).await.expect("job");
+                assert_eq!(r.exit_code, Some(0));
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            if let Some(a) = anchor {
+                a.cleanup().await.unwrap();
+            }
+            println!("{{\"oneshot_ms_median\": {:.2}, \"runs\": {n}}}", median(times));
+        }
+    }
+    let _ = Duration::ZERO;
+}

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Benchmarks runner against ctr, side by side in one run, on a private containerd with the
+# busybox test image. Prints medians and ratios (runner / ctr; lower is better).
+#   one-shot: `runner apply` of a busybox `sh -c true` job  vs  `ctr run --rm` of the same
+#   exec:     exec round trip of /bin/true in a live container (library)  vs  `ctr task exec`
+#   throughput: N concurrent one-shot jobs (library)
+# Usage: scripts/bench.sh [RUNS] [CONCURRENT]   (defaults 15 and 20)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-15}
+concurrent=${2:-20}
+
+scripts/deps.sh
+cargo build --release --locked --bin runner --example bench >/dev/null 2>&1 || cargo build --release --locked --bin runner --example bench
+runner="$PWD/target/release/runner"
+bench="$PWD/target/release/examples/bench"
+
+work=$(mktemp -d /tmp/runner-bench.XXXXXX)
+export RUNNER_STATE_DIR="$work/state" CONTAINERD_NAMESPACE="runner-bench-$$"
+cleanup() {
+  ctr_ tasks kill -a -s 9 anchor >/dev/null 2>&1 || true
+  sleep 0.2
+  ctr_ tasks rm anchor >/dev/null 2>&1 || true
+  ctr_ containers rm anchor >/dev/null 2>&1 || true
+  "$runner" gc >/dev/null 2>&1 || true
+  "$runner" daemon stop >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+ctr_() { ctr --address "$CONTAINERD_ADDRESS" --namespace "$CONTAINERD_NAMESPACE" "$@"; }
+"$runner" daemon start >/dev/null
+export CONTAINERD_ADDRESS
+CONTAINERD_ADDRESS=$("$runner" daemon status | sed -n 's/^running (pid [0-9]*) at //p')
+trap cleanup EXIT
+images/busybox/build.sh "$work/busybox.tar" oci >/dev/null
+"$runner" image import "$work/busybox.tar" >/dev/null
+
+cat > "$work/true.yaml" <<YAML
+apiVersion: runner/v1alpha1
+kind: Environment
+metadata: {name: bb}
+spec:
+  image: local/busybox:latest
+---
+apiVersion: runner/v1alpha1
+kind: Job
+metadata: {name: bench}
+spec:
+  environment: bb
+  command: ["sh", "-c", "true"]
+YAML
+
+ms_of() { # run a command, print its wall time in ms
+  local t0 t1
+  t0=$(date +%s%N); "$@" >/dev/null 2>&1; t1=$(date +%s%N)
+  echo $(( (t1 - t0) / 1000 ))
+}
+median() { sort -n | awk '{a[NR]=$1} END {m=a[int((NR+1)/2)]; printf "%.1f", m/1000}'; }
+
+# Warm both paths once (page cache, first shim binary load).
+"$runner" apply -f "$work/true.yaml" >/dev/null
+ctr_ run --rm local/busybox:latest warm sh -c true >/dev/null
+
+r=(); c=()
+for i in $(seq 1 "$runs"); do
+  r+=("$(ms_of "$runner" apply -f "$work/true.yaml")")
+  c+=("$(ms_of ctr_ run --rm local/busybox:latest "b$i" sh -c true)")
+done
+r_med=$(printf '%s\n' "${r[@]}" | median)
+c_med=$(printf '%s\n' "${c[@]}" | median)
+echo "one-shot   runner apply: ${r_med} ms   ctr run --rm: ${c_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $r_med/$c_med}")  (median of $runs)"
+
+ctr_ run -d local/busybox:latest anchor sh -c 'sleep 100000' >/dev/null
+e=()
+for i in $(seq 1 "$runs"); do e+=("$(ms_of ctr_ task exec --exec-id "e$i" anchor /bin/true)"); done
+e_med=$(printf '%s\n' "${e[@]}" | median)
+x_med=$("$bench" exec "$runs" | sed -n 's/.*"exec_ms_median": \([0-9.]*\).*/\1/p')
+echo "exec       runner live exec: ${x_med} ms   ctr task exec: ${e_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $x_med/$e_med}")  (median of $runs)"
+
+echo "throughput $("$bench" concurrent "$concurrent")"
