@@ -1,23 +1,34 @@
 #!/usr/bin/env bash
-# From a fresh machine to a finished job: install dependencies, build runner, run the
-# example jobs end to end and print their results.
+# From a fresh machine to a finished containerized job: install dependencies, build runner,
+# build and import the Python image (debootstrap; cached after the first time), and run the
+# example Python job in a hardened container on runner's private containerd (started on
+# first use when no system containerd answers). Then the other examples.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/deps.sh
 cargo build --release --locked
-RUNNER=target/release/runner
-export RUNNER_STATE_DIR="${RUNNER_STATE_DIR:-$PWD/.runner-state}"
+RUNNER="$PWD/target/release/runner"
+export RUNNER_STATE_DIR="${RUNNER_STATE_DIR:-/var/lib/runner}"
 
-echo "== runner validate"
+echo "== images"
+images/python/build.sh /tmp/runner-python.tar
+images/busybox/build.sh /tmp/runner-busybox.tar
+"$RUNNER" image import /tmp/runner-python.tar
+"$RUNNER" image import /tmp/runner-busybox.tar
+"$RUNNER" image ls
+
+echo "== validate"
 for f in manifests/examples/*.yaml; do "$RUNNER" validate -f "$f"; done
 
-echo "== hello (host backend)"
+echo "== a Python job in a container (no network, 512Mi, half a core, uid 1000)"
+"$RUNNER" apply -f manifests/examples/python.yaml
+
+echo "== an evaluation: setup commands, static assets, stdin (container)"
+"$RUNNER" apply -f manifests/examples/eval.yaml -o wide
+
+echo "== a trusted job on the host backend"
 "$RUNNER" apply -f manifests/examples/hello.yaml
 
-echo "== eval with setup and static assets (host backend)"
-"$RUNNER" apply -f manifests/examples/eval.yaml --backend host -o wide
-
-echo "== the hardened container spec of the eval job"
-"$RUNNER" spec -f manifests/examples/eval.yaml | head -n 20
-echo "..."
+echo
+echo "runner's private containerd keeps running for the next jobs; stop it with: $RUNNER daemon stop"

@@ -130,7 +130,7 @@ pub enum RuntimeError {
     CleanedUp,
     #[error("{0}")]
     Refused(String),
-    #[error("backend {0} is not available yet")]
+    #[error("backend {0} is not connected")]
     Unavailable(&'static str),
     #[error(transparent)]
     Containerd(#[from] containerd::client::CtdError),
