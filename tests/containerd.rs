@@ -484,9 +484,16 @@ fn ctrl_c_of_the_cli_leaves_nothing_behind() {
 #[tokio::test]
 #[ignore = "needs a private containerd: run scripts/test.sh"]
 async fn an_exec_timeout_kills_the_command_but_not_the_sandbox() {
+    exec_timeout_case(true).await;
+    exec_timeout_case(false).await;
+}
+
+async fn exec_timeout_case(via_agent: bool) {
     let dir = tempfile::tempdir().unwrap();
     let p = plan(dir.path(), "", "", r#""true""#);
-    let live = engine(&dir.path().join("state")).await.spawn_live(&p).await.unwrap();
+    let mut e = engine(&dir.path().join("state")).await;
+    e.options.exec_via_agent = via_agent;
+    let live = e.spawn_live(&p).await.unwrap();
     let start = Instant::now();
     let r = live
         .execute(ExecRequest {
@@ -600,6 +607,11 @@ async fn parity_of_the_runtime_interface_on_both_backends() {
     let p = plan(dir.path(), "", "", r#""true""#);
     let state = dir.path().join("state");
     let live = engine(&state).await.spawn_live(&p).await.unwrap();
+    parity_cases(&live).await;
+    // The same through Tasks.Exec instead of the agent.
+    let mut e = engine(&state).await;
+    e.options.exec_via_agent = false;
+    let live = e.spawn_live(&p).await.unwrap();
     parity_cases(&live).await;
     let mut hp = p.clone();
     hp.bound.backend = manifest::Backend::Host;

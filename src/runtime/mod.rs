@@ -172,6 +172,9 @@ pub struct RuntimeOptions {
     /// Host backend: track process trees with a cgroup when possible (else the process
     /// group). Off only to exercise the fallback.
     pub use_cgroup: bool,
+    /// containerd live containers: run commands through the in-container agent (a fork in
+    /// the sandbox) rather than Tasks.Exec (a `runc exec` per command, ~25 ms).
+    pub exec_via_agent: bool,
 }
 
 impl Default for RuntimeOptions {
@@ -180,6 +183,7 @@ impl Default for RuntimeOptions {
             output_limit: output::DEFAULT_OUTPUT_LIMIT,
             kill_grace: Duration::from_millis(500),
             use_cgroup: true,
+            exec_via_agent: true,
         }
     }
 }

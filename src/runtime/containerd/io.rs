@@ -77,6 +77,16 @@ impl Fifos {
         }
     }
 
+    /// Open the read ends of stdout and stderr (before the shim opens the write ends).
+    fn receivers(&self) -> Result<(pipe::Receiver, pipe::Receiver), RuntimeError> {
+        let open = |path: &PathBuf| {
+            pipe::OpenOptions::new()
+                .open_receiver(path)
+                .map_err(io_err("opening output FIFO"))
+        };
+        Ok((open(&self.stdout)?, open(&self.stderr)?))
+    }
+
     pub fn remove(&self) {
         for p in [Some(&self.stdout), Some(&self.stderr), self.stdin.as_ref()]
             .into_iter()
@@ -162,12 +172,15 @@ async fn read_loop(mut rx: pipe::Receiver, mut on_chunk: impl FnMut(&[u8])) {
 impl OutputPump {
     /// Capture both streams (split at the setup marker when `expect_marker`).
     pub fn start(fifos: &Fifos, expect_marker: bool, limit: usize) -> Result<Self, RuntimeError> {
+        let (out, err) = fifos.receivers()?;
+        Ok(Self::capture(out, err, expect_marker, limit))
+    }
+
+    /// Capture two already-open streams.
+    pub fn capture(out: pipe::Receiver, err: pipe::Receiver, expect_marker: bool, limit: usize) -> Self {
         let marker = Arc::new(Notify::new());
         let mut tasks = Vec::new();
-        for path in [&fifos.stdout, &fifos.stderr] {
-            let rx = pipe::OpenOptions::new()
-                .open_receiver(path)
-                .map_err(io_err("opening output FIFO"))?;
+        for rx in [out, err] {
             let shared = Arc::new(Mutex::new(Shared {
                 splitter: Splitter::new(expect_marker),
                 setup: Some(Capture::new(limit)),
@@ -210,16 +223,19 @@ impl OutputPump {
             });
             tasks.push((task, Some(shared)));
         }
-        Ok(OutputPump { tasks, marker })
+        OutputPump { tasks, marker }
     }
 
     /// Forward both streams as events (no split, no cap: the consumer decides).
     pub fn stream(fifos: &Fifos, tx: mpsc::Sender<RuntimeEvent>) -> Result<Self, RuntimeError> {
+        let (out, err) = fifos.receivers()?;
+        Ok(Self::forward(out, err, tx))
+    }
+
+    /// Forward two already-open streams as events.
+    pub fn forward(out: pipe::Receiver, err: pipe::Receiver, tx: mpsc::Sender<RuntimeEvent>) -> Self {
         let mut tasks = Vec::new();
-        for (path, is_stdout) in [(&fifos.stdout, true), (&fifos.stderr, false)] {
-            let rx = pipe::OpenOptions::new()
-                .open_receiver(path)
-                .map_err(io_err("opening output FIFO"))?;
+        for (rx, is_stdout) in [(out, true), (err, false)] {
             let tx = tx.clone();
             let task = tokio::spawn(async move {
                 let (chunks_tx, mut chunks_rx) = mpsc::unbounded_channel::<Vec<u8>>();
@@ -248,10 +264,10 @@ impl OutputPump {
             });
             tasks.push((task, None));
         }
-        Ok(OutputPump {
+        OutputPump {
             tasks,
             marker: Arc::new(Notify::new()),
-        })
+        }
     }
 
     fn shared(&self, i: usize) -> Option<&Arc<Mutex<Shared>>> {

@@ -6,6 +6,7 @@
 //! cgroup counters read before Tasks.Delete; teardown kill → wait → Tasks.Delete →
 //! Snapshots.Remove → Containers.Delete, NotFound counting as done.
 
+mod agent;
 pub mod client;
 mod io;
 
@@ -20,6 +21,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use self::agent::{AGENT_SCRIPT, Agent};
 use self::client::{Containerd, CtdError, LEASE_EXPIRE_LABEL};
 use self::io::{Fifos, OutputPump};
 use super::cgroupfs;
@@ -35,7 +37,7 @@ pub const LABEL_OWNER: &str = "runner.dev/owner";
 pub const LABEL_JOB: &str = "runner.dev/job";
 /// `oneshot` or `live`.
 pub const LABEL_KIND: &str = "runner.dev/kind";
-/// The idle loop a live container's init runs after setup (needs `sh` and `sleep`).
+/// What a live container's init runs after setup when commands go through Tasks.Exec.
 const KEEPALIVE: &str = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done";
 /// How long the container lease may outlive a crashed runner.
 const CREATE_LEASE_TTL: Duration = Duration::from_secs(600);
@@ -122,7 +124,14 @@ impl Engine {
     }
 
     /// Build the spec for a plan against the image, create container + snapshot under a lease.
-    async fn create(&self, plan: &RunPlan, args: Option<Vec<String>>, kind: &str) -> Result<Created, RuntimeError> {
+    /// `with_agent`: share an agent directory with the container (live containers).
+    async fn create(
+        &self,
+        plan: &RunPlan,
+        args: Option<Vec<String>>,
+        kind: &str,
+        with_agent: bool,
+    ) -> Result<Created, RuntimeError> {
         let env = plan.env();
         let image_name = env
             .image
@@ -142,6 +151,32 @@ impl Engine {
         if let (Some(args), Some(process)) = (args, built.process_mut()) {
             process.set_args(Some(args));
         }
+        let agent = if with_agent {
+            let user = built
+                .process()
+                .as_ref()
+                .map(|p| (p.user().uid(), p.user().gid()))
+                .unwrap_or((0, 0));
+            let agent = Agent::create(&self.run_dir.join(&id).join("agent"), user.0, user.1)?;
+            let mount = oci_spec::runtime::MountBuilder::default()
+                .destination(agent::AGENT_MOUNT)
+                .typ("bind")
+                .source(agent.dir())
+                .options(
+                    ["rbind", "nosuid", "nodev", "noexec", "rprivate", "rw"]
+                        .iter()
+                        .map(|o| o.to_string())
+                        .collect::<Vec<_>>(),
+                )
+                .build()
+                .map_err(|e| RuntimeError::Internal(format!("agent mount: {e}")))?;
+            let mut mounts = built.mounts().clone().unwrap_or_default();
+            mounts.push(mount);
+            built.set_mounts(Some(mounts));
+            Some(agent)
+        } else {
+            None
+        };
         let process = built
             .process()
             .clone()
@@ -185,6 +220,7 @@ impl Engine {
             rootfs,
             cgroup,
             process,
+            agent,
         })
     }
 
@@ -238,7 +274,7 @@ impl Engine {
     /// Run one job to completion in a fresh container: setup + command in one task.
     pub async fn run_oneshot(&self, plan: &RunPlan, cancel: &CancellationToken) -> Result<ExecResult, RuntimeError> {
         let t0 = Instant::now();
-        let created = self.create(plan, None, "oneshot").await?;
+        let created = self.create(plan, None, "oneshot", false).await?;
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "container created");
         let result = self.run_created(plan, &created, cancel).await;
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "task finished");
@@ -370,13 +406,15 @@ impl Engine {
     pub async fn spawn_live(&self, plan: &RunPlan) -> Result<LiveContainer, RuntimeError> {
         let job = plan.job();
         let env = plan.env();
+        let with_agent = self.options.exec_via_agent;
+        let idle = if with_agent { AGENT_SCRIPT } else { KEEPALIVE };
         let init_args = spec::entry::compose(
             &env.setup,
             job.disable_setup,
-            &[spec::SHELL.to_string(), "-c".to_string(), KEEPALIVE.to_string()],
+            &[spec::SHELL.to_string(), "-c".to_string(), idle.to_string()],
         );
-        let created = self.create(plan, Some(init_args), "live").await?;
-        match self.start_live(plan, &created).await {
+        let mut created = self.create(plan, Some(init_args), "live", with_agent).await?;
+        match self.start_live(plan, &mut created).await {
             Ok(live) => Ok(live),
             Err(e) => {
                 let _ = self.teardown(&created.id).await;
@@ -385,7 +423,7 @@ impl Engine {
         }
     }
 
-    async fn start_live(&self, plan: &RunPlan, created: &Created) -> Result<LiveContainer, RuntimeError> {
+    async fn start_live(&self, plan: &RunPlan, created: &mut Created) -> Result<LiveContainer, RuntimeError> {
         let job = plan.job();
         let id = created.id.clone();
         let fifos = Fifos::create(&self.run_dir.join(&id), "init", false)?;
@@ -393,7 +431,8 @@ impl Engine {
         let limit = self.options.output_limit;
         let mut pumps = OutputPump::start(&fifos, expect_marker, limit)?;
         let started = Instant::now();
-        self.client
+        let init_pid = self
+            .client
             .task_create(&id, created.rootfs.clone(), &fifos.stdio())
             .await?;
         let mut waiter = {
@@ -434,8 +473,20 @@ impl Engine {
             });
         }
         pumps.discard_rest();
+        // The agent serves commands only while the init runs: remember when it stops.
+        let init_exited = CancellationToken::new();
+        {
+            let token = init_exited.clone();
+            tokio::spawn(async move {
+                let _ = waiter.await;
+                token.cancel();
+            });
+        }
         Ok(LiveContainer {
             engine: self.clone(),
+            agent: created.agent.take().map(Arc::new),
+            init_pid,
+            init_exited,
             id,
             cgroup: created.cgroup.clone(),
             process: created.process.clone(),
@@ -467,12 +518,22 @@ struct Created {
     rootfs: Vec<containerd_client::types::Mount>,
     cgroup: String,
     process: oci_spec::runtime::Process,
+    agent: Option<Agent>,
+}
+
+/// A command in flight in a live container.
+#[derive(Clone)]
+enum Running {
+    /// Through Tasks.Exec: its exec id and host PID.
+    Exec(String, u32),
+    /// Through the agent: its request directory (the agent writes the PID there).
+    Agent(Arc<std::os::fd::OwnedFd>),
 }
 
 #[derive(Default)]
 struct LiveState {
-    /// The running exec and its host PID.
-    running: Option<(String, u32)>,
+    /// What runs now, for `poll` and `kill`.
+    running: Option<Running>,
     last: Option<i32>,
     cleaned: bool,
 }
@@ -480,6 +541,11 @@ struct LiveState {
 /// A long-lived container: the runtime interface over Tasks.Exec.
 pub struct LiveContainer {
     engine: Engine,
+    /// The exec agent in the init; commands go through it (see `agent`).
+    agent: Option<Arc<Agent>>,
+    /// Host PID of the init (to find an agent command's host PID for signals).
+    init_pid: u32,
+    init_exited: CancellationToken,
     id: String,
     cgroup: String,
     process: oci_spec::runtime::Process,
@@ -566,7 +632,7 @@ impl LiveContainer {
         if let (Some(data), Some(stdin)) = (&request.stdin, stdin) {
             io::deliver_stdin(stdin, data.clone(), client.clone(), self.id.clone(), exec_id.clone());
         }
-        self.state.lock().expect("state lock").running = Some((exec_id.clone(), pid));
+        self.state.lock().expect("state lock").running = Some(Running::Exec(exec_id.clone(), pid));
         Ok(StartedExec {
             pid,
             exec_id,
@@ -634,6 +700,149 @@ impl LiveContainer {
     }
 }
 
+impl LiveContainer {
+    /// Run one command through the agent: send, wait for its status (or the timeout: the
+    /// command's session gets SIGTERM, the grace, SIGKILL), collect output.
+    async fn agent_run(
+        &self,
+        request: ExecRequest,
+        stream: Option<mpsc::Sender<RuntimeEvent>>,
+    ) -> Result<ExecResult, RuntimeError> {
+        let agent = self
+            .agent
+            .clone()
+            .ok_or_else(|| RuntimeError::Internal("no agent".into()))?;
+        for key in request.env.keys() {
+            let valid = !key.is_empty()
+                && key
+                    .bytes()
+                    .enumerate()
+                    .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()));
+            if !valid {
+                return Err(RuntimeError::Refused(format!(
+                    "env: {key:?} is not a valid variable name"
+                )));
+            }
+        }
+        if request
+            .argv
+            .iter()
+            .chain(request.env.values())
+            .any(|a| a.contains('\0'))
+        {
+            return Err(RuntimeError::Refused(
+                "a NUL byte in the command or its environment".into(),
+            ));
+        }
+        let cwd = match &request.cwd {
+            Some(cwd) => {
+                crate::manifest::paths::check_lexical(cwd).map_err(|e| RuntimeError::Refused(format!("cwd: {e}")))?;
+                Some(self.process.cwd().join(cwd).to_string_lossy().into_owned())
+            }
+            None => None,
+        };
+        let env: Vec<(String, String)> = request.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let script = agent::command_script(&request.argv, &env, cwd.as_deref());
+        let n = self.sequence.fetch_add(1, Ordering::Relaxed);
+        let before = cgroupfs::read(&self.cgroup);
+        let started = Instant::now();
+        let req = agent.send(n, &script, request.stdin.as_deref())?;
+        let pumps = match stream {
+            Some(tx) => OutputPump::forward(req.out, req.err, tx),
+            None => OutputPump::capture(req.out, req.err, false, self.engine.options.output_limit),
+        };
+        self.state.lock().expect("state lock").running = Some(Running::Agent(req.dir_fd.clone()));
+        let mut done = Box::pin(read_status(req.done));
+        let sleep = async {
+            match request.timeout {
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        let outcome = tokio::select! {
+            s = &mut done => Ok((s, false)),
+            () = sleep => Err(()),
+            () = self.init_exited.cancelled() => {
+                self.state.lock().expect("state lock").running = None;
+                return Err(RuntimeError::Internal("the sandbox's init exited; it runs no more commands".into()));
+            }
+        };
+        let (status, timed_out) = match outcome {
+            Ok(r) => r,
+            Err(()) => {
+                self.signal_agent_command(&req.dir_fd, Signal::SIGTERM);
+                match tokio::time::timeout(self.engine.options.kill_grace, &mut done).await {
+                    Ok(s) => (s, true),
+                    Err(_) => {
+                        self.signal_agent_command(&req.dir_fd, Signal::SIGKILL);
+                        let s = tokio::time::timeout(Duration::from_secs(5), &mut done)
+                            .await
+                            .ok()
+                            .flatten();
+                        (s, true)
+                    }
+                }
+            }
+        };
+        let duration = started.elapsed();
+        let (out, err) = pumps.finish(EXEC_DRAIN_LIMIT, true).await;
+        let after = cgroupfs::read(&self.cgroup);
+        {
+            let agent = agent.clone();
+            let name = req.name.clone();
+            tokio::spawn(async move { agent.remove(&name) });
+        }
+        let status = status.ok_or_else(|| RuntimeError::Internal("the agent reported no status".into()))?;
+        let oom = matches!((before.oom_kills, after.oom_kills), (Some(b), Some(a)) if a > b);
+        let result = ExecResult {
+            exit_code: Some(status as i32),
+            signal: ((timed_out || oom) && status > 128).then(|| status as i32 - 128),
+            timed_out,
+            oom_killed: oom,
+            stdout: out.command.text,
+            stderr: err.command.text,
+            stdout_dropped_bytes: out.command.dropped_bytes,
+            stderr_dropped_bytes: err.command.dropped_bytes,
+            setup: None,
+            duration_ms: duration.as_millis() as u64,
+            peak_memory_bytes: after.peak_memory,
+            cpu_time_ms: match (before.cpu_usage, after.cpu_usage) {
+                (Some(b), Some(a)) => Some(a.saturating_sub(b).as_millis() as u64),
+                _ => None,
+            },
+        };
+        let mut state = self.state.lock().expect("state lock");
+        state.running = None;
+        state.last = Some(result.status_code());
+        Ok(result)
+    }
+
+    /// Signal an agent command's session (its whole process tree) from the host. The PID the
+    /// agent reported is only trusted once found inside this container's PID namespace.
+    fn signal_agent_command(&self, dir: &std::os::fd::OwnedFd, signal: Signal) {
+        let Some(ns_pid) = agent::container_pid(dir) else {
+            return;
+        };
+        let Some(host) = agent::host_pid(self.init_pid, ns_pid) else {
+            return;
+        };
+        let pid = nix::unistd::Pid::from_raw(host);
+        // The agent starts commands with setsid where it can: then the PID leads its group.
+        if nix::sys::signal::killpg(pid, signal).is_err() {
+            let _ = nix::sys::signal::kill(pid, signal);
+        }
+    }
+}
+
+/// Read the status the agent writes to `done` (one line, then EOF).
+async fn read_status(mut done: tokio::net::unix::pipe::Receiver) -> Option<u32> {
+    use tokio::io::AsyncReadExt;
+    let mut text = String::new();
+    let mut limited = (&mut done).take(16);
+    limited.read_to_string(&mut text).await.ok()?;
+    agent::parse_status(&text)
+}
+
 struct StartedExec {
     /// Host PID of the exec'd process: runc makes it a session (and group) leader, so its
     /// group is the command's process tree.
@@ -657,6 +866,9 @@ impl Runtime for LiveContainer {
             return Err(RuntimeError::EmptyCommand);
         }
         let _slot = self.slot.lock().await;
+        if self.agent.is_some() {
+            return self.agent_run(request, None).await;
+        }
         let timeout = request.timeout;
         let exec = self.start_exec(&request, None).await?;
         self.finish_exec(exec, timeout).await
@@ -678,9 +890,11 @@ impl Runtime for LiveContainer {
             timeout,
             ..Default::default()
         };
-        let exec = self.start_exec(&request, Some(tx.clone())).await?;
         let this = LiveContainer {
             engine: self.engine.clone(),
+            agent: self.agent.clone(),
+            init_pid: self.init_pid,
+            init_exited: self.init_exited.clone(),
             id: self.id.clone(),
             cgroup: self.cgroup.clone(),
             process: self.process.clone(),
@@ -689,9 +903,18 @@ impl Runtime for LiveContainer {
             state: self.state.clone(),
             sequence: self.sequence.clone(),
         };
+        let exec = if this.agent.is_some() {
+            None
+        } else {
+            Some(this.start_exec(&request, Some(tx.clone())).await?)
+        };
         tokio::spawn(async move {
             let _slot = slot;
-            let event = match this.finish_exec(exec, timeout).await {
+            let outcome = match exec {
+                Some(exec) => this.finish_exec(exec, timeout).await,
+                None => this.agent_run(request, Some(tx.clone())).await,
+            };
+            let event = match outcome {
                 Ok(r) => RuntimeEvent::Exit {
                     exit_code: r.exit_code,
                     signal: r.signal,
@@ -717,9 +940,13 @@ impl Runtime for LiveContainer {
 
     async fn kill(&self) -> Result<(), RuntimeError> {
         let running = self.state.lock().expect("state lock").running.clone();
-        if let Some((exec_id, pid)) = running {
-            signal_group(Some(pid), Signal::SIGKILL);
-            self.engine.client.task_kill(&self.id, &exec_id, SIGKILL, false).await?;
+        match running {
+            Some(Running::Exec(exec_id, pid)) => {
+                signal_group(Some(pid), Signal::SIGKILL);
+                self.engine.client.task_kill(&self.id, &exec_id, SIGKILL, false).await?;
+            }
+            Some(Running::Agent(dir)) => self.signal_agent_command(&dir, Signal::SIGKILL),
+            None => {}
         }
         Ok(())
     }
