@@ -154,8 +154,12 @@ pub async fn apply(
         let t0 = std::time::Instant::now();
         let client = connect(global).await?;
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "connected");
-        reconcile(&client, global).await;
-        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "reconciled");
+        // Off the job's path: it only removes what dead runner processes left, and is
+        // idempotent if this process ends before it finishes.
+        {
+            let (client, global) = (client.clone(), global.clone());
+            tokio::spawn(async move { reconcile(&client, &global).await });
+        }
         Some(Engine::new(
             client,
             &global.state_dir,

@@ -227,9 +227,15 @@ impl Engine {
     /// Remove a container and everything it owns, in containerd's order. Errors are logged
     /// and returned after every step was tried.
     pub async fn teardown(&self, id: &str) -> Result<(), RuntimeError> {
+        self.teardown_inner(id, false).await
+    }
+
+    /// `exited`: the task is known to have exited (we waited for it): skip the kill.
+    async fn teardown_inner(&self, id: &str, exited: bool) -> Result<(), RuntimeError> {
         let c = &self.client;
         let mut first_error = None;
-        if let Ok(Some(process)) = c.task_get(id).await {
+        if exited {
+        } else if let Ok(Some(process)) = c.task_get(id).await {
             // Status 3 is STOPPED (containerd.v1.types.Status); anything else may still run.
             if process.status != STATUS_STOPPED {
                 let _ = c.task_kill(id, "", SIGKILL, true).await;
@@ -242,10 +248,9 @@ impl Engine {
             Ok(_) => {}
             Err(e) => first_error = first_error.or(Some(e)),
         }
-        if let Err(e) = c.snapshot_remove(id).await {
-            first_error = first_error.or(Some(e));
-        }
-        if let Err(e) = c.container_delete(id).await {
+        // Independent once the task is gone: the snapshot and the container record.
+        let (snapshot, container) = tokio::join!(c.snapshot_remove(id), c.container_delete(id));
+        for e in [snapshot.err(), container.err()].into_iter().flatten() {
             first_error = first_error.or(Some(e));
         }
         let _ = std::fs::remove_dir_all(self.run_dir.join(id));
@@ -278,7 +283,8 @@ impl Engine {
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "container created");
         let result = self.run_created(plan, &created, cancel).await;
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "task finished");
-        let teardown = self.teardown(&created.id).await;
+        // A result means we saw the task exit; an error may have left it running.
+        let teardown = self.teardown_inner(&created.id, result.is_ok()).await;
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "torn down");
         let result = result?;
         teardown?;
