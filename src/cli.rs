@@ -68,6 +68,51 @@ pub enum Verb {
         /// Bytes of stdout and of stderr kept per job (head and tail; the rest is counted).
         #[arg(long, default_value_t = crate::runtime::output::DEFAULT_OUTPUT_LIMIT)]
         max_output_bytes: usize,
+        /// Return at once; a supervisor process carries the jobs to their end.
+        #[arg(short = 'd', long)]
+        detach: bool,
+    },
+    /// List jobs, or show one.
+    Get {
+        #[command(subcommand)]
+        what: GetWhat,
+    },
+    /// Show a job in detail: conditions, attempts, events.
+    Describe {
+        #[command(subcommand)]
+        what: OneJob,
+    },
+    /// Print a job's output (stdout on stdout, stderr on stderr).
+    Logs {
+        name: String,
+        /// Keep printing attempts as they finish, until the job ends.
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Only this attempt number (0-based, per index).
+        #[arg(long)]
+        attempt: Option<u32>,
+        /// Only this completion index.
+        #[arg(long)]
+        index: Option<u32>,
+    },
+    /// Wait until a job ends; exit 0 when it succeeded, 1 when it failed, 2 on timeout.
+    Wait {
+        name: String,
+        /// Give up after this long (e.g. 60s, 5m).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        timeout: Option<std::time::Duration>,
+    },
+    /// Delete a job: stop what runs, remove its containers, its record and its logs.
+    Delete {
+        #[command(subcommand)]
+        what: OneJob,
+    },
+    /// Carry a stored job to its end (what `apply --detach` starts; not for direct use).
+    #[command(hide = true)]
+    Supervise {
+        name: String,
+        #[arg(long, default_value_t = crate::runtime::output::DEFAULT_OUTPUT_LIMIT)]
+        max_output_bytes: usize,
     },
     /// Manage images in containerd.
     Image {
@@ -81,6 +126,27 @@ pub enum Verb {
     },
     /// Remove containers, snapshots and leases runner created that no live job owns.
     Gc,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GetWhat {
+    /// List jobs.
+    #[command(alias = "job")]
+    Jobs {
+        /// One job by name.
+        name: Option<String>,
+        /// Label selector: key=value[,key=value].
+        #[arg(short = 'l', long = "selector")]
+        selector: Option<String>,
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<OutputFormat>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum OneJob {
+    /// A job by name.
+    Job { name: String },
 }
 
 #[derive(Subcommand, Debug)]

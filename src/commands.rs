@@ -32,6 +32,8 @@ pub enum CommandError {
     Daemon(#[from] daemon::DaemonError),
     #[error(transparent)]
     Image(#[from] image::ImageError),
+    #[error(transparent)]
+    Store(#[from] job::store::StoreError),
     #[error("{what}: {source}")]
     Output {
         what: &'static str,
@@ -45,7 +47,7 @@ fn load(args: &FileArgs) -> Result<ManifestSet, CommandError> {
 }
 
 /// Bind and resolve every job; containerd jobs also get their spec built (and checked).
-fn plans(set: &ManifestSet, host: &HostEnv, backend: Option<Backend>) -> Result<Vec<spec::RunPlan>, CommandError> {
+pub fn plans(set: &ManifestSet, host: &HostEnv, backend: Option<Backend>) -> Result<Vec<spec::RunPlan>, CommandError> {
     let mut out = Vec::new();
     for job in &set.jobs {
         let bound = set.bind(job, backend)?;
@@ -125,6 +127,7 @@ pub async fn apply(
     output: Option<OutputFormat>,
     backend: Option<Backend>,
     max_output_bytes: usize,
+    detach: bool,
 ) -> Result<i32, CommandError> {
     let set = load(args)?;
     if set.jobs.is_empty() {
@@ -135,48 +138,38 @@ pub async fn apply(
     }
     let host = HostEnv::detect(&global.state_dir);
     let plans = plans(&set, &host, backend)?;
+    let manifest = std::fs::read_to_string(&args.file).map_err(|e| CommandError::Output {
+        what: "re-reading the manifest",
+        source: Box::new(e),
+    })?;
+    let store = job::store::Store::open(&global.state_dir)?;
+    crate::jobcmd::purge_expired(global, &store).await;
     for plan in &plans {
-        let job = plan.job();
-        if job.backoff_limit > 0 {
-            let origin = job
-                .backoff_limit_origin
-                .clone()
-                .unwrap_or_else(|| manifest::Origin::new("spec.backoffLimit", None));
-            return Err(CommandError::Usage(format!(
-                "{}: Job {:?}: {}: retries are not supported yet (only backoffLimit: 0)",
-                args.file.display(),
-                job.name,
-                origin.path
-            )));
-        }
+        crate::jobcmd::register(&store, plan, &manifest, args, backend)?;
     }
+    if detach {
+        for plan in &plans {
+            crate::jobcmd::spawn_supervisor(global, &plan.job().name, max_output_bytes)?;
+            println!("job.runner/{} created", plan.job().name);
+        }
+        return Ok(0);
+    }
+    let options = RuntimeOptions {
+        output_limit: max_output_bytes,
+        ..RuntimeOptions::default()
+    };
     let engine = if plans.iter().any(|p| p.bound.backend == Backend::Containerd) {
-        let t0 = std::time::Instant::now();
         let client = connect(global).await?;
-        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "connected");
         // Off the job's path: it only removes what dead runner processes left, and is
         // idempotent if this process ends before it finishes.
         {
             let (client, global) = (client.clone(), global.clone());
             tokio::spawn(async move { reconcile(&client, &global).await });
         }
-        Some(Engine::new(
-            client,
-            &global.state_dir,
-            host.clone(),
-            RuntimeOptions::default(),
-        ))
+        Some(Engine::new(client, &global.state_dir, host.clone(), options.clone()))
     } else {
         None
     };
-    let options = RuntimeOptions {
-        output_limit: max_output_bytes,
-        ..RuntimeOptions::default()
-    };
-    let engine = engine.map(|mut e| {
-        e.options = options.clone();
-        e
-    });
     let cancel = CancellationToken::new();
     let on_signal = cancel.clone();
     tokio::spawn(async move {
@@ -187,7 +180,14 @@ pub async fn apply(
     let mut objects = Vec::new();
     let mut code = 0;
     for plan in &plans {
-        let status = job::run_once(plan, &host, &options, engine.as_ref(), &cancel).await;
+        let ctx = job::supervisor::JobContext {
+            plan: plan.clone(),
+            host: host.clone(),
+            options: options.clone(),
+            engine: engine.clone(),
+            state_dir: global.state_dir.clone(),
+        };
+        let status = job::supervisor::supervise(ctx, &plan.job().name, cancel.clone()).await?;
         code = worst(code, status.exit_code());
         if output.is_none() {
             print_human(plan, &status);
@@ -206,7 +206,7 @@ pub async fn apply(
 }
 
 /// Combine exit codes: a runner failure outranks a job failure, which outranks success.
-fn worst(a: i32, b: i32) -> i32 {
+pub fn worst(a: i32, b: i32) -> i32 {
     let rank = |c: i32| match c {
         0 => 0,
         1 => 1,
@@ -216,7 +216,7 @@ fn worst(a: i32, b: i32) -> i32 {
     if rank(b) > rank(a) { b } else { a }
 }
 
-fn print_objects(objects: &[JobObject], format: OutputFormat) -> Result<(), CommandError> {
+pub fn print_objects(objects: &[JobObject], format: OutputFormat) -> Result<(), CommandError> {
     let value = match objects {
         [one] => serde_json::to_value(one),
         many => serde_json::to_value(serde_json::json!({
@@ -249,7 +249,7 @@ fn print_objects(objects: &[JobObject], format: OutputFormat) -> Result<(), Comm
     Ok(())
 }
 
-fn print_wide(objects: &[JobObject]) {
+pub fn print_wide(objects: &[JobObject]) {
     println!(
         "{:<24} {:<10} {:<18} {:>5} {:>10} {:<11} COMMAND",
         "NAME", "PHASE", "REASON", "EXIT", "DURATION", "BACKEND"
@@ -277,7 +277,7 @@ fn print_wide(objects: &[JobObject]) {
 }
 
 /// Default output: the job's own stdout and stderr on ours, then one status line on stderr.
-fn print_human(plan: &spec::RunPlan, status: &JobStatus) {
+pub fn print_human(plan: &spec::RunPlan, status: &JobStatus) {
     let mut stdout = std::io::stdout().lock();
     let mut stderr = std::io::stderr().lock();
     if let Some(r) = &status.result {

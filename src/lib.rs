@@ -6,6 +6,7 @@ pub mod commands;
 pub mod daemon;
 pub mod image;
 pub mod job;
+pub mod jobcmd;
 pub mod manifest;
 pub mod runtime;
 pub mod spec;

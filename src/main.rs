@@ -3,8 +3,8 @@
 
 use clap::Parser;
 
-use runner::cli::{Cli, Verb};
-use runner::commands;
+use runner::cli::{Cli, GetWhat, OneJob, Verb};
+use runner::{commands, jobcmd};
 
 fn main() {
     let cli = Cli::parse();
@@ -28,7 +28,30 @@ fn main() {
                 output,
                 backend,
                 max_output_bytes,
-            } => commands::apply(&cli.global, file, *output, *backend, *max_output_bytes).await,
+                detach,
+            } => commands::apply(&cli.global, file, *output, *backend, *max_output_bytes, *detach).await,
+            Verb::Get {
+                what: GetWhat::Jobs { name, selector, output },
+            } => match name {
+                Some(name) => jobcmd::get_job(&cli.global, name, *output).await,
+                None => jobcmd::get_jobs(&cli.global, selector.as_deref(), *output).await,
+            },
+            Verb::Describe {
+                what: OneJob::Job { name },
+            } => jobcmd::describe_job(&cli.global, name).await,
+            Verb::Logs {
+                name,
+                follow,
+                attempt,
+                index,
+            } => jobcmd::logs(&cli.global, name, *follow, *attempt, *index).await,
+            Verb::Wait { name, timeout } => jobcmd::wait(&cli.global, name, *timeout).await,
+            Verb::Delete {
+                what: OneJob::Job { name },
+            } => jobcmd::delete_job(&cli.global, name).await,
+            Verb::Supervise { name, max_output_bytes } => {
+                jobcmd::supervise_cmd(&cli.global, name, *max_output_bytes).await
+            }
             Verb::Image { verb } => commands::image_cmd(&cli.global, verb).await,
             Verb::Daemon { verb } => commands::daemon_cmd(&cli.global, verb).await,
             Verb::Gc => commands::gc(&cli.global).await,

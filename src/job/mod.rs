@@ -1,10 +1,13 @@
-//! Turning one run of a job into a Kubernetes-shaped status (phase, reason, result).
-//! Retries, deadlines across attempts and the state store arrive with the Jobs issue; this is
-//! the single-attempt core they build on.
+//! Jobs with Kubernetes batch/v1 semantics: `controller` decides (pure), `supervisor` acts
+//! and persists in `store`; this module runs single attempts and defines the statuses.
 
 use std::time::{Duration, Instant, SystemTime};
 
-use serde::Serialize;
+pub mod controller;
+pub mod store;
+pub mod supervisor;
+
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::manifest::{Backend, Job};
@@ -15,7 +18,7 @@ use crate::spec::{HostEnv, RunPlan};
 /// `apiVersion` we print.
 pub const API_VERSION: &str = crate::manifest::API_VERSION;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Phase {
     Pending,
     Running,
@@ -24,7 +27,7 @@ pub enum Phase {
 }
 
 /// Why a job ended as it did (product.md's closed set).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reason {
     Completed,
     Error,
@@ -38,11 +41,14 @@ pub enum Reason {
     InfraError,
     /// Stopped by the user (Ctrl-C, delete).
     Interrupted,
+    /// A `podFailurePolicy` rule with action FailJob matched.
+    PodFailurePolicy,
 }
 
+/// How one attempt ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct JobStatus {
+pub struct AttemptStatus {
     pub phase: Phase,
     pub reason: Reason,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -55,13 +61,107 @@ pub struct JobStatus {
     pub completion_time: Option<String>,
 }
 
-impl JobStatus {
+impl AttemptStatus {
     /// CLI exit code: 0 succeeded, 1 the submission failed, 2 the runner could not do its work.
     pub fn exit_code(&self) -> i32 {
         match (self.phase, self.reason) {
             (Phase::Succeeded, _) => 0,
             (_, Reason::Interrupted) => 130,
             (_, Reason::InfraError) => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// A Job's condition (Kubernetes: Complete or Failed, with reason and message).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub status: String,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    pub last_transition_time: String,
+}
+
+/// One attempt as the Job's status lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptView {
+    pub index: u32,
+    pub attempt: u32,
+    pub phase: Phase,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<String>,
+    /// Whether this failure counted against backoffLimit.
+    #[serde(default)]
+    pub counted: bool,
+}
+
+/// A Job's status: phase, reason and conditions, counts, times, its attempts, and the
+/// `result` of the attempt that decided it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobStatus {
+    pub phase: Phase,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default)]
+    pub active: u32,
+    #[serde(default)]
+    pub succeeded: u32,
+    #[serde(default)]
+    pub failed: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<AttemptView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<ExecResult>,
+}
+
+impl JobStatus {
+    pub fn pending() -> Self {
+        JobStatus {
+            phase: Phase::Pending,
+            reason: None,
+            message: None,
+            active: 0,
+            succeeded: 0,
+            failed: 0,
+            start_time: None,
+            completion_time: None,
+            conditions: Vec::new(),
+            attempts: Vec::new(),
+            result: None,
+        }
+    }
+
+    pub fn is_terminal(&self) -> bool {
+        matches!(self.phase, Phase::Succeeded | Phase::Failed)
+    }
+
+    /// CLI exit code: 0 succeeded, 1 the submission failed, 2 the runner could not do its
+    /// work, 130 interrupted.
+    pub fn exit_code(&self) -> i32 {
+        match (self.phase, self.reason) {
+            (Phase::Succeeded, _) => 0,
+            (_, Some(Reason::InfraError)) => 2,
+            (_, Some(Reason::Interrupted)) => 130,
             _ => 1,
         }
     }
@@ -116,7 +216,7 @@ impl JobObject {
     }
 }
 
-fn rfc3339(t: SystemTime) -> String {
+pub fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
@@ -167,7 +267,7 @@ pub async fn run_once(
     options: &RuntimeOptions,
     engine: Option<&Engine>,
     cancel: &CancellationToken,
-) -> JobStatus {
+) -> AttemptStatus {
     let start = SystemTime::now();
     let started = Instant::now();
     let mut status = match plan.bound.backend {
@@ -182,7 +282,7 @@ pub async fn run_once(
     status
 }
 
-async fn run_container(plan: &RunPlan, engine: &Engine, cancel: &CancellationToken) -> JobStatus {
+async fn run_container(plan: &RunPlan, engine: &Engine, cancel: &CancellationToken) -> AttemptStatus {
     match engine.run_oneshot(plan, cancel).await {
         Ok(result) => {
             if cancel.is_cancelled() {
@@ -194,7 +294,7 @@ async fn run_container(plan: &RunPlan, engine: &Engine, cancel: &CancellationTok
                 _ => false,
             };
             let (phase, reason) = status_of(result.clone(), deadline_bound);
-            JobStatus {
+            AttemptStatus {
                 phase,
                 reason,
                 message: None,
@@ -207,8 +307,8 @@ async fn run_container(plan: &RunPlan, engine: &Engine, cancel: &CancellationTok
     }
 }
 
-fn interrupted(result: Option<ExecResult>) -> JobStatus {
-    JobStatus {
+fn interrupted(result: Option<ExecResult>) -> AttemptStatus {
+    AttemptStatus {
         phase: Phase::Failed,
         reason: Reason::Interrupted,
         message: Some("interrupted; every process of the job was killed".into()),
@@ -224,7 +324,7 @@ async fn run_host(
     options: &RuntimeOptions,
     cancel: &CancellationToken,
     started: Instant,
-) -> JobStatus {
+) -> AttemptStatus {
     let spawned = tokio::select! {
         spawned = runtime::spawn(plan, host, options) => spawned,
         () = cancel.cancelled() => return interrupted(None),
@@ -249,8 +349,8 @@ async fn run_host(
     }
 }
 
-fn infra_error(e: &RuntimeError) -> JobStatus {
-    JobStatus {
+fn infra_error(e: &RuntimeError) -> AttemptStatus {
+    AttemptStatus {
         phase: Phase::Failed,
         reason: Reason::InfraError,
         message: Some(e.to_string()),
@@ -260,7 +360,7 @@ fn infra_error(e: &RuntimeError) -> JobStatus {
     }
 }
 
-async fn attempt(rt: &dyn Runtime, plan: &RunPlan, started: Instant) -> JobStatus {
+async fn attempt(rt: &dyn Runtime, plan: &RunPlan, started: Instant) -> AttemptStatus {
     let job = plan.job();
     if let Some(setup) = rt.setup()
         && !setup.succeeded()
@@ -272,7 +372,7 @@ async fn attempt(rt: &dyn Runtime, plan: &RunPlan, started: Instant) -> JobStatu
             duration_ms: setup.duration_ms,
             ..Default::default()
         };
-        return JobStatus {
+        return AttemptStatus {
             phase: Phase::Failed,
             reason: Reason::SetupFailed,
             message: Some(format!("setup exited with {}", setup.exit_code.unwrap_or(-1))),
@@ -292,7 +392,7 @@ async fn attempt(rt: &dyn Runtime, plan: &RunPlan, started: Instant) -> JobStatu
         Ok(mut result) => {
             result.setup = rt.setup().cloned();
             let (phase, reason) = status_of(result.clone(), deadline_bound);
-            JobStatus {
+            AttemptStatus {
                 phase,
                 reason,
                 message: None,
@@ -303,7 +403,7 @@ async fn attempt(rt: &dyn Runtime, plan: &RunPlan, started: Instant) -> JobStatu
         }
         // A command that cannot start (missing binary) is the submission's failure, as a
         // container's exit 127 would be; anything else is ours.
-        Err(RuntimeError::Start { program, source }) => JobStatus {
+        Err(RuntimeError::Start { program, source }) => AttemptStatus {
             phase: Phase::Failed,
             reason: Reason::Error,
             message: Some(format!("cannot start {program:?}: {source}")),
@@ -353,7 +453,7 @@ mod tests {
 
     #[test]
     fn exit_codes_separate_submission_failures_from_ours() {
-        let mut s = JobStatus {
+        let mut s = AttemptStatus {
             phase: Phase::Succeeded,
             reason: Reason::Completed,
             message: None,

@@ -172,6 +172,8 @@ pub enum ManifestErrorKind {
     Timeout,
     #[error("activeDeadlineSeconds must be between 1 and {max}", max = super::MAX_TIMEOUT_SECONDS)]
     Deadline,
+    #[error("must be between 1 and {max}")]
+    Count { max: u32 },
     #[error("{kind} {name:?} is defined twice")]
     Duplicate { kind: &'static str, name: String },
     #[error("environment {name:?} is not defined in this file{searched}")]

@@ -34,6 +34,8 @@ pub const MAX_ID: u64 = (1 << 31) - 2;
 pub const MAX_PIDS: i64 = 4_194_304;
 /// Longest timeout or deadline: one week.
 pub const MAX_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
+/// Most completions one Job may ask for.
+pub const MAX_COMPLETIONS: u32 = 100_000;
 
 /// Defaults in one place: what an Environment gets when it says nothing.
 pub mod defaults {
@@ -42,13 +44,16 @@ pub mod defaults {
     pub const MEMORY: MemoryBytes = MemoryBytes(2 << 30);
     pub const CPU: MilliCpu = MilliCpu(2000);
     pub const PIDS: u32 = 1024;
+    /// Kubernetes waits 30 s; evaluation jobs are short, and a PID 1 that ignores SIGTERM
+    /// (a plain `sleep`) would hold every stop for that long.
+    pub const TERMINATION_GRACE_SECONDS: u64 = 2;
 }
 
 /// Label prefixes owned by containerd (its GC and CRI labels) and by us (ownership labels):
 /// a manifest that set them could make containerd or `runner gc` act on its say-so.
 const RESERVED_LABEL_PREFIXES: &[&str] = &["containerd.io/", "io.containerd.", "io.cri-containerd.", "runner.dev/"];
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     Containerd,
@@ -213,6 +218,14 @@ pub struct Job {
     pub backoff_limit: u32,
     pub backoff_limit_origin: Option<Origin>,
     pub active_deadline: Option<Duration>,
+    pub completions: u32,
+    pub parallelism: u32,
+    /// `completionMode: Indexed`: each index must succeed; `JOB_COMPLETION_INDEX` is set.
+    pub indexed: bool,
+    pub ttl_after_finished: Option<Duration>,
+    /// SIGTERM → this long → SIGKILL when the job is stopped (deadline, delete).
+    pub termination_grace: Duration,
+    pub failure_rules: Vec<crate::job::controller::FailureRule>,
     /// The directory relative paths of this job resolve against.
     pub base_dir: PathBuf,
     pub file: Option<PathBuf>,
@@ -988,7 +1001,48 @@ fn validate_job(raw: raw::JobDoc, first_line: u64, base_dir: &Path, file: Option
         Some(d) => Some(Duration::from_secs(d.value)),
         None => None,
     };
+    let count = |v: &Option<Spanned<u32>>, field: &str| -> Result<u32, ManifestError> {
+        match v {
+            Some(c) if c.value == 0 || c.value > MAX_COMPLETIONS => Err(ManifestError::new(
+                Origin::new(field, at(&c.referenced)),
+                ManifestErrorKind::Count { max: MAX_COMPLETIONS },
+            )),
+            Some(c) => Ok(c.value),
+            None => Ok(1),
+        }
+    };
+    let completions = count(&spec.completions, "spec.completions")?;
+    let parallelism = count(&spec.parallelism, "spec.parallelism")?;
+    let grace = match &spec.termination_grace_period_seconds {
+        Some(g) if g.value > MAX_TIMEOUT_SECONDS => {
+            return Err(ManifestError::new(
+                Origin::new("spec.terminationGracePeriodSeconds", at(&g.referenced)),
+                ManifestErrorKind::Deadline,
+            ));
+        }
+        Some(g) => g.value,
+        None => defaults::TERMINATION_GRACE_SECONDS,
+    };
+    let failure_rules = spec
+        .pod_failure_policy
+        .map(|p| {
+            p.rules
+                .into_iter()
+                .map(|r| crate::job::controller::FailureRule {
+                    action: r.action,
+                    operator: r.on_exit_codes.operator,
+                    values: r.on_exit_codes.values,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     Ok(Job {
+        completions,
+        parallelism,
+        indexed: spec.completion_mode == Some(raw::CompletionMode::Indexed),
+        ttl_after_finished: spec.ttl_seconds_after_finished.map(Duration::from_secs),
+        termination_grace: Duration::from_secs(grace),
+        failure_rules,
         name,
         labels: raw.metadata.labels,
         annotations: raw.metadata.annotations,

@@ -141,6 +141,38 @@ pub struct JobSpec {
     pub disable_setup: bool,
     pub backoff_limit: Option<Spanned<u32>>,
     pub active_deadline_seconds: Option<Spanned<u64>>,
+    pub completions: Option<Spanned<u32>>,
+    pub parallelism: Option<Spanned<u32>>,
+    pub completion_mode: Option<CompletionMode>,
+    pub ttl_seconds_after_finished: Option<u64>,
+    pub termination_grace_period_seconds: Option<Spanned<u64>>,
+    pub pod_failure_policy: Option<PodFailurePolicy>,
+}
+
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletionMode {
+    NonIndexed,
+    Indexed,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodFailurePolicy {
+    pub rules: Vec<PodFailureRule>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodFailureRule {
+    pub action: crate::job::controller::RuleAction,
+    pub on_exit_codes: OnExitCodes,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OnExitCodes {
+    pub operator: crate::job::controller::ExitOperator,
+    pub values: Vec<i32>,
 }
 
 /// A quantity may be written as a string (`512Mi`), an integer (`2`) or a float (`0.5`);

@@ -31,7 +31,7 @@ pub struct ExecRequest {
 }
 
 /// Output and status of the setup commands run at spawn.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SetupResult {
     pub exit_code: Option<i32>,
@@ -50,7 +50,7 @@ impl SetupResult {
 }
 
 /// What one command did: the `result` object of product.md.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecResult {
     /// Exit status when the process exited; `None` when a signal ended it.
@@ -63,7 +63,7 @@ pub struct ExecResult {
     pub stderr: String,
     pub stdout_dropped_bytes: u64,
     pub stderr_dropped_bytes: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub setup: Option<SetupResult>,
     pub duration_ms: u64,
     pub peak_memory_bytes: Option<u64>,

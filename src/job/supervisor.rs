@@ -1,0 +1,307 @@
+//! Carries one Job to its end: feeds the controller, runs the attempts it asks for, persists
+//! every transition, writes each attempt's output to log files. Runs inside `runner apply`
+//! (foreground) or as a detached `runner supervise` process (`apply --detach`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::controller::{self, Action, AttemptState, Event, JobPolicy, JobState, Outcome};
+use super::store::{EventRecord, Store, StoreError};
+use super::{AttemptStatus, AttemptView, Condition, JobStatus, Phase, Reason, rfc3339};
+use crate::manifest::Job;
+use crate::runtime::containerd::{Engine, owner_id};
+use crate::runtime::{ExecResult, RuntimeOptions};
+use crate::spec::{HostEnv, RunPlan};
+
+/// Environment variable with the completion index of an Indexed Job's attempt.
+pub const COMPLETION_INDEX_VAR: &str = "JOB_COMPLETION_INDEX";
+/// Tests shorten Kubernetes' 10 s retry backoff with this (milliseconds).
+pub const BACKOFF_BASE_ENV: &str = "RUNNER_BACKOFF_BASE_MS";
+/// How often a supervisor looks for a delete request.
+const DELETE_POLL: Duration = Duration::from_millis(200);
+
+/// Where an attempt's output and result are kept.
+pub fn attempt_file(logs_dir: &Path, job: &str, index: u32, attempt: u32, ext: &str) -> PathBuf {
+    logs_dir.join(job).join(format!("{index}-{attempt}.{ext}"))
+}
+
+/// The controller's view of a Job's spec.
+pub fn policy_of(job: &Job) -> JobPolicy {
+    let base = std::env::var(BACKOFF_BASE_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(controller::BACKOFF_BASE.as_millis() as u64);
+    JobPolicy {
+        completions: job.completions,
+        parallelism: job.parallelism,
+        indexed: job.indexed,
+        backoff_limit: job.backoff_limit,
+        active_deadline_ms: job.active_deadline.map(|d| d.as_millis() as u64),
+        rules: job.failure_rules.clone(),
+        backoff_base_ms: base,
+        backoff_cap_ms: controller::BACKOFF_CAP.as_millis() as u64,
+    }
+}
+
+/// Everything needed to run the attempts of one Job.
+pub struct JobContext {
+    pub plan: RunPlan,
+    pub host: HostEnv,
+    pub options: RuntimeOptions,
+    pub engine: Option<Engine>,
+    pub state_dir: PathBuf,
+}
+
+impl JobContext {
+    pub fn logs_dir(&self) -> PathBuf {
+        self.state_dir.join("logs")
+    }
+}
+
+fn outcome_of(status: &AttemptStatus) -> Outcome {
+    match (status.phase, status.reason) {
+        (_, Reason::InfraError) => Outcome::Infra {
+            message: status.message.clone().unwrap_or_default(),
+        },
+        (Phase::Succeeded, _) => Outcome::Succeeded,
+        _ => Outcome::Failed {
+            exit_code: status.result.as_ref().map(|r| r.status_code()).unwrap_or(1),
+            reason: status.reason,
+        },
+    }
+}
+
+fn now_rfc3339() -> String {
+    rfc3339(SystemTime::now())
+}
+
+fn event(store: &Store, job: &str, kind: &str, reason: &str, message: String) {
+    let record = EventRecord {
+        time: now_rfc3339(),
+        kind: kind.into(),
+        reason: reason.into(),
+        message,
+    };
+    if let Err(e) = store.add_event(job, &record) {
+        tracing::warn!(error = %e, "recording an event failed");
+    }
+}
+
+/// Run the Job named `name` (already in the store) to its end.
+pub async fn supervise(ctx: JobContext, name: &str, cancel: CancellationToken) -> Result<JobStatus, StoreError> {
+    let mut store = Store::open(&ctx.state_dir)?;
+    let policy = policy_of(ctx.plan.job());
+    let start_wall = now_rfc3339();
+    store.update(name, |r| {
+        r.owner = Some(owner_id());
+    })?;
+    event(
+        &store,
+        name,
+        "Normal",
+        "Started",
+        format!("supervisor pid {}", std::process::id()),
+    );
+    let logs_dir = ctx.logs_dir();
+    let _ = std::fs::create_dir_all(logs_dir.join(name));
+
+    let t0 = Instant::now();
+    let now = || t0.elapsed().as_millis() as u64;
+    let mut state = JobState::default();
+    let mut views: Vec<AttemptView> = Vec::new();
+    let mut results: HashMap<(u32, u32), ExecResult> = HashMap::new();
+    let mut tokens: HashMap<(u32, u32), CancellationToken> = HashMap::new();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(u32, u32, AttemptStatus)>();
+    let mut actions = controller::step(&policy, &mut state, Event::Tick, now());
+    let mut last_delete_poll = Instant::now();
+    let mut deleted = false;
+    loop {
+        let mut done = false;
+        for action in actions.drain(..) {
+            match action {
+                Action::Launch { index, number } => {
+                    let token = CancellationToken::new();
+                    tokens.insert((index, number), token.clone());
+                    views.push(AttemptView {
+                        index,
+                        attempt: number,
+                        phase: Phase::Running,
+                        reason: None,
+                        exit_code: None,
+                        start_time: Some(now_rfc3339()),
+                        completion_time: None,
+                        counted: false,
+                    });
+                    event(
+                        &store,
+                        name,
+                        "Normal",
+                        "AttemptStarted",
+                        format!("index {index}, attempt {number}"),
+                    );
+                    launch(&ctx, policy.indexed, index, number, token, tx.clone());
+                }
+                Action::KillAll => {
+                    for token in tokens.values() {
+                        token.cancel();
+                    }
+                }
+                Action::Done => done = true,
+            }
+        }
+        let status = status_of(&state, &views, &results, &start_wall, done);
+        store.update(name, |r| {
+            r.status = serde_json::to_value(&status).unwrap_or_default();
+            if done {
+                r.finished_at = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .ok()
+                    .map(|d| d.as_secs() as i64);
+            }
+        })?;
+        if done {
+            if let Some((phase, reason, message)) = &state.terminal {
+                let kind = if *phase == Phase::Succeeded {
+                    "Normal"
+                } else {
+                    "Warning"
+                };
+                event(&store, name, kind, &format!("{reason:?}"), message.clone());
+            }
+            return Ok(status);
+        }
+        let wake = state.next_wake(&policy).map(|w| w.saturating_sub(now()));
+        let sleep = async {
+            match wake {
+                Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            Some((index, number, attempt)) = rx.recv() => {
+                tokens.remove(&(index, number));
+                let outcome = outcome_of(&attempt);
+                if let Some(result) = &attempt.result {
+                    write_attempt(&logs_dir, name, index, number, result);
+                    results.insert((index, number), result.clone());
+                }
+                let was_killing = state.killing;
+                actions = controller::step(&policy, &mut state, Event::Finished { index, number, outcome }, now());
+                if let Some(v) = views.iter_mut().find(|v| v.index == index && v.attempt == number) {
+                    let a = state.attempts.iter().find(|a| a.index == index && a.number == number);
+                    v.phase = if attempt.phase == Phase::Succeeded { Phase::Succeeded } else { Phase::Failed };
+                    v.reason = Some(if was_killing { Reason::Interrupted } else { attempt.reason });
+                    v.exit_code = attempt.result.as_ref().and_then(|r| r.exit_code);
+                    v.completion_time = Some(now_rfc3339());
+                    v.counted = a.is_some_and(|a| a.state == AttemptState::Failed);
+                }
+                event(&store, name, "Normal", "AttemptFinished", format!("index {index}, attempt {number}: {:?}", attempt.reason));
+            }
+            () = sleep => actions = controller::step(&policy, &mut state, Event::Tick, now()),
+            () = cancel.cancelled(), if !deleted => {
+                deleted = true;
+                actions = controller::step(&policy, &mut state, Event::Delete, now());
+            }
+            () = tokio::time::sleep(DELETE_POLL) => {
+                if !deleted && last_delete_poll.elapsed() >= DELETE_POLL {
+                    last_delete_poll = Instant::now();
+                    if store.get(name)?.is_some_and(|r| r.delete_requested) {
+                        deleted = true;
+                        actions = controller::step(&policy, &mut state, Event::Delete, now());
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn write_attempt(logs_dir: &Path, job: &str, index: u32, number: u32, result: &ExecResult) {
+    let write = |ext: &str, data: &[u8]| {
+        if let Err(e) = std::fs::write(attempt_file(logs_dir, job, index, number, ext), data) {
+            tracing::warn!(error = %e, "writing attempt output failed");
+        }
+    };
+    write("stdout", result.stdout.as_bytes());
+    write("stderr", result.stderr.as_bytes());
+    write("json", serde_json::to_string(result).unwrap_or_default().as_bytes());
+}
+
+/// Start one attempt in the background; its status comes back on `tx`.
+fn launch(
+    ctx: &JobContext,
+    indexed: bool,
+    index: u32,
+    number: u32,
+    token: CancellationToken,
+    tx: mpsc::UnboundedSender<(u32, u32, AttemptStatus)>,
+) {
+    let mut plan = ctx.plan.clone();
+    if indexed {
+        plan.bound
+            .env
+            .env
+            .insert(COMPLETION_INDEX_VAR.into(), index.to_string());
+    }
+    // The controller owns the job-wide deadline; an attempt has only its own timeout.
+    plan.bound.job.active_deadline = None;
+    let host = ctx.host.clone();
+    let mut options = ctx.options.clone();
+    options.kill_grace = ctx.plan.job().termination_grace;
+    let engine = ctx.engine.clone().map(|mut e| {
+        e.options = options.clone();
+        e
+    });
+    tokio::spawn(async move {
+        let status = super::run_once(&plan, &host, &options, engine.as_ref(), &token).await;
+        let _ = tx.send((index, number, status));
+    });
+}
+
+/// The Job's status as the controller state and the attempts so far say.
+fn status_of(
+    state: &JobState,
+    views: &[AttemptView],
+    results: &HashMap<(u32, u32), ExecResult>,
+    start: &str,
+    done: bool,
+) -> JobStatus {
+    let mut status = JobStatus::pending();
+    status.phase = Phase::Running;
+    status.start_time = Some(start.to_string());
+    status.active = state.active();
+    status.succeeded = state.succeeded_count();
+    status.failed = state.failed_count();
+    status.attempts = views.to_vec();
+    if let (true, Some((phase, reason, message))) = (done, &state.terminal) {
+        status.phase = *phase;
+        status.reason = Some(*reason);
+        status.message = (!message.is_empty()).then(|| message.clone());
+        let now = now_rfc3339();
+        status.completion_time = Some(now.clone());
+        status.conditions = vec![Condition {
+            kind: if *phase == Phase::Succeeded {
+                "Complete".into()
+            } else {
+                "Failed".into()
+            },
+            status: "True".into(),
+            reason: serde_json::to_value(reason)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default(),
+            message: message.clone(),
+            last_transition_time: now,
+        }];
+        // The deciding attempt: the last one to finish that matches the outcome.
+        let deciding = views
+            .iter()
+            .rev()
+            .find(|v| (v.phase == Phase::Succeeded) == (*phase == Phase::Succeeded) && v.completion_time.is_some());
+        status.result = deciding.and_then(|v| results.get(&(v.index, v.attempt)).cloned());
+    }
+    status
+}

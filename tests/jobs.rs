@@ -1,0 +1,170 @@
+//! Jobs with Kubernetes semantics end to end through the CLI, against the private containerd
+//! of scripts/test.sh: detached indexed runs, deadlines, retries, delete.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const ENV: &str =
+    "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nspec:\n  image: local/busybox:latest\n";
+
+fn job(name: &str, command: &str, extra: &str) -> String {
+    format!(
+        "{ENV}---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: {name}, labels: {{suite: jobs-test}}}}\nspec:\n  environment: bb\n  command: {command}\n{extra}"
+    )
+}
+
+fn import_busybox(state: &Path) {
+    let out = runner_ctd(
+        &["image", "import", image_dir().join("busybox-oci.tar").to_str().unwrap()],
+        state,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn json(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {} / {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn containers_of(job: &str) -> usize {
+    let (address, namespace) = containerd_env();
+    let out = std::process::Command::new("ctr")
+        .args([
+            "--address",
+            address.to_str().unwrap(),
+            "--namespace",
+            &namespace,
+            "containers",
+            "ls",
+        ])
+        .arg(format!("labels.\"runner.dev/job\"=={job}"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().skip(1).count()
+}
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_detached_indexed_job_runs_every_index_n_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let file = write_manifest(
+        dir.path(),
+        "idx.yaml",
+        &job(
+            "indexed",
+            r#"["sh", "-c", "echo index=$JOB_COMPLETION_INDEX; sleep 0.3"]"#,
+            "  completions: 4\n  parallelism: 2\n  completionMode: Indexed\n",
+        ),
+    );
+    let start = Instant::now();
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "--detach"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(start.elapsed() < Duration::from_secs(2), "--detach must return at once");
+    let out = runner_ctd(&["wait", "indexed", "--timeout", "60s"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let logs = runner_ctd(&["logs", "indexed"], &state);
+    let text = String::from_utf8_lossy(&logs.stdout);
+    for i in 0..4 {
+        assert!(text.contains(&format!("index={i}\n")), "{text}");
+    }
+    let got = json(&runner_ctd(&["get", "job", "indexed", "-o", "json"], &state));
+    assert_eq!(got["status"]["phase"], "Succeeded");
+    assert_eq!(got["status"]["succeeded"], 4);
+    // Never more than 2 at a time: the third attempt started after one of the first two ended.
+    let attempts = got["status"]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 4);
+    let list = runner_ctd(&["get", "jobs", "-l", "suite=jobs-test"], &state);
+    let listing = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.starts_with("indexed") && l.contains("Succeeded") && l.contains("4/4")),
+        "{listing}"
+    );
+    let index2 = runner_ctd(&["logs", "indexed", "--index", "2"], &state);
+    assert_eq!(String::from_utf8_lossy(&index2.stdout), "index=2\n");
+}
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn the_active_deadline_ends_the_job_with_deadline_exceeded() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let file = write_manifest(
+        dir.path(),
+        "dl.yaml",
+        &job("deadline", r#"["sleep", "30"]"#, "  activeDeadlineSeconds: 2\n"),
+    );
+    let start = Instant::now();
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state);
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert_eq!(out.status.code(), Some(1));
+    let got = json(&out);
+    assert_eq!(got["status"]["reason"], "DeadlineExceeded");
+    assert_eq!(got["status"]["conditions"][0]["type"], "Failed");
+    assert_eq!(containers_of("deadline"), 0);
+}
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn retries_follow_the_backoff_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let file = write_manifest(
+        dir.path(),
+        "bo.yaml",
+        &job("backoff", r#"["sh", "-c", "exit 1"]"#, "  backoffLimit: 2\n"),
+    );
+    let (address, namespace) = containerd_env();
+    // Kubernetes' 10 s base delay, shortened for the test (the state machine tests pin the real one).
+    let out = std::process::Command::new(runner_bin())
+        .args(["apply", "-f", file.to_str().unwrap(), "-o", "json"])
+        .env("RUNNER_STATE_DIR", &state)
+        .env("CONTAINERD_ADDRESS", address)
+        .env("CONTAINERD_NAMESPACE", namespace)
+        .env("RUNNER_BACKOFF_BASE_MS", "300")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let got = json(&out);
+    assert_eq!(got["status"]["failed"], 3);
+    assert_eq!(got["status"]["reason"], "BackoffLimitExceeded");
+    let attempts = got["status"]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 3);
+    assert!(attempts.iter().all(|a| a["exitCode"] == 1));
+}
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn delete_stops_the_job_and_leaves_no_container() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let file = write_manifest(
+        dir.path(),
+        "del.yaml",
+        &job("doomed", r#"["sh", "-c", "sleep 990"]"#, ""),
+    );
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "--detach"], &state);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(eventually(Duration::from_secs(10), || !processes_matching("sleep 990").is_empty()));
+    let out = runner_ctd(&["delete", "job", "doomed"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(processes_matching("sleep 990").is_empty());
+    assert_eq!(containers_of("doomed"), 0);
+    let out = runner_ctd(&["get", "job", "doomed"], &state);
+    assert_eq!(out.status.code(), Some(2), "deleted jobs are gone");
+}
