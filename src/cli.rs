@@ -113,6 +113,9 @@ pub enum Verb {
         name: String,
         #[arg(long, default_value_t = crate::runtime::output::DEFAULT_OUTPUT_LIMIT)]
         max_output_bytes: usize,
+        /// Pick up a job whose supervisor died (re-adopt its containers).
+        #[arg(long)]
+        adopt: bool,
     },
     /// Manage images in containerd.
     Image {

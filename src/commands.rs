@@ -149,7 +149,7 @@ pub async fn apply(
     }
     if detach {
         for plan in &plans {
-            crate::jobcmd::spawn_supervisor(global, &plan.job().name, max_output_bytes)?;
+            crate::jobcmd::spawn_supervisor(global, &plan.job().name, max_output_bytes, false)?;
             println!("job.runner/{} created", plan.job().name);
         }
         return Ok(0);
@@ -187,7 +187,7 @@ pub async fn apply(
             engine: engine.clone(),
             state_dir: global.state_dir.clone(),
         };
-        let status = job::supervisor::supervise(ctx, &plan.job().name, cancel.clone()).await?;
+        let status = job::supervisor::supervise(ctx, &plan.job().name, cancel.clone(), false).await?;
         code = worst(code, status.exit_code());
         if output.is_none() {
             print_human(plan, &status);

@@ -91,7 +91,7 @@ pub fn plan_of(record: &JobRecord, host: &HostEnv) -> Result<RunPlan, CommandErr
 }
 
 /// Start `runner supervise NAME` detached: its own session, output to the job's log dir.
-pub fn spawn_supervisor(global: &Global, name: &str, max_output_bytes: usize) -> Result<(), CommandError> {
+pub fn spawn_supervisor(global: &Global, name: &str, max_output_bytes: usize, adopt: bool) -> Result<(), CommandError> {
     let exe = std::env::current_exe().map_err(|e| CommandError::Output {
         what: "finding the runner binary",
         source: Box::new(e),
@@ -101,10 +101,14 @@ pub fn spawn_supervisor(global: &Global, name: &str, max_output_bytes: usize) ->
         what: "creating the log directory",
         source: Box::new(e),
     })?;
-    let log = std::fs::File::create(dir.join("supervisor.log")).map_err(|e| CommandError::Output {
-        what: "creating the supervisor log",
-        source: Box::new(e),
-    })?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("supervisor.log"))
+        .map_err(|e| CommandError::Output {
+            what: "creating the supervisor log",
+            source: Box::new(e),
+        })?;
     let log2 = log.try_clone().map_err(|e| CommandError::Output {
         what: "creating the supervisor log",
         source: Box::new(e),
@@ -126,6 +130,9 @@ pub fn spawn_supervisor(global: &Global, name: &str, max_output_bytes: usize) ->
     if let Some(address) = &global.address {
         cmd.arg("--address").arg(address);
     }
+    if adopt {
+        cmd.arg("--adopt");
+    }
     // SAFETY: setsid is async-signal-safe; the child only calls it before exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -145,7 +152,12 @@ pub fn spawn_supervisor(global: &Global, name: &str, max_output_bytes: usize) ->
 }
 
 /// `runner supervise NAME`: carry a stored job to its end (what `apply --detach` starts).
-pub async fn supervise_cmd(global: &Global, name: &str, max_output_bytes: usize) -> Result<i32, CommandError> {
+pub async fn supervise_cmd(
+    global: &Global,
+    name: &str,
+    max_output_bytes: usize,
+    adopt: bool,
+) -> Result<i32, CommandError> {
     let store = Store::open(&global.state_dir)?;
     let record = store.require(name)?;
     drop(store);
@@ -182,7 +194,7 @@ pub async fn supervise_cmd(global: &Global, name: &str, max_output_bytes: usize)
         }
         on_signal.cancel();
     });
-    let status = supervisor::supervise(ctx, name, cancel).await?;
+    let status = supervisor::supervise(ctx, name, cancel, adopt).await?;
     Ok(status.exit_code())
 }
 
@@ -479,6 +491,32 @@ pub async fn logs(
     }
 }
 
+/// A job that is not finished and whose supervisor is gone gets a new supervisor, which
+/// re-adopts its running containers. Several callers may race: the store transaction that
+/// claims the job lets only one of them spawn.
+pub fn adopt_if_orphaned(global: &Global, record: &JobRecord) -> Result<(), CommandError> {
+    let status = status_of(record);
+    let orphaned = !status.is_terminal()
+        && !record.delete_requested
+        && record.owner.as_deref().is_some_and(|o| !ctd::owner_alive(o));
+    if !orphaned {
+        return Ok(());
+    }
+    let claim = format!("adopting:{}", ctd::owner_id());
+    let mut store = Store::open(&global.state_dir)?;
+    let claimed = store.update(&record.name, |r| {
+        if r.owner == record.owner {
+            r.owner = Some(claim.clone());
+        }
+    })?;
+    drop(store);
+    if claimed.owner.as_deref() == Some(claim.as_str()) {
+        eprintln!("runner: job {} lost its supervisor; re-adopting it", record.name);
+        spawn_supervisor(global, &record.name, crate::runtime::output::DEFAULT_OUTPUT_LIMIT, true)?;
+    }
+    Ok(())
+}
+
 pub async fn wait(global: &Global, name: &str, timeout: Option<Duration>) -> Result<i32, CommandError> {
     let store = Store::open(&global.state_dir)?;
     let start = Instant::now();
@@ -489,13 +527,7 @@ pub async fn wait(global: &Global, name: &str, timeout: Option<Duration>) -> Res
             eprintln!("job/{name} {:?} ({})", status.phase, reason_text(status.reason));
             return Ok(if status.phase == Phase::Succeeded { 0 } else { 1 });
         }
-        let supervised = record.owner.as_deref().is_some_and(ctd::owner_alive);
-        if record.owner.is_some() && !supervised {
-            return Err(CommandError::Usage(format!(
-                "job {name:?} has no live supervisor (it died mid-job); its state is {:?}",
-                status.phase
-            )));
-        }
+        adopt_if_orphaned(global, &record)?;
         if timeout.is_some_and(|t| start.elapsed() >= t) {
             eprintln!(
                 "job/{name}: still {:?} after {:?}",

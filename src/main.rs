@@ -7,6 +7,14 @@ use runner::cli::{Cli, GetWhat, OneJob, Verb};
 use runner::{commands, jobcmd};
 
 fn main() {
+    // The shim runs us as a task's output logger with its own argument convention.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args
+        .iter()
+        .any(|a| a == runner::runtime::containerd::logger::LOGGER_DIR_FLAG)
+    {
+        std::process::exit(runner::runtime::containerd::logger::run(&args));
+    }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.global.log).unwrap_or_else(|_| "warn".into()))
@@ -49,9 +57,11 @@ fn main() {
             Verb::Delete {
                 what: OneJob::Job { name },
             } => jobcmd::delete_job(&cli.global, name).await,
-            Verb::Supervise { name, max_output_bytes } => {
-                jobcmd::supervise_cmd(&cli.global, name, *max_output_bytes).await
-            }
+            Verb::Supervise {
+                name,
+                max_output_bytes,
+                adopt,
+            } => jobcmd::supervise_cmd(&cli.global, name, *max_output_bytes, *adopt).await,
             Verb::Image { verb } => commands::image_cmd(&cli.global, verb).await,
             Verb::Daemon { verb } => commands::daemon_cmd(&cli.global, verb).await,
             Verb::Gc => commands::gc(&cli.global).await,

@@ -168,3 +168,104 @@ fn delete_stops_the_job_and_leaves_no_container() {
     let out = runner_ctd(&["get", "job", "doomed"], &state);
     assert_eq!(out.status.code(), Some(2), "deleted jobs are gone");
 }
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_job_whose_runner_is_killed_is_readopted_with_its_true_exit_code_and_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let file = write_manifest(
+        dir.path(),
+        "adopt.yaml",
+        &job(
+            "adopted",
+            r#"["sh", "-c", "echo before; sleep 4; echo adopted; exit 4"]"#,
+            "",
+        ),
+    );
+    let (address, namespace) = containerd_env();
+    let mut apply = std::process::Command::new(runner_bin())
+        .args(["apply", "-f", file.to_str().unwrap()])
+        .env("RUNNER_STATE_DIR", &state)
+        .env("CONTAINERD_ADDRESS", &address)
+        .env("CONTAINERD_NAMESPACE", &namespace)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    apply.kill().unwrap(); // SIGKILL: no cleanup, no result recorded
+    apply.wait().unwrap();
+    let out = runner_ctd(&["wait", "adopted", "--timeout", "60s"], &state);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let got = json(&runner_ctd(&["get", "job", "adopted", "-o", "json"], &state));
+    assert_eq!(got["status"]["result"]["exitCode"], 4, "{got}");
+    assert_eq!(
+        got["status"]["attempts"].as_array().unwrap().len(),
+        1,
+        "exactly one terminal result: {got}"
+    );
+    let logs = runner_ctd(&["logs", "adopted"], &state);
+    assert_eq!(String::from_utf8_lossy(&logs.stdout), "before\nadopted\n");
+    assert_eq!(containers_of("adopted"), 0);
+}
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn results_stay_correct_when_containerd_restarts_mid_job() {
+    // A containerd of this test's own (the suite's shared one must not restart under others).
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let env = |cmd: &mut std::process::Command| {
+        cmd.env("RUNNER_STATE_DIR", &state)
+            .env("CONTAINERD_NAMESPACE", "runner-restart-test")
+            .env_remove("CONTAINERD_ADDRESS");
+    };
+    let run = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(runner_bin());
+        cmd.args(args);
+        env(&mut cmd);
+        cmd.output().unwrap()
+    };
+    assert_eq!(run(&["daemon", "start"]).status.code(), Some(0));
+    let socket = String::from_utf8_lossy(&run(&["daemon", "status"]).stdout)
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    let with_address = |args: &[&str]| {
+        let mut full: Vec<&str> = args.to_vec();
+        full.extend(["--address", socket.as_str()]);
+        run(&full)
+    };
+    assert_eq!(
+        with_address(&["image", "import", image_dir().join("busybox-oci.tar").to_str().unwrap()])
+            .status
+            .code(),
+        Some(0)
+    );
+    let file = write_manifest(
+        dir.path(),
+        "restart.yaml",
+        &job("survivor", r#"["sh", "-c", "sleep 3; echo done; exit 3"]"#, ""),
+    );
+    let out = with_address(&["apply", "-f", file.to_str().unwrap(), "--detach"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    std::thread::sleep(Duration::from_millis(1000));
+    // Restart the daemon under the running job: the shim keeps the task.
+    assert_eq!(run(&["daemon", "stop"]).status.code(), Some(0));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(run(&["daemon", "start"]).status.code(), Some(0));
+    let out = with_address(&["wait", "survivor", "--timeout", "60s"]);
+    let got = json(&with_address(&["get", "job", "survivor", "-o", "json"]));
+    assert_eq!(out.status.code(), Some(1), "{got}");
+    assert_eq!(got["status"]["result"]["exitCode"], 3, "{got}");
+    assert_eq!(
+        String::from_utf8_lossy(&with_address(&["logs", "survivor"]).stdout),
+        "done\n"
+    );
+    run(&["gc", "--address", socket.as_str()]);
+    run(&["daemon", "stop"]);
+}

@@ -14,6 +14,8 @@ pub const BACKOFF_BASE: Duration = Duration::from_secs(10);
 pub const BACKOFF_CAP: Duration = Duration::from_secs(360);
 /// Infrastructure failures are retried without counting, but not forever.
 pub const MAX_INFRA_RETRIES: u32 = 3;
+/// First delay before retrying after an infrastructure failure (doubles each time).
+pub const INFRA_BACKOFF_MS: u64 = 1_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RuleAction {
@@ -250,6 +252,9 @@ pub fn step(policy: &JobPolicy, state: &mut JobState, event: Event, now_ms: u64)
                     if state.infra_failures > MAX_INFRA_RETRIES {
                         return state.finish(Phase::Failed, Reason::InfraError, message);
                     }
+                    // Give the infrastructure (a restarting containerd) time to come back.
+                    let shift = state.infra_failures.saturating_sub(1).min(10);
+                    state.not_before_ms = now_ms + INFRA_BACKOFF_MS.saturating_mul(1 << shift);
                 }
                 Outcome::Failed { exit_code, reason } => {
                     let rule = policy.rules.iter().find(|r| r.matches(exit_code));
@@ -528,14 +533,18 @@ mod tests {
                 message: "shim died".into(),
             },
         };
+        assert!(step(&p, &mut s, infra(0), 10).is_empty(), "waits a second first");
         assert_eq!(
-            step(&p, &mut s, infra(0), 10),
+            step(&p, &mut s, Event::Tick, 1_010),
             vec![Action::Launch { index: 0, number: 1 }]
         );
         assert_eq!(s.counted_failures, 0);
-        step(&p, &mut s, infra(1), 20);
-        step(&p, &mut s, infra(2), 30);
-        assert_eq!(step(&p, &mut s, infra(3), 40), vec![Action::Done]);
+        step(&p, &mut s, infra(1), 2_000);
+        assert_eq!(s.next_wake(&p), Some(4_000), "then two");
+        step(&p, &mut s, Event::Tick, 4_000);
+        step(&p, &mut s, infra(2), 5_000);
+        step(&p, &mut s, Event::Tick, 9_000);
+        assert_eq!(step(&p, &mut s, infra(3), 9_500), vec![Action::Done]);
         assert_eq!(s.terminal.as_ref().unwrap().1, Reason::InfraError);
     }
 

@@ -13,7 +13,7 @@ use super::controller::{self, Action, AttemptState, Event, JobPolicy, JobState, 
 use super::store::{EventRecord, Store, StoreError};
 use super::{AttemptStatus, AttemptView, Condition, JobStatus, Phase, Reason, rfc3339};
 use crate::manifest::Job;
-use crate::runtime::containerd::{Engine, owner_id};
+use crate::runtime::containerd::{Engine, LABEL_ATTEMPT, LABEL_INDEX, LABEL_JOB, owner_id};
 use crate::runtime::{ExecResult, RuntimeOptions};
 use crate::spec::{HostEnv, RunPlan};
 
@@ -91,31 +91,94 @@ fn event(store: &Store, job: &str, kind: &str, reason: &str, message: String) {
     }
 }
 
-/// Run the Job named `name` (already in the store) to its end.
-pub async fn supervise(ctx: JobContext, name: &str, cancel: CancellationToken) -> Result<JobStatus, StoreError> {
+/// Milliseconds since an RFC 3339 time.
+fn ms_since(time: &str) -> Option<u64> {
+    let t = humantime::parse_rfc3339(time).ok()?;
+    Some(t.elapsed().ok()?.as_millis() as u64)
+}
+
+/// Rebuild the controller's state from a stored status (re-adoption).
+fn state_from(status: &JobStatus) -> JobState {
+    let mut state = JobState {
+        started_ms: Some(0),
+        ..JobState::default()
+    };
+    for v in &status.attempts {
+        let attempt_state = match (v.phase, v.reason) {
+            (Phase::Running, _) | (Phase::Pending, _) => AttemptState::Running,
+            (Phase::Succeeded, _) => AttemptState::Succeeded,
+            (_, Some(Reason::InfraError)) => AttemptState::Infra,
+            (_, Some(Reason::Interrupted)) => AttemptState::Killed,
+            _ if v.counted => AttemptState::Failed,
+            _ => AttemptState::Ignored,
+        };
+        match attempt_state {
+            AttemptState::Succeeded => {
+                state.succeeded.insert(v.index);
+            }
+            AttemptState::Failed => state.counted_failures += 1,
+            AttemptState::Infra => state.infra_failures += 1,
+            _ => {}
+        }
+        state.attempts.push(controller::Attempt {
+            index: v.index,
+            number: v.attempt,
+            state: attempt_state,
+            started_ms: 0,
+        });
+    }
+    state
+}
+
+/// Run the Job named `name` (already in the store) to its end. With `adopt`, pick up a job
+/// whose supervisor died: its running attempts are re-adopted by label, its history kept.
+pub async fn supervise(
+    ctx: JobContext,
+    name: &str,
+    cancel: CancellationToken,
+    adopt: bool,
+) -> Result<JobStatus, StoreError> {
     let mut store = Store::open(&ctx.state_dir)?;
     let policy = policy_of(ctx.plan.job());
-    let start_wall = now_rfc3339();
-    store.update(name, |r| {
+    let record = store.update(name, |r| {
         r.owner = Some(owner_id());
     })?;
+    let stored: JobStatus = serde_json::from_value(record.status.clone()).unwrap_or_else(|_| JobStatus::pending());
+    let start_wall = match (&stored.start_time, adopt) {
+        (Some(t), true) => t.clone(),
+        _ => now_rfc3339(),
+    };
+    let verb = if adopt { "Adopted" } else { "Started" };
     event(
         &store,
         name,
         "Normal",
-        "Started",
+        verb,
         format!("supervisor pid {}", std::process::id()),
     );
     let logs_dir = ctx.logs_dir();
     let _ = std::fs::create_dir_all(logs_dir.join(name));
 
+    // The clock is "ms since the job started", across supervisors, so deadlines hold.
+    let offset = if adopt { ms_since(&start_wall).unwrap_or(0) } else { 0 };
     let t0 = Instant::now();
-    let now = || t0.elapsed().as_millis() as u64;
-    let mut state = JobState::default();
-    let mut views: Vec<AttemptView> = Vec::new();
+    let now = || offset + t0.elapsed().as_millis() as u64;
+    let mut state = if adopt {
+        state_from(&stored)
+    } else {
+        JobState::default()
+    };
+    let mut views: Vec<AttemptView> = if adopt { stored.attempts.clone() } else { Vec::new() };
     let mut results: HashMap<(u32, u32), ExecResult> = HashMap::new();
     let mut tokens: HashMap<(u32, u32), CancellationToken> = HashMap::new();
     let (tx, mut rx) = mpsc::unbounded_channel::<(u32, u32, AttemptStatus)>();
+    if adopt {
+        for v in views.iter().filter(|v| v.phase == Phase::Running) {
+            let token = CancellationToken::new();
+            tokens.insert((v.index, v.attempt), token.clone());
+            readopt(&ctx, name, v, token, tx.clone()).await;
+        }
+    }
     let mut actions = controller::step(&policy, &mut state, Event::Tick, now());
     let mut last_delete_poll = Instant::now();
     let mut deleted = false;
@@ -246,17 +309,86 @@ fn launch(
             .env
             .insert(COMPLETION_INDEX_VAR.into(), index.to_string());
     }
+    plan.labels.insert(LABEL_INDEX.into(), index.to_string());
+    plan.labels.insert(LABEL_ATTEMPT.into(), number.to_string());
     // The controller owns the job-wide deadline; an attempt has only its own timeout.
     plan.bound.job.active_deadline = None;
     let host = ctx.host.clone();
     let mut options = ctx.options.clone();
     options.kill_grace = ctx.plan.job().termination_grace;
+    // The output must outlive this process: a re-adopting supervisor collects it.
+    options.durable_output = true;
     let engine = ctx.engine.clone().map(|mut e| {
         e.options = options.clone();
         e
     });
     tokio::spawn(async move {
         let status = super::run_once(&plan, &host, &options, engine.as_ref(), &token).await;
+        let _ = tx.send((index, number, status));
+    });
+}
+
+/// Pick up an attempt that was running under a dead supervisor: find its container by
+/// label and wait for it; a vanished container is an infrastructure failure (retried).
+async fn readopt(
+    ctx: &JobContext,
+    job: &str,
+    view: &AttemptView,
+    token: CancellationToken,
+    tx: mpsc::UnboundedSender<(u32, u32, AttemptStatus)>,
+) {
+    let (index, number) = (view.index, view.attempt);
+    let infra = |message: String| AttemptStatus {
+        phase: Phase::Failed,
+        reason: Reason::InfraError,
+        message: Some(message),
+        result: None,
+        start_time: None,
+        completion_time: None,
+    };
+    let Some(engine) = ctx.engine.clone() else {
+        let _ = tx.send((
+            index,
+            number,
+            infra("host-backend attempts cannot be re-adopted".into()),
+        ));
+        return;
+    };
+    let filters = vec![format!(
+        "labels.\"{LABEL_JOB}\"=={job},labels.\"{LABEL_INDEX}\"=={index},labels.\"{LABEL_ATTEMPT}\"=={number}"
+    )];
+    let found = engine
+        .client
+        .containers(filters)
+        .await
+        .ok()
+        .and_then(|c| c.into_iter().next());
+    let Some(container) = found else {
+        let _ = tx.send((index, number, infra("the attempt's container vanished".into())));
+        return;
+    };
+    let expect_marker = crate::spec::runs_setup(ctx.plan.job(), ctx.plan.env());
+    let limit = ctx.plan.job().timeout.map(|t| {
+        let elapsed = view.start_time.as_deref().and_then(ms_since).unwrap_or(0);
+        t.saturating_sub(Duration::from_millis(elapsed))
+    });
+    let mut engine = engine;
+    engine.options.kill_grace = ctx.plan.job().termination_grace;
+    tokio::spawn(async move {
+        let status = match engine.adopt(&container.id, expect_marker, limit, &token).await {
+            Ok(result) => {
+                let (phase, reason) = super::status_of(result.clone(), false);
+                AttemptStatus {
+                    phase,
+                    reason,
+                    message: None,
+                    result: Some(result),
+                    start_time: None,
+                    completion_time: None,
+                }
+            }
+            Err(e) => infra(e.to_string()),
+        };
         let _ = tx.send((index, number, status));
     });
 }

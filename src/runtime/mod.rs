@@ -175,6 +175,9 @@ pub struct RuntimeOptions {
     /// containerd live containers: run commands through the in-container agent (a fork in
     /// the sandbox) rather than Tasks.Exec (a `runc exec` per command, ~25 ms).
     pub exec_via_agent: bool,
+    /// containerd one-shot jobs: output through a logger the shim runs (it survives the
+    /// runner, so a re-adopting runner still gets it) instead of FIFOs read by this process.
+    pub durable_output: bool,
 }
 
 impl Default for RuntimeOptions {
@@ -184,6 +187,7 @@ impl Default for RuntimeOptions {
             kill_grace: Duration::from_millis(500),
             use_cgroup: true,
             exec_via_agent: true,
+            durable_output: false,
         }
     }
 }

@@ -18,7 +18,7 @@ pub struct Capture {
 }
 
 /// A finished stream: decoded text and how many bytes of the original are not in it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Captured {
     pub text: String,
     pub dropped_bytes: u64,

@@ -166,6 +166,8 @@ pub struct RunPlan {
     /// `KEY=VALUE` defaults from the image config (untrusted content: defaults only, below
     /// the Environment's `env`). Empty until the containerd backend reads the image.
     pub image_env: Vec<String>,
+    /// Extra labels for what the backend creates (attempt index and number of a Job).
+    pub labels: BTreeMap<String, String>,
 }
 
 impl RunPlan {
@@ -284,6 +286,7 @@ pub fn resolve(bound: &Bound, host: &HostEnv) -> Result<RunPlan, SpecError> {
         job_mounts,
         assets,
         image_env: Vec::new(),
+        labels: BTreeMap::new(),
     })
 }
 

@@ -9,6 +9,7 @@
 mod agent;
 pub mod client;
 mod io;
+pub mod logger;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,9 @@ pub const LABEL_OWNER: &str = "runner.dev/owner";
 pub const LABEL_JOB: &str = "runner.dev/job";
 /// `oneshot` or `live`.
 pub const LABEL_KIND: &str = "runner.dev/kind";
+/// A Job attempt's completion index and attempt number (for re-adoption).
+pub const LABEL_INDEX: &str = "runner.dev/index";
+pub const LABEL_ATTEMPT: &str = "runner.dev/attempt";
 /// What a live container's init runs after setup when commands go through Tasks.Exec.
 const KEEPALIVE: &str = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done";
 /// How long the container lease may outlive a crashed runner.
@@ -110,13 +114,15 @@ impl Engine {
         }
     }
 
-    fn labels(&self, job: &str, kind: &str) -> HashMap<String, String> {
-        HashMap::from([
+    fn labels(&self, plan: &RunPlan, kind: &str) -> HashMap<String, String> {
+        let mut labels: HashMap<String, String> = plan.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        labels.extend([
             (LABEL_MANAGED.to_string(), "true".to_string()),
             (LABEL_OWNER.to_string(), owner_id()),
-            (LABEL_JOB.to_string(), job.to_string()),
+            (LABEL_JOB.to_string(), plan.job().name.clone()),
             (LABEL_KIND.to_string(), kind.to_string()),
-        ])
+        ]);
+        labels
     }
 
     fn cgroup_path(&self, id: &str) -> String {
@@ -183,7 +189,7 @@ impl Engine {
             .ok_or_else(|| RuntimeError::Refused("spec without process".into()))?;
         let spec_json =
             serde_json::to_vec(&built).map_err(|e| RuntimeError::Refused(format!("encoding the spec: {e}")))?;
-        let labels = self.labels(&plan.job().name, kind);
+        let labels = self.labels(&plan, kind);
         let lease = format!("{id}-create");
         let mut lease_labels = labels.clone();
         let expire = std::time::SystemTime::now() + CREATE_LEASE_TTL;
@@ -268,12 +274,66 @@ impl Engine {
         let start = Instant::now();
         loop {
             match self.client.task_wait(id, exec_id).await {
-                Err(e) if e.is_unavailable() && start.elapsed() < RECONNECT_LIMIT => {
+                // Wait is idempotent: any failure but "no such task" may be the daemon
+                // restarting under us (the connection drops mid-call), so ask again.
+                Err(e) if !e.is_not_found() && start.elapsed() < RECONNECT_LIMIT => {
+                    tracing::debug!(error = %e, "waiting for the task failed; retrying");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 other => return other,
             }
         }
+    }
+
+    /// Re-adopt a one-shot container whose runner died: wait for its task (it may have
+    /// ended already), take the output the shim-run logger kept, tear the container down.
+    pub async fn adopt(
+        &self,
+        id: &str,
+        expect_marker: bool,
+        limit: Option<Duration>,
+        cancel: &CancellationToken,
+    ) -> Result<ExecResult, RuntimeError> {
+        let started = Instant::now();
+        let waiter = {
+            let engine = self.clone();
+            let id = id.to_string();
+            tokio::spawn(async move { engine.wait(&id, "").await })
+        };
+        let outcome = self.supervise(id, "", waiter, limit, cancel, None).await;
+        let stats = cgroupfs::read(&self.cgroup_path(id));
+        // The shim closes the logger's pipes only when the task is deleted.
+        if outcome.is_ok() {
+            self.client.task_delete(id).await?;
+        }
+        let (out, err) = self.logged_output(id, started).await;
+        let teardown = self.teardown_inner(id, outcome.is_ok()).await;
+        let (exit, timed_out, interrupted) = outcome?;
+        teardown?;
+        let oom = stats.oom_kills.is_some_and(|n| n > 0);
+        let setup = expect_marker.then(|| SetupResult {
+            exit_code: out.setup_status.or(Some(exit.status as i32)),
+            stdout: out.setup.text.clone(),
+            stderr: err.setup.text.clone(),
+            stdout_dropped_bytes: out.setup.dropped_bytes,
+            stderr_dropped_bytes: err.setup.dropped_bytes,
+            timed_out: timed_out && out.setup_status.is_none(),
+            duration_ms: 0,
+        });
+        Ok(ExecResult {
+            exit_code: Some(exit.status as i32),
+            signal: ((timed_out || interrupted || oom) && exit.status > 128).then(|| exit.status as i32 - 128),
+            timed_out,
+            oom_killed: oom,
+            stdout: out.command.text,
+            stderr: err.command.text,
+            stdout_dropped_bytes: out.command.dropped_bytes,
+            stderr_dropped_bytes: err.command.dropped_bytes,
+            setup,
+            duration_ms: started.elapsed().as_millis() as u64,
+            peak_memory_bytes: stats.peak_memory,
+            cpu_time_ms: stats.cpu_usage.map(|d| d.as_millis() as u64),
+        })
     }
 
     /// Run one job to completion in a fresh container: setup + command in one task.
@@ -302,12 +362,23 @@ impl Engine {
         let fifos = Fifos::create(&self.run_dir.join(id), "init", job.stdin.is_some())?;
         let expect_marker = spec::runs_setup(job, plan.env());
         let limit = self.options.output_limit;
-        let pumps = OutputPump::start(&fifos, expect_marker, limit)?;
+        let mut stdio = fifos.stdio();
+        // Durable output goes through the shim-run logger; otherwise we read the FIFOs.
+        let pumps = if self.options.durable_output {
+            let exe = std::env::current_exe().map_err(|source| RuntimeError::Io {
+                what: "finding the runner binary for the output logger".into(),
+                source,
+            })?;
+            let uri = logger::uri(&exe, &self.output_dir(id), expect_marker, limit);
+            stdio.stdout = uri.clone();
+            stdio.stderr = uri;
+            None
+        } else {
+            Some(OutputPump::start(&fifos, expect_marker, limit)?)
+        };
         let stdin = fifos.open_stdin()?;
         let started = Instant::now();
-        self.client
-            .task_create(id, created.rootfs.clone(), &fifos.stdio())
-            .await?;
+        self.client.task_create(id, created.rootfs.clone(), &stdio).await?;
         let waiter = {
             let engine = self.clone();
             let id = id.clone();
@@ -335,8 +406,15 @@ impl Engine {
             )
             .await?;
         let duration = started.elapsed();
-        let (out, err) = pumps.finish(DRAIN_LIMIT, false).await;
         let stats = cgroupfs::read(&created.cgroup);
+        let (out, err) = match pumps {
+            Some(pumps) => pumps.finish(DRAIN_LIMIT, false).await,
+            None => {
+                // The shim closes the logger's pipes only when the task is deleted.
+                self.client.task_delete(id).await?;
+                self.logged_output(id, started).await
+            }
+        };
         let oom = stats.oom_kills.is_some_and(|n| n > 0);
         let setup_failed = expect_marker && out.setup_status != Some(0);
         let setup = expect_marker.then(|| SetupResult {
@@ -368,6 +446,32 @@ impl Engine {
             peak_memory_bytes: stats.peak_memory,
             cpu_time_ms: stats.cpu_usage.map(|d| d.as_millis() as u64),
         })
+    }
+
+    fn output_dir(&self, id: &str) -> PathBuf {
+        self.run_dir.join(id).join("output")
+    }
+
+    /// What the shim-run logger wrote (it finishes once the task's output reaches EOF).
+    async fn logged_output(&self, id: &str, started: Instant) -> (io::StreamOut, io::StreamOut) {
+        let dir = self.output_dir(id);
+        let begin = Instant::now();
+        loop {
+            if let Some(record) = logger::read_output(&dir) {
+                let convert = |r: logger::StreamRecord| io::StreamOut {
+                    setup: r.setup,
+                    command: r.command,
+                    setup_status: r.setup_status,
+                    setup_at: r.setup_ms.map(|ms| started + Duration::from_millis(ms)),
+                };
+                return (convert(record.stdout), convert(record.stderr));
+            }
+            if begin.elapsed() > DRAIN_LIMIT {
+                tracing::warn!(container = id, "the output logger wrote nothing within {DRAIN_LIMIT:?}");
+                return Default::default();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// Wait for the process for at most `limit` more; on timeout or cancel, SIGTERM (the whole container for the init,
