@@ -285,3 +285,68 @@ fn a_workspace_inside_the_state_dir_is_refused() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("state directory"));
 }
+
+#[test]
+fn jobs_are_kept_in_the_store_and_expire_after_their_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_manifest(
+        dir.path(),
+        "job.yaml",
+        &host_job("kept", r#""echo kept""#, "  ttlSecondsAfterFinished: 1\n"),
+    );
+    let out = runner(&["apply", "-f", file.to_str().unwrap()], dir.path());
+    assert_eq!(out.status.code(), Some(0));
+    let got = runner(&["get", "job", "kept", "-o", "json"], dir.path());
+    let job = json(&got);
+    assert_eq!(job["status"]["phase"], "Succeeded");
+    assert_eq!(job["status"]["succeeded"], 1);
+    assert_eq!(job["status"]["conditions"][0]["type"], "Complete");
+    assert_eq!(
+        String::from_utf8_lossy(&runner(&["logs", "kept"], dir.path()).stdout),
+        "kept\n"
+    );
+    let describe = String::from_utf8_lossy(&runner(&["describe", "job", "kept"], dir.path()).stdout).to_string();
+    assert!(
+        describe.contains("Complete") && describe.contains("AttemptFinished"),
+        "{describe}"
+    );
+    // Applying the same finished job again runs it again.
+    assert_eq!(
+        runner(&["apply", "-f", file.to_str().unwrap()], dir.path())
+            .status
+            .code(),
+        Some(0)
+    );
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let list = runner(&["get", "jobs"], dir.path());
+    assert!(
+        !String::from_utf8_lossy(&list.stdout).contains("kept"),
+        "expired jobs are purged"
+    );
+}
+
+#[test]
+fn a_detached_host_job_can_be_waited_for_and_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_manifest(dir.path(), "job.yaml", &host_job("bg", r#""sleep 991""#, ""));
+    let out = runner(&["apply", "-f", file.to_str().unwrap(), "--detach"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(eventually(std::time::Duration::from_secs(10), || !processes_matching(
+        "sleep 991"
+    )
+    .is_empty()));
+    let waited = runner(&["wait", "bg", "--timeout", "1s"], dir.path());
+    assert_eq!(waited.status.code(), Some(2), "still running after the timeout");
+    let deleted = runner(&["delete", "job", "bg"], dir.path());
+    assert_eq!(
+        deleted.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
+    assert!(eventually(std::time::Duration::from_secs(5), || processes_matching(
+        "sleep 991"
+    )
+    .is_empty()));
+    kill_matching("sleep 991");
+}
