@@ -229,6 +229,17 @@ fn results_stay_correct_when_containerd_restarts_mid_job() {
         cmd.output().unwrap()
     };
     assert_eq!(run(&["daemon", "start"]).status.code(), Some(0));
+    // Stop this test's daemon (and what runs on it) even when an assertion fails.
+    struct Stop<F: Fn()>(F);
+    impl<F: Fn()> Drop for Stop<F> {
+        fn drop(&mut self) {
+            (self.0)();
+        }
+    }
+    let _stop = Stop(|| {
+        run(&["gc"]);
+        run(&["daemon", "stop"]);
+    });
     let socket = String::from_utf8_lossy(&run(&["daemon", "status"]).stdout)
         .trim()
         .rsplit(' ')

@@ -785,28 +785,54 @@ impl LiveContainer {
         });
         let after = cgroupfs::read(&self.cgroup);
         let (exit, timed_out, _) = outcome?;
-        let oom = matches!((before.oom_kills, after.oom_kills), (Some(b), Some(a)) if a > b);
-        let result = ExecResult {
-            exit_code: Some(exit.status as i32),
-            signal: ((timed_out || oom) && exit.status > 128).then(|| exit.status as i32 - 128),
+        Ok(self.record(command_result(
+            exit.status,
             timed_out,
-            oom_killed: oom,
-            stdout: out.command.text,
-            stderr: err.command.text,
-            stdout_dropped_bytes: out.command.dropped_bytes,
-            stderr_dropped_bytes: err.command.dropped_bytes,
-            setup: None,
-            duration_ms: duration.as_millis() as u64,
-            peak_memory_bytes: after.peak_memory,
-            cpu_time_ms: match (before.cpu_usage, after.cpu_usage) {
-                (Some(b), Some(a)) => Some(a.saturating_sub(b).as_millis() as u64),
-                _ => None,
-            },
-        };
+            out,
+            err,
+            duration,
+            before,
+            after,
+        )))
+    }
+
+    /// Remember how the last command ended (for `poll`) and hand its result back.
+    fn record(&self, result: ExecResult) -> ExecResult {
         let mut state = self.state.lock().expect("state lock");
         state.running = None;
         state.last = Some(result.status_code());
-        Ok(result)
+        result
+    }
+}
+
+/// The result of a command in a live container: the container's cgroup counters before and
+/// after it give its OOM kills and CPU time; peak memory is the container's.
+fn command_result(
+    status: u32,
+    timed_out: bool,
+    out: io::StreamOut,
+    err: io::StreamOut,
+    duration: Duration,
+    before: cgroupfs::CgroupStats,
+    after: cgroupfs::CgroupStats,
+) -> ExecResult {
+    let oom = matches!((before.oom_kills, after.oom_kills), (Some(b), Some(a)) if a > b);
+    ExecResult {
+        exit_code: Some(status as i32),
+        signal: ((timed_out || oom) && status > 128).then(|| status as i32 - 128),
+        timed_out,
+        oom_killed: oom,
+        stdout: out.command.text,
+        stderr: err.command.text,
+        stdout_dropped_bytes: out.command.dropped_bytes,
+        stderr_dropped_bytes: err.command.dropped_bytes,
+        setup: None,
+        duration_ms: duration.as_millis() as u64,
+        peak_memory_bytes: after.peak_memory,
+        cpu_time_ms: match (before.cpu_usage, after.cpu_usage) {
+            (Some(b), Some(a)) => Some(a.saturating_sub(b).as_millis() as u64),
+            _ => None,
+        },
     }
 }
 
@@ -903,28 +929,7 @@ impl LiveContainer {
             tokio::spawn(async move { agent.remove(&name) });
         }
         let status = status.ok_or_else(|| RuntimeError::Internal("the agent reported no status".into()))?;
-        let oom = matches!((before.oom_kills, after.oom_kills), (Some(b), Some(a)) if a > b);
-        let result = ExecResult {
-            exit_code: Some(status as i32),
-            signal: ((timed_out || oom) && status > 128).then(|| status as i32 - 128),
-            timed_out,
-            oom_killed: oom,
-            stdout: out.command.text,
-            stderr: err.command.text,
-            stdout_dropped_bytes: out.command.dropped_bytes,
-            stderr_dropped_bytes: err.command.dropped_bytes,
-            setup: None,
-            duration_ms: duration.as_millis() as u64,
-            peak_memory_bytes: after.peak_memory,
-            cpu_time_ms: match (before.cpu_usage, after.cpu_usage) {
-                (Some(b), Some(a)) => Some(a.saturating_sub(b).as_millis() as u64),
-                _ => None,
-            },
-        };
-        let mut state = self.state.lock().expect("state lock");
-        state.running = None;
-        state.last = Some(result.status_code());
-        Ok(result)
+        Ok(self.record(command_result(status, timed_out, out, err, duration, before, after)))
     }
 
     /// Signal an agent command's session (its whole process tree) from the host. The PID the
