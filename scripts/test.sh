@@ -42,6 +42,8 @@ mkdir -p "$RUNNER_TEST_IMAGES"
 for format in oci docker rootfs; do
   images/busybox/build.sh "$RUNNER_TEST_IMAGES/busybox-$format.tar" "$format"
 done
+# The Python image (debootstrap the first time on a machine, then cached).
+images/python/build.sh "$RUNNER_TEST_IMAGES/python-oci.tar" oci
 
 echo "== cargo test (unit + integration, including the containerd suite)"
 cargo test --locked --all-targets -- --include-ignored

@@ -117,6 +117,24 @@ pub enum Verb {
         #[arg(long)]
         adopt: bool,
     },
+    /// Serve live sandboxes and Jobs over HTTP (bearer token; loopback or a unix socket).
+    Serve {
+        /// Loopback address to listen on, e.g. 127.0.0.1:8080 (port 0 picks one).
+        #[arg(long, conflicts_with = "socket")]
+        listen: Option<std::net::SocketAddr>,
+        /// Unix socket to listen on (created with mode 0600).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// File holding the bearer token.
+        #[arg(long)]
+        token_file: PathBuf,
+        /// Environments sessions and jobs may name.
+        #[arg(long)]
+        env_dir: Option<PathBuf>,
+        /// Idle sessions are ended after this long.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "30m")]
+        session_ttl: std::time::Duration,
+    },
     /// Manage images in containerd.
     Image {
         #[command(subcommand)]

@@ -145,7 +145,14 @@ pub async fn apply(
     let store = job::store::Store::open(&global.state_dir)?;
     crate::jobcmd::purge_expired(global, &store).await;
     for plan in &plans {
-        crate::jobcmd::register(&store, plan, &manifest, args, backend)?;
+        crate::jobcmd::register(
+            &store,
+            plan,
+            &manifest,
+            Some(&args.file),
+            args.env_dir.as_deref(),
+            backend,
+        )?;
     }
     if detach {
         for plan in &plans {
@@ -541,4 +548,99 @@ pub async fn daemon_cmd(global: &Global, verb: &DaemonVerb) -> Result<i32, Comma
             }
         },
     }
+}
+
+/// `runner serve`.
+pub async fn serve(
+    global: &Global,
+    listen: Option<std::net::SocketAddr>,
+    socket: Option<&Path>,
+    token_file: &Path,
+    env_dir: Option<&Path>,
+    session_ttl: std::time::Duration,
+) -> Result<i32, CommandError> {
+    let token = std::fs::read_to_string(token_file)
+        .map_err(|e| CommandError::Usage(format!("--token-file {}: {e}", token_file.display())))?;
+    let token = token.trim().as_bytes().to_vec();
+    if token.len() < 16 {
+        return Err(CommandError::Usage("the token must be at least 16 characters".into()));
+    }
+    let engine = match connect(global).await {
+        Ok(client) => {
+            let host = HostEnv::detect(&global.state_dir);
+            Some(Engine::new(client, &global.state_dir, host, RuntimeOptions::default()))
+        }
+        Err(e) => {
+            eprintln!("runner: containerd is not available ({e}); only host-backend sessions will work");
+            None
+        }
+    };
+    let state = std::sync::Arc::new(crate::api::AppState::new(
+        token,
+        global.clone(),
+        engine,
+        env_dir.map(Path::to_path_buf),
+        session_ttl,
+    ));
+    let app = crate::api::router(state.clone());
+    {
+        let state = state.clone();
+        let every = (session_ttl / 4).clamp(std::time::Duration::from_secs(1), std::time::Duration::from_secs(30));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                state.reap_idle().await;
+            }
+        });
+    }
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            Some(_) = async { match term.as_mut() { Some(t) => t.recv().await, None => std::future::pending().await } } => {}
+        }
+    };
+    let io = |what: &'static str| {
+        move |e: std::io::Error| CommandError::Output {
+            what,
+            source: Box::new(e),
+        }
+    };
+    match (listen, socket) {
+        (_, Some(path)) => {
+            let _ = std::fs::remove_file(path);
+            let listener = tokio::net::UnixListener::bind(path).map_err(io("binding the socket"))?;
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                .map_err(io("chmod of the socket"))?;
+            println!("listening on unix:{}", path.display());
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+                .map_err(io("serving"))?;
+        }
+        (listen, None) => {
+            let addr = listen.unwrap_or_else(|| "127.0.0.1:8080".parse().expect("valid address"));
+            if !addr.ip().is_loopback() {
+                return Err(CommandError::Usage(format!(
+                    "--listen {addr}: only loopback addresses (use --socket, or a proxy with TLS, for more)"
+                )));
+            }
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(io("binding the address"))?;
+            println!(
+                "listening on http://{}",
+                listener.local_addr().map_err(io("reading the address"))?
+            );
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+                .map_err(io("serving"))?;
+        }
+    }
+    state.close_all().await;
+    Ok(0)
 }

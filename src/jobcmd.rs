@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{FileArgs, Global, OutputFormat};
+use crate::cli::{Global, OutputFormat};
 use crate::commands::{CommandError, connect};
 use crate::job::store::{JobRecord, Store, StoreError};
 use crate::job::supervisor::{self, JobContext, attempt_file};
@@ -40,7 +40,8 @@ pub fn register(
     store: &Store,
     plan: &RunPlan,
     manifest: &str,
-    args: &FileArgs,
+    file: Option<&Path>,
+    env_dir: Option<&Path>,
     backend: Option<Backend>,
 ) -> Result<(), CommandError> {
     let job = plan.job();
@@ -60,8 +61,8 @@ pub fn register(
         labels: job.labels.clone(),
         manifest: manifest.to_string(),
         base_dir: std::fs::canonicalize(&job.base_dir).unwrap_or_else(|_| job.base_dir.clone()),
-        file: args.file.canonicalize().ok(),
-        env_dir: args.env_dir.as_ref().and_then(|d| d.canonicalize().ok()),
+        file: file.and_then(|f| f.canonicalize().ok()),
+        env_dir: env_dir.and_then(|d| d.canonicalize().ok()),
         backend,
         status: serde_json::to_value(JobStatus::pending()).unwrap_or_default(),
         owner: None,
@@ -215,7 +216,7 @@ pub async fn purge_expired(global: &Global, store: &Store) {
     }
 }
 
-fn object_of(record: &JobRecord) -> JobObject {
+pub fn object_of(record: &JobRecord) -> JobObject {
     let command = manifest::parse_str(&record.manifest, &record.base_dir, None)
         .ok()
         .and_then(|set| set.jobs.into_iter().find(|j| j.name == record.name))
@@ -541,6 +542,13 @@ pub async fn wait(global: &Global, name: &str, timeout: Option<Duration>) -> Res
 }
 
 pub async fn delete_job(global: &Global, name: &str) -> Result<i32, CommandError> {
+    delete(global, name).await?;
+    println!("job.runner/{name} deleted");
+    Ok(0)
+}
+
+/// Stop a job and remove its containers, record and logs.
+pub async fn delete(global: &Global, name: &str) -> Result<(), CommandError> {
     let mut store = Store::open(&global.state_dir)?;
     let record = match store.update(name, |r| r.delete_requested = true) {
         Ok(r) => r,
@@ -573,6 +581,64 @@ pub async fn delete_job(global: &Global, name: &str) -> Result<i32, CommandError
     }
     store.remove(name)?;
     let _ = std::fs::remove_dir_all(global.state_dir.join("logs").join(name));
-    println!("job.runner/{name} deleted");
-    Ok(0)
+    Ok(())
+}
+
+/// Submit a manifest's jobs to run detached (the HTTP API's POST /v1/jobs).
+pub fn submit(
+    global: &Global,
+    text: &str,
+    base_dir: &Path,
+    env_dir: Option<&Path>,
+) -> Result<Vec<String>, CommandError> {
+    let mut set = manifest::parse_str(text, base_dir, None)?;
+    if let Some(dir) = env_dir {
+        set.env_dir = manifest::load_env_dir(dir)?;
+        set.env_dir_path = Some(dir.to_path_buf());
+    }
+    if set.jobs.is_empty() {
+        return Err(CommandError::Usage("the manifest holds no Job".into()));
+    }
+    let host = HostEnv::detect(&global.state_dir);
+    let plans = crate::commands::plans(&set, &host, None)?;
+    let store = Store::open(&global.state_dir)?;
+    let mut names = Vec::new();
+    for plan in &plans {
+        register(&store, plan, text, None, env_dir, None)?;
+        spawn_supervisor(
+            global,
+            &plan.job().name,
+            crate::runtime::output::DEFAULT_OUTPUT_LIMIT,
+            false,
+        )?;
+        names.push(plan.job().name.clone());
+    }
+    Ok(names)
+}
+
+/// Every job as an object (GET /v1/jobs).
+pub fn job_objects(global: &Global) -> Result<Vec<JobObject>, CommandError> {
+    Ok(Store::open(&global.state_dir)?.list()?.iter().map(object_of).collect())
+}
+
+/// One job as an object.
+pub fn job_object(global: &Global, name: &str) -> Result<JobObject, CommandError> {
+    let store = Store::open(&global.state_dir)?;
+    let record = store.require(name)?;
+    adopt_if_orphaned(global, &record)?;
+    Ok(object_of(&record))
+}
+
+/// A job's stdout: the last attempt of every index, in index order.
+pub fn job_output(global: &Global, name: &str) -> Result<String, CommandError> {
+    let store = Store::open(&global.state_dir)?;
+    let status = status_of(&store.require(name)?);
+    let logs_dir = global.state_dir.join("logs");
+    let mut out = String::new();
+    for (i, n) in selected(&status, None, None) {
+        out.push_str(&String::from_utf8_lossy(
+            &std::fs::read(attempt_file(&logs_dir, name, i, n, "stdout")).unwrap_or_default(),
+        ));
+    }
+    Ok(out)
 }

@@ -1,6 +1,7 @@
 //! runner: a Kubernetes-style job runner over containerd's gRPC API, with a host-process
 //! backend behind the same interface for trusted runs.
 
+pub mod api;
 pub mod cli;
 pub mod commands;
 pub mod daemon;

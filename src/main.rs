@@ -62,6 +62,23 @@ fn main() {
                 max_output_bytes,
                 adopt,
             } => jobcmd::supervise_cmd(&cli.global, name, *max_output_bytes, *adopt).await,
+            Verb::Serve {
+                listen,
+                socket,
+                token_file,
+                env_dir,
+                session_ttl,
+            } => {
+                commands::serve(
+                    &cli.global,
+                    *listen,
+                    socket.as_deref(),
+                    token_file,
+                    env_dir.as_deref(),
+                    *session_ttl,
+                )
+                .await
+            }
             Verb::Image { verb } => commands::image_cmd(&cli.global, verb).await,
             Verb::Daemon { verb } => commands::daemon_cmd(&cli.global, verb).await,
             Verb::Gc => commands::gc(&cli.global).await,

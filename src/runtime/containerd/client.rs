@@ -265,7 +265,9 @@ impl Containerd {
         use tokio::io::AsyncReadExt;
         let mut client = svc::content_client::ContentClient::new(self.channel.clone());
         let (tx, rx) = tokio::sync::mpsc::channel::<svc::WriteContentRequest>(4);
-        let reference = format!("runner-{digest}");
+        // One ref per writer: concurrent imports of the same blob must not contend for a
+        // ref lock; containerd dedups by digest at commit (AlreadyExists).
+        let reference = format!("runner-{lease}-{digest}");
         let total = size as i64;
         let expected = digest.to_string();
         let feeder_ref = reference.clone();

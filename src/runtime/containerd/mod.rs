@@ -6,7 +6,7 @@
 //! cgroup counters read before Tasks.Delete; teardown kill → wait → Tasks.Delete →
 //! Snapshots.Remove → Containers.Delete, NotFound counting as done.
 
-mod agent;
+pub mod agent;
 pub mod client;
 mod io;
 pub mod logger;
@@ -41,6 +41,10 @@ pub const LABEL_KIND: &str = "runner.dev/kind";
 /// A Job attempt's completion index and attempt number (for re-adoption).
 pub const LABEL_INDEX: &str = "runner.dev/index";
 pub const LABEL_ATTEMPT: &str = "runner.dev/attempt";
+/// Where live containers see the programs runner ships (read-only).
+pub const TOOLS_MOUNT: &str = "/.runner-tools";
+/// The persistent Python driver (see `api`), shipped into every live container.
+pub const PYTHON_DRIVER: &str = include_str!("../../api/driver.py");
 /// What a live container's init runs after setup when commands go through Tasks.Exec.
 const KEEPALIVE: &str = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done";
 /// How long the container lease may outlive a crashed runner.
@@ -65,10 +69,15 @@ pub fn owner_id() -> String {
     format!("{pid}:{}", process_start_time(pid).unwrap_or_default())
 }
 
-/// Start time of a process (field 22 of /proc/PID/stat), to tell a live owner from a reused PID.
+/// Start time of a living process (field 22 of /proc/PID/stat), to tell a live owner from a
+/// reused PID. A zombie (exited, not yet reaped by its parent) counts as gone.
 pub fn process_start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 2..].split_whitespace().nth(19)?.parse().ok()
+    let mut fields = stat[stat.rfind(')')? + 2..].split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// Whether the runner process named by an owner label still runs.
@@ -176,8 +185,29 @@ impl Engine {
                 )
                 .build()
                 .map_err(|e| RuntimeError::Internal(format!("agent mount: {e}")))?;
+            // Programs runner ships into sandboxes (the Python driver), read-only.
+            let tools = self.run_dir.join(&id).join("tools");
+            std::fs::create_dir_all(&tools)
+                .and_then(|()| std::fs::write(tools.join("driver.py"), PYTHON_DRIVER))
+                .map_err(|source| RuntimeError::Io {
+                    what: "writing the sandbox tools".into(),
+                    source,
+                })?;
+            let tools_mount = oci_spec::runtime::MountBuilder::default()
+                .destination(TOOLS_MOUNT)
+                .typ("bind")
+                .source(&tools)
+                .options(
+                    ["rbind", "nosuid", "nodev", "rprivate", "ro"]
+                        .iter()
+                        .map(|o| o.to_string())
+                        .collect::<Vec<_>>(),
+                )
+                .build()
+                .map_err(|e| RuntimeError::Internal(format!("tools mount: {e}")))?;
             let mut mounts = built.mounts().clone().unwrap_or_default();
             mounts.push(mount);
+            mounts.push(tools_mount);
             built.set_mounts(Some(mounts));
             Some(agent)
         } else {
@@ -668,6 +698,25 @@ pub struct LiveContainer {
 impl LiveContainer {
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Processes the kernel OOM-killed in this container so far.
+    pub fn oom_kills(&self) -> Option<u64> {
+        cgroupfs::read(&self.cgroup).oom_kills
+    }
+
+    /// The host directory shared with the container at `agent::AGENT_MOUNT`.
+    pub fn agent_dir(&self) -> Option<&Path> {
+        self.agent.as_ref().map(|a| a.dir())
+    }
+
+    /// Signal a process given by its PID inside the container (found on the host through
+    /// its PID namespace; nothing outside this container can be hit).
+    pub fn signal_container_pid(&self, ns_pid: i32, signal: Signal) -> bool {
+        match agent::host_pid(self.init_pid, ns_pid) {
+            Some(host) => nix::sys::signal::kill(nix::unistd::Pid::from_raw(host), signal).is_ok(),
+            None => false,
+        }
     }
 
     fn exec_process(&self, request: &ExecRequest) -> Result<Vec<u8>, RuntimeError> {

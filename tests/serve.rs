@@ -1,0 +1,396 @@
+//! `runner serve` over HTTP against the private containerd of scripts/test.sh, with the
+//! Python image from images/python/build.sh: reference 003's acceptance criteria (AC-2..5,
+//! AC-7, AC-8), DNS blocked in `network: none`, auth, shell persistence and interruption,
+//! files, Jobs.
+
+mod common;
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const TOKEN: &str = "test-token-0123456789abcdef-serve";
+
+struct Server {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+    state: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+fn server() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    for image in ["busybox-oci.tar", "python-oci.tar"] {
+        let out = runner_ctd(&["image", "import", image_dir().join(image).to_str().unwrap()], &state);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    std::fs::write(dir.path().join("token"), format!("{TOKEN}\n")).unwrap();
+    let (address, namespace) = containerd_env();
+    let mut child = std::process::Command::new(runner_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--token-file"])
+        .arg(dir.path().join("token"))
+        .env("RUNNER_STATE_DIR", &state)
+        .env("CONTAINERD_ADDRESS", address)
+        .env("CONTAINERD_NAMESPACE", namespace)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("listening line")
+        .to_string();
+    Server {
+        child,
+        url,
+        _dir: dir,
+        state,
+    }
+}
+
+/// (status, body) of a request; 4xx/5xx are answers too.
+fn call(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
+    let mut req = ureq::request(method, url).timeout(Duration::from_secs(120));
+    if let Some(t) = token {
+        req = req.set("Authorization", &format!("Bearer {t}"));
+    }
+    let result = match body {
+        Some(b) => req.send_string(b),
+        None => req.call(),
+    };
+    match result {
+        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("{method} {url}: {e}"),
+    }
+}
+
+/// A request over a plain socket, reading the answer even when the server answers (401,
+/// 413) without reading the whole body.
+fn raw(url: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> String {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = stream.write_all(head.as_bytes());
+    let _ = stream.write_all(body.as_bytes());
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+}
+
+fn ok_json(method: &str, url: &str, body: Option<&str>) -> serde_json::Value {
+    let (status, text) = call(method, url, Some(TOKEN), body);
+    assert!((200..300).contains(&status), "{method} {url}: {status} {text}");
+    serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
+}
+
+fn session(s: &Server, environment: &str) -> String {
+    let v = ok_json(
+        "POST",
+        &format!("{}/v1/sessions", s.url),
+        Some(&format!(r#"{{"environment": {environment}}}"#)),
+    );
+    v["id"].as_str().unwrap().to_string()
+}
+
+#[test]
+#[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
+fn without_the_token_everything_but_healthz_is_401() {
+    let s = server();
+    assert_eq!(call("GET", &format!("{}/healthz", s.url), None, None).0, 200);
+    assert!(raw(&s.url, "POST", "/v1/sessions", None, "{}").starts_with("HTTP/1.1 401"));
+    assert_eq!(
+        call("GET", &format!("{}/v1/sessions", s.url), Some("wrong-token"), None).0,
+        401
+    );
+    assert_eq!(
+        call(
+            "GET",
+            &format!("{}/v1/jobs", s.url),
+            Some(&TOKEN[..TOKEN.len() - 1]),
+            None
+        )
+        .0,
+        401
+    );
+    let (status, body) = call("GET", &format!("{}/openapi.json", s.url), None, None);
+    assert_eq!(status, 401);
+    assert!(body.contains("\"error\""));
+    let doc = ok_json("GET", &format!("{}/openapi.json", s.url), None);
+    assert!(doc["paths"]["/v1/sessions/{id}/shell"].is_object());
+    // Bodies are capped: 413 before anything runs (JSON above 4 MiB, anything above 64 MiB).
+    let big = format!(r#"{{"environment": "{}"}}"#, "x".repeat(5 << 20));
+    let answer = raw(&s.url, "POST", "/v1/sessions", Some(TOKEN), &big);
+    assert!(
+        answer.starts_with("HTTP/1.1 413"),
+        "{}",
+        &answer[..answer.len().min(200)]
+    );
+    assert!(answer.contains("too large"));
+    let huge = "x".repeat(65 << 20);
+    let answer = raw(&s.url, "PUT", "/v1/sessions/none/files?path=x", Some(TOKEN), &huge);
+    assert!(
+        answer.starts_with("HTTP/1.1 413"),
+        "{}",
+        &answer[..answer.len().min(200)]
+    );
+}
+
+#[test]
+#[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
+fn exec_and_the_stateful_shell() {
+    let s = server();
+    let id = session(&s, r#"{"image": "local/python:3.11"}"#);
+    let base = format!("{}/v1/sessions/{id}", s.url);
+    let r = ok_json(
+        "POST",
+        &format!("{base}/exec"),
+        Some(r#"{"command": ["sh", "-c", "echo out; echo err >&2; exit 5"]}"#),
+    );
+    assert_eq!(
+        (r["exitCode"].as_i64(), r["stdout"].as_str(), r["stderr"].as_str()),
+        (Some(5), Some("out\n"), Some("err\n"))
+    );
+    ok_json(
+        "POST",
+        &format!("{base}/shell"),
+        Some(r#"{"command": "cd /tmp && export X=yes"}"#),
+    );
+    let r = ok_json("POST", &format!("{base}/shell"), Some(r#"{"command": "pwd; echo $X"}"#));
+    assert_eq!(r["output"], "/tmp\nyes\n");
+    let start = Instant::now();
+    let r = ok_json(
+        "POST",
+        &format!("{base}/shell"),
+        Some(r#"{"command": "sleep 30", "timeoutSeconds": 1}"#),
+    );
+    assert!(start.elapsed() < Duration::from_secs(4));
+    assert_eq!(r["timedOut"], true);
+    let r = ok_json(
+        "POST",
+        &format!("{base}/shell"),
+        Some(r#"{"command": "echo $X; cat; echo eof"}"#),
+    );
+    assert_eq!(
+        r["output"], "yes\neof\n",
+        "the shell survives the timeout; stdin is EOF"
+    );
+    // Named shells keep their own state; check=raise turns a failure into 422.
+    let r = ok_json(
+        "POST",
+        &format!("{base}/shell"),
+        Some(r#"{"command": "pwd", "name": "other"}"#),
+    );
+    assert_eq!(r["output"], "/workspace\n");
+    let (status, _) = call(
+        "POST",
+        &format!("{base}/shell"),
+        Some(TOKEN),
+        Some(r#"{"command": "false", "check": "raise"}"#),
+    );
+    assert_eq!(status, 422);
+    let (status, _) = call("DELETE", &base, Some(TOKEN), None);
+    assert_eq!(status, 204);
+    assert_eq!(
+        call(
+            "POST",
+            &format!("{base}/exec"),
+            Some(TOKEN),
+            Some(r#"{"command": "true"}"#)
+        )
+        .0,
+        404
+    );
+}
+
+#[test]
+#[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
+fn the_persistent_python_session() {
+    let s = server();
+    let id = session(
+        &s,
+        r#"{"image": "local/python:3.11", "resources": {"memory": "256Mi", "cpu": "2"}}"#,
+    );
+    let base = format!("{}/v1/sessions/{id}", s.url);
+    // AC-2: state persists between calls.
+    let r = ok_json("POST", &format!("{base}/python"), Some(r#"{"code": "x = 42"}"#));
+    assert!(r["vars"].as_array().unwrap().iter().any(|v| v == "x"), "{r}");
+    // AC-3/AC-4: variables listed with type and summary, read by name.
+    let vars = ok_json("GET", &format!("{base}/python/vars"), None);
+    assert!(
+        vars.as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["name"] == "x" && v["type"] == "int"),
+        "{vars}"
+    );
+    assert_eq!(ok_json("GET", &format!("{base}/python/vars/x"), None)["value"], 42);
+    // AC-5: output of later code sees earlier state.
+    let r = ok_json(
+        "POST",
+        &format!("{base}/python"),
+        Some(r#"{"code": "y = x + 1; print(y)"}"#),
+    );
+    assert_eq!(r["output"], "43\n");
+    // AC-8: a timeout stops the code, reports it, and the interpreter carries on.
+    let start = Instant::now();
+    let r = ok_json(
+        "POST",
+        &format!("{base}/python"),
+        Some(r#"{"code": "import time; time.sleep(30)", "timeoutSeconds": 2}"#),
+    );
+    assert!(start.elapsed() < Duration::from_secs(6));
+    assert!(r["error"].as_str().unwrap_or_default().contains("Timeout"), "{r}");
+    let r = ok_json(
+        "POST",
+        &format!("{base}/python"),
+        Some(r#"{"code": "print(\"after\", y)"}"#),
+    );
+    assert_eq!(r["output"], "after 43\n");
+    // AC-7: an allocation over the memory limit fails gracefully and is reported.
+    let r = ok_json(
+        "POST",
+        &format!("{base}/python"),
+        Some(r#"{"code": "big = b'x' * (1024 * 1024 * 1024)"}"#),
+    );
+    let error = r["error"].as_str().unwrap_or_default().to_string();
+    assert!(error.contains("Memory"), "{r}");
+    let r = ok_json(
+        "POST",
+        &format!("{base}/python"),
+        Some(r#"{"code": "print('usable')"}"#),
+    );
+    assert_eq!(r["output"], "usable\n");
+    // DNS fails in network: none.
+    let r = ok_json(
+        "POST",
+        &format!("{base}/python"),
+        Some(
+            r#"{"code": "import socket\ntry:\n    socket.gethostbyname('example.com')\n    print('resolved')\nexcept OSError as e:\n    print('blocked')"}"#,
+        ),
+    );
+    assert_eq!(r["output"], "blocked\n");
+    call("DELETE", &base, Some(TOKEN), None);
+    let left = runner_ctd(&["gc"], &s.state);
+    assert!(String::from_utf8_lossy(&left.stdout).starts_with("removed 0 containers"));
+}
+
+#[test]
+#[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
+fn files_round_trip_through_the_workspace() {
+    let s = server();
+    let id = session(&s, r#"{"image": "local/busybox:latest"}"#);
+    let base = format!("{}/v1/sessions/{id}", s.url);
+    let (status, _) = call(
+        "PUT",
+        &format!("{base}/files?path=sub/a.txt"),
+        Some(TOKEN),
+        Some("hello file"),
+    );
+    assert_eq!(status, 204);
+    let r = ok_json(
+        "POST",
+        &format!("{base}/exec"),
+        Some(r#"{"command": ["cat", "sub/a.txt"]}"#),
+    );
+    assert_eq!(r["stdout"], "hello file");
+    ok_json(
+        "POST",
+        &format!("{base}/exec"),
+        Some(r#"{"command": ["sh", "-c", "echo made > sub/b.txt"]}"#),
+    );
+    assert_eq!(
+        call("GET", &format!("{base}/files?path=sub/b.txt"), Some(TOKEN), None).1,
+        "made\n"
+    );
+    let list = ok_json("GET", &format!("{base}/files/list?path=sub"), None);
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a.txt", "b.txt"]);
+    assert_eq!(
+        call("GET", &format!("{base}/files?path=../etc/passwd"), Some(TOKEN), None).0,
+        400
+    );
+    // Upload a tar.
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(3);
+    header.set_mode(0o644);
+    header.set_cksum();
+    tar.append_data(&mut header, "up/c.txt", &b"tar"[..]).unwrap();
+    let bytes = tar.into_inner().unwrap();
+    let resp = ureq::post(&format!("{base}/files/upload"))
+        .set("Authorization", &format!("Bearer {TOKEN}"))
+        .send_bytes(&bytes)
+        .unwrap();
+    assert_eq!(resp.status(), 204);
+    let r = ok_json(
+        "POST",
+        &format!("{base}/exec"),
+        Some(r#"{"command": ["cat", "up/c.txt"]}"#),
+    );
+    assert_eq!(r["stdout"], "tar");
+    call("DELETE", &base, Some(TOKEN), None);
+}
+
+#[test]
+#[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
+fn jobs_over_http_use_the_cli_code_paths() {
+    let s = server();
+    let manifest = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nspec:\n  image: local/busybox:latest\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: http-job}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"echo from-http\"]\n";
+    let created = ok_json("POST", &format!("{}/v1/jobs", s.url), Some(manifest));
+    assert_eq!(created["created"][0], "http-job");
+    let start = Instant::now();
+    loop {
+        let job = ok_json("GET", &format!("{}/v1/jobs/http-job", s.url), None);
+        if job["status"]["phase"] == "Succeeded" {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "{job}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        call("GET", &format!("{}/v1/jobs/http-job/logs", s.url), Some(TOKEN), None).1,
+        "from-http\n"
+    );
+    let list = ok_json("GET", &format!("{}/v1/jobs", s.url), None);
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(
+        call("DELETE", &format!("{}/v1/jobs/http-job", s.url), Some(TOKEN), None).0,
+        204
+    );
+    assert_eq!(
+        call("GET", &format!("{}/v1/jobs/http-job", s.url), Some(TOKEN), None).0,
+        404
+    );
+}
