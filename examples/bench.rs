@@ -29,6 +29,10 @@ async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mode = args.get(1).map(String::as_str).unwrap_or("exec");
     let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20);
+    if mode == "http" {
+        http(n);
+        return;
+    }
     let address = std::env::var("CONTAINERD_ADDRESS").expect("CONTAINERD_ADDRESS");
     let namespace = std::env::var("CONTAINERD_NAMESPACE").unwrap_or_else(|_| "runner-bench".into());
     let state = std::path::PathBuf::from(std::env::var("RUNNER_STATE_DIR").expect("RUNNER_STATE_DIR"));
@@ -106,4 +110,39 @@ async fn main() {
         }
     }
     let _ = Duration::ZERO;
+}
+
+/// `bench http N` (BENCH_URL, BENCH_TOKEN, BENCH_IMAGE): session creation until the first
+/// command is answered, then medians of shell and exec round trips over HTTP.
+fn http(n: usize) {
+    let url = std::env::var("BENCH_URL").expect("BENCH_URL");
+    let token = std::env::var("BENCH_TOKEN").expect("BENCH_TOKEN");
+    let image = std::env::var("BENCH_IMAGE").unwrap_or_else(|_| "local/busybox:latest".into());
+    let auth = format!("Bearer {token}");
+    let post = |path: &str, body: &str| -> serde_json::Value {
+        let r = ureq::post(&format!("{url}{path}")).set("Authorization", &auth).send_string(body).expect(path);
+        serde_json::from_str(&r.into_string().unwrap()).unwrap()
+    };
+    let t = Instant::now();
+    let session = post("/v1/sessions", &format!(r#"{{"environment": {{"image": "{image}"}}}}"#));
+    let id = session["id"].as_str().unwrap().to_string();
+    let first = post(&format!("/v1/sessions/{id}/shell"), r#"{"command": "true"}"#);
+    assert_eq!(first["exitCode"], 0);
+    let create_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut shell = Vec::new();
+    let mut exec = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        post(&format!("/v1/sessions/{id}/shell"), r#"{"command": "true"}"#);
+        shell.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        post(&format!("/v1/sessions/{id}/exec"), r#"{"command": ["/bin/true"]}"#);
+        exec.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let _ = ureq::delete(&format!("{url}/v1/sessions/{id}")).set("Authorization", &auth).call();
+    println!(
+        "{{\"session_create_to_first_answer_ms\": {create_ms:.1}, \"shell_ms_median\": {:.2}, \"exec_ms_median\": {:.2}, \"runs\": {n}}}",
+        median(shell),
+        median(exec)
+    );
 }

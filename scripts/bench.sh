@@ -77,3 +77,15 @@ x_med=$("$bench" exec "$runs" | sed -n 's/.*"exec_ms_median": \([0-9.]*\).*/\1/p
 echo "exec       runner live exec: ${x_med} ms   ctr task exec: ${e_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $x_med/$e_med}")  (median of $runs)"
 
 echo "throughput $("$bench" concurrent "$concurrent")"
+
+# Live sandboxes over HTTP (runner serve on loopback).
+echo "bench-token-$$-0123456789abcdef" > "$work/token"
+"$runner" serve --listen 127.0.0.1:0 --token-file "$work/token" > "$work/serve.out" 2>"$work/serve.err" &
+serve_pid=$!
+for _ in $(seq 1 100); do grep -q listening "$work/serve.out" 2>/dev/null && break; sleep 0.05; done
+url=$(sed -n 's/^listening on //p' "$work/serve.out")
+http=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" "$bench" http "$runs")
+kill "$serve_pid"; wait "$serve_pid" 2>/dev/null || true
+h_exec=$(echo "$http" | sed -n 's/.*"exec_ms_median": \([0-9.]*\).*/\1/p')
+echo "http       $http"
+echo "http exec  session exec over HTTP: ${h_exec} ms   ctr task exec: ${e_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $h_exec/$e_med}")"
