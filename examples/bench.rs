@@ -120,7 +120,10 @@ fn http(n: usize) {
     let image = std::env::var("BENCH_IMAGE").unwrap_or_else(|_| "local/busybox:latest".into());
     let auth = format!("Bearer {token}");
     let post = |path: &str, body: &str| -> serde_json::Value {
-        let r = ureq::post(&format!("{url}{path}")).set("Authorization", &auth).send_string(body).expect(path);
+        let r = ureq::post(&format!("{url}{path}"))
+            .set("Authorization", &auth)
+            .send_string(body)
+            .expect(path);
         serde_json::from_str(&r.into_string().unwrap()).unwrap()
     };
     let t = Instant::now();
@@ -139,7 +142,9 @@ fn http(n: usize) {
         post(&format!("/v1/sessions/{id}/exec"), r#"{"command": ["/bin/true"]}"#);
         exec.push(t.elapsed().as_secs_f64() * 1e3);
     }
-    let _ = ureq::delete(&format!("{url}/v1/sessions/{id}")).set("Authorization", &auth).call();
+    let _ = ureq::delete(&format!("{url}/v1/sessions/{id}"))
+        .set("Authorization", &auth)
+        .call();
     println!(
         "{{\"session_create_to_first_answer_ms\": {create_ms:.1}, \"shell_ms_median\": {:.2}, \"exec_ms_median\": {:.2}, \"runs\": {n}}}",
         median(shell),
