@@ -215,8 +215,50 @@ fn exec_and_the_stateful_shell() {
         Some(r#"{"command": "false", "check": "raise"}"#),
     );
     assert_eq!(status, 422);
+    // The streaming variant: NDJSON events as they happen, the exit last.
+    let resp = ureq::post(&format!("{base}/exec/stream"))
+        .set("Authorization", &format!("Bearer {TOKEN}"))
+        .send_string(r#"{"command": "echo one; echo two >&2; exit 3"}"#)
+        .unwrap();
+    assert_eq!(resp.header("content-type"), Some("application/x-ndjson"));
+    let events: Vec<serde_json::Value> = resp
+        .into_string()
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        events.iter().any(|e| e["type"] == "stdout" && e["data"] == "one\n"),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|e| e["type"] == "stderr" && e["data"] == "two\n"),
+        "{events:?}"
+    );
+    assert_eq!(events.last().unwrap()["type"], "exit");
+    assert_eq!(events.last().unwrap()["exitCode"], 3);
     let (status, _) = call("DELETE", &base, Some(TOKEN), None);
     assert_eq!(status, 204);
+    // Deleting the session leaves no container.
+    let (address, namespace) = containerd_env();
+    let listing = std::process::Command::new("ctr")
+        .args([
+            "--address",
+            address.to_str().unwrap(),
+            "--namespace",
+            &namespace,
+            "containers",
+            "ls",
+            "-q",
+        ])
+        .arg(format!("labels.\"runner.dev/job\"=={id}"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&listing.stdout).trim(),
+        "",
+        "the session's container remains"
+    );
     assert_eq!(
         call(
             "POST",
