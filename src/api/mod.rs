@@ -62,6 +62,8 @@ pub struct Session {
     python: tokio::sync::Mutex<Option<PythonDriver>>,
     /// One command at a time per shell name is guaranteed by the runtime's slot.
     shells: Mutex<std::collections::BTreeSet<String>>,
+    /// The shell interpreter of the image (bash when present), found on first use.
+    shell_bin: tokio::sync::OnceCell<String>,
 }
 
 impl Session {
@@ -346,6 +348,7 @@ async fn create_session(State(state): State<Arc<AppState>>, body: Bytes) -> AppR
         created: crate::job::rfc3339(std::time::SystemTime::now()),
         python: tokio::sync::Mutex::new(None),
         shells: Mutex::new(Default::default()),
+        shell_bin: tokio::sync::OnceCell::new(),
     });
     state
         .sessions
@@ -509,7 +512,7 @@ struct ShellBody {
 /// as it was: the shell stays usable. bash when the image has it (functions persist), else sh.
 const SHELL_SCRIPT: &str = r#"runner_f="/tmp/.runner-shell/$RUNNER_SHELL_NAME.sh"
 runner_cmd=$RUNNER_SHELL_CMD
-unset RUNNER_SHELL_CMD RUNNER_SHELL_NAME RUNNER_SHELL_SCRIPT
+unset RUNNER_SHELL_CMD RUNNER_SHELL_NAME
 mkdir -p /tmp/.runner-shell 2>/dev/null
 if [ -f "$runner_f" ]; then . "$runner_f" >/dev/null 2>&1; fi
 eval "$runner_cmd" </dev/null 2>&1
@@ -539,13 +542,24 @@ async fn shell(State(state): State<Arc<AppState>>, UrlPath(id): UrlPath<String>,
         Some(other) => return Err(ApiError::BadRequest(format!("check: {other:?} (ignore or raise)"))),
     };
     session.shells.lock().expect("shells lock").insert(name.clone());
-    let interpreter = "if command -v bash >/dev/null 2>&1; then exec bash -c \"$RUNNER_SHELL_SCRIPT\"; else exec sh -c \"$RUNNER_SHELL_SCRIPT\"; fi";
+    let interpreter = session
+        .shell_bin
+        .get_or_try_init(|| async {
+            let probe = ExecRequest {
+                argv: vec!["/bin/sh".into(), "-c".into(), "command -v bash || echo /bin/sh".into()],
+                timeout: Some(Duration::from_secs(10)),
+                ..Default::default()
+            };
+            let r = session.runtime.execute(probe).await.map_err(runtime_error)?;
+            Ok::<String, ApiError>(r.stdout.lines().next().unwrap_or("/bin/sh").trim().to_string())
+        })
+        .await?
+        .clone();
     let request = ExecRequest {
-        argv: vec!["/bin/sh".into(), "-c".into(), interpreter.into()],
+        argv: vec![interpreter, "-c".into(), SHELL_SCRIPT.into()],
         stdin: None,
         timeout: Some(seconds(req.timeout_seconds)?.unwrap_or(DEFAULT_CALL_TIMEOUT)),
         env: BTreeMap::from([
-            ("RUNNER_SHELL_SCRIPT".to_string(), SHELL_SCRIPT.to_string()),
             ("RUNNER_SHELL_CMD".to_string(), req.command),
             ("RUNNER_SHELL_NAME".to_string(), name),
         ]),
