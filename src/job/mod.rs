@@ -62,6 +62,19 @@ pub struct AttemptStatus {
 }
 
 impl AttemptStatus {
+    /// The status a finished command gives its attempt.
+    pub fn of(result: ExecResult, deadline_bound: bool) -> Self {
+        let (phase, reason) = status_of(result.clone(), deadline_bound);
+        AttemptStatus {
+            phase,
+            reason,
+            message: None,
+            result: Some(result),
+            start_time: None,
+            completion_time: None,
+        }
+    }
+
     /// CLI exit code: 0 succeeded, 1 the submission failed, 2 the runner could not do its work.
     pub fn exit_code(&self) -> i32 {
         match (self.phase, self.reason) {
@@ -293,15 +306,7 @@ async fn run_container(plan: &RunPlan, engine: &Engine, cancel: &CancellationTok
                 (None, Some(_)) => true,
                 _ => false,
             };
-            let (phase, reason) = status_of(result.clone(), deadline_bound);
-            AttemptStatus {
-                phase,
-                reason,
-                message: None,
-                result: Some(result),
-                start_time: None,
-                completion_time: None,
-            }
+            AttemptStatus::of(result, deadline_bound)
         }
         Err(e) => infra_error(&e),
     }
@@ -391,15 +396,7 @@ async fn attempt(rt: &dyn Runtime, plan: &RunPlan, started: Instant) -> AttemptS
     match rt.execute(request).await {
         Ok(mut result) => {
             result.setup = rt.setup().cloned();
-            let (phase, reason) = status_of(result.clone(), deadline_bound);
-            AttemptStatus {
-                phase,
-                reason,
-                message: None,
-                result: Some(result),
-                start_time: None,
-                completion_time: None,
-            }
+            AttemptStatus::of(result, deadline_bound)
         }
         // A command that cannot start (missing binary) is the submission's failure, as a
         // container's exit 127 would be; anything else is ours.

@@ -376,17 +376,7 @@ async fn readopt(
     engine.options.kill_grace = ctx.plan.job().termination_grace;
     tokio::spawn(async move {
         let status = match engine.adopt(&container.id, expect_marker, limit, &token).await {
-            Ok(result) => {
-                let (phase, reason) = super::status_of(result.clone(), false);
-                AttemptStatus {
-                    phase,
-                    reason,
-                    message: None,
-                    result: Some(result),
-                    start_time: None,
-                    completion_time: None,
-                }
-            }
+            Ok(result) => AttemptStatus::of(result, false),
             Err(e) => infra(e.to_string()),
         };
         let _ = tx.send((index, number, status));

@@ -437,17 +437,9 @@ impl Runtime for HostRuntime {
         let running = self.start(request, out, err)?;
         tokio::spawn(async move {
             let _slot = slot;
-            let event = match running.finish().await {
-                Ok((r, _, _)) => RuntimeEvent::Exit {
-                    exit_code: r.exit_code,
-                    signal: r.signal,
-                    timed_out: r.timed_out,
-                },
-                Err(e) => RuntimeEvent::Stderr {
-                    data: format!("runner: {e}\n"),
-                },
-            };
-            let _ = tx.send(event).await;
+            for event in RuntimeEvent::ending(running.finish().await.map(|(r, _, _)| r)) {
+                let _ = tx.send(event).await;
+            }
         });
         Ok(rx)
     }

@@ -100,6 +100,30 @@ pub enum RuntimeEvent {
     },
 }
 
+impl RuntimeEvent {
+    /// The last events of a stream: `Exit`, preceded by a message on stderr when the
+    /// command could not be seen to its end (so consumers always get an `Exit`).
+    pub fn ending(outcome: Result<ExecResult, RuntimeError>) -> Vec<RuntimeEvent> {
+        match outcome {
+            Ok(r) => vec![RuntimeEvent::Exit {
+                exit_code: r.exit_code,
+                signal: r.signal,
+                timed_out: r.timed_out,
+            }],
+            Err(e) => vec![
+                RuntimeEvent::Stderr {
+                    data: format!("runner: {e}\n"),
+                },
+                RuntimeEvent::Exit {
+                    exit_code: None,
+                    signal: None,
+                    timed_out: false,
+                },
+            ],
+        }
+    }
+}
+
 /// What `poll` sees.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProcessState {

@@ -340,30 +340,13 @@ impl Engine {
         let teardown = self.teardown_inner(id, outcome.is_ok()).await;
         let (exit, timed_out, interrupted) = outcome?;
         teardown?;
-        let oom = stats.oom_kills.is_some_and(|n| n > 0);
-        let setup = expect_marker.then(|| SetupResult {
-            exit_code: out.setup_status.or(Some(exit.status as i32)),
-            stdout: out.setup.text.clone(),
-            stderr: err.setup.text.clone(),
-            stdout_dropped_bytes: out.setup.dropped_bytes,
-            stderr_dropped_bytes: err.setup.dropped_bytes,
-            timed_out: timed_out && out.setup_status.is_none(),
-            duration_ms: 0,
-        });
-        Ok(ExecResult {
-            exit_code: Some(exit.status as i32),
-            signal: ((timed_out || interrupted || oom) && exit.status > 128).then(|| exit.status as i32 - 128),
+        let end = TaskEnd {
+            exit,
             timed_out,
-            oom_killed: oom,
-            stdout: out.command.text,
-            stderr: err.command.text,
-            stdout_dropped_bytes: out.command.dropped_bytes,
-            stderr_dropped_bytes: err.command.dropped_bytes,
-            setup,
-            duration_ms: started.elapsed().as_millis() as u64,
-            peak_memory_bytes: stats.peak_memory,
-            cpu_time_ms: stats.cpu_usage.map(|d| d.as_millis() as u64),
-        })
+            interrupted,
+            duration: started.elapsed(),
+        };
+        Ok(task_result(end, expect_marker, out, err, stats, started))
     }
 
     /// Run one job to completion in a fresh container: setup + command in one task.
@@ -445,37 +428,13 @@ impl Engine {
                 self.logged_output(id, started).await
             }
         };
-        let oom = stats.oom_kills.is_some_and(|n| n > 0);
-        let setup_failed = expect_marker && out.setup_status != Some(0);
-        let setup = expect_marker.then(|| SetupResult {
-            exit_code: out
-                .setup_status
-                .or(if setup_failed { Some(exit.status as i32) } else { None }),
-            stdout: out.setup.text.clone(),
-            stderr: err.setup.text.clone(),
-            stdout_dropped_bytes: out.setup.dropped_bytes,
-            stderr_dropped_bytes: err.setup.dropped_bytes,
-            timed_out: timed_out && out.setup_status.is_none(),
-            duration_ms: out
-                .setup_at
-                .map(|t| t.saturating_duration_since(started).as_millis() as u64)
-                .unwrap_or(0),
-        });
-        let killed = timed_out || interrupted || oom;
-        Ok(ExecResult {
-            exit_code: Some(exit.status as i32),
-            signal: (killed && exit.status > 128).then(|| exit.status as i32 - 128),
+        let end = TaskEnd {
+            exit,
             timed_out,
-            oom_killed: oom,
-            stdout: out.command.text,
-            stderr: err.command.text,
-            stdout_dropped_bytes: out.command.dropped_bytes,
-            stderr_dropped_bytes: err.command.dropped_bytes,
-            setup,
-            duration_ms: duration.as_millis() as u64,
-            peak_memory_bytes: stats.peak_memory,
-            cpu_time_ms: stats.cpu_usage.map(|d| d.as_millis() as u64),
-        })
+            interrupted,
+            duration,
+        };
+        Ok(task_result(end, expect_marker, out, err, stats, started))
     }
 
     fn output_dir(&self, id: &str) -> PathBuf {
@@ -854,6 +813,56 @@ impl LiveContainer {
     }
 }
 
+/// How a one-shot task ended.
+struct TaskEnd {
+    exit: client::Exit,
+    timed_out: bool,
+    interrupted: bool,
+    duration: Duration,
+}
+
+/// A one-shot task's result: its exit, its output split at the setup marker, and the
+/// container's cgroup counters (OOM kills decide `oomKilled`, never the exit code alone).
+fn task_result(
+    end: TaskEnd,
+    expect_marker: bool,
+    out: io::StreamOut,
+    err: io::StreamOut,
+    stats: cgroupfs::CgroupStats,
+    started: Instant,
+) -> ExecResult {
+    let status = end.exit.status;
+    let oom = stats.oom_kills.is_some_and(|n| n > 0);
+    let setup = expect_marker.then(|| SetupResult {
+        // No marker: the task ended during setup, whose status is then the task's.
+        exit_code: out.setup_status.or(Some(status as i32)),
+        stdout: out.setup.text.clone(),
+        stderr: err.setup.text.clone(),
+        stdout_dropped_bytes: out.setup.dropped_bytes,
+        stderr_dropped_bytes: err.setup.dropped_bytes,
+        timed_out: end.timed_out && out.setup_status.is_none(),
+        duration_ms: out
+            .setup_at
+            .map(|t| t.saturating_duration_since(started).as_millis() as u64)
+            .unwrap_or(0),
+    });
+    let killed = end.timed_out || end.interrupted || oom;
+    ExecResult {
+        exit_code: Some(status as i32),
+        signal: (killed && status > 128).then(|| status as i32 - 128),
+        timed_out: end.timed_out,
+        oom_killed: oom,
+        stdout: out.command.text,
+        stderr: err.command.text,
+        stdout_dropped_bytes: out.command.dropped_bytes,
+        stderr_dropped_bytes: err.command.dropped_bytes,
+        setup,
+        duration_ms: end.duration.as_millis() as u64,
+        peak_memory_bytes: stats.peak_memory,
+        cpu_time_ms: stats.cpu_usage.map(|d| d.as_millis() as u64),
+    }
+}
+
 /// The result of a command in a live container: the container's cgroup counters before and
 /// after it give its OOM kills and CPU time; peak memory is the container's.
 fn command_result(
@@ -1078,17 +1087,9 @@ impl Runtime for LiveContainer {
                 Some(exec) => this.finish_exec(exec, timeout).await,
                 None => this.agent_run(request, Some(tx.clone())).await,
             };
-            let event = match outcome {
-                Ok(r) => RuntimeEvent::Exit {
-                    exit_code: r.exit_code,
-                    signal: r.signal,
-                    timed_out: r.timed_out,
-                },
-                Err(e) => RuntimeEvent::Stderr {
-                    data: format!("runner: {e}\n"),
-                },
-            };
-            let _ = tx.send(event).await;
+            for event in RuntimeEvent::ending(outcome) {
+                let _ = tx.send(event).await;
+            }
         });
         Ok(rx)
     }
