@@ -669,3 +669,42 @@ fn gc_removes_what_a_killed_runner_left_and_nothing_else() {
     assert_eq!(r.stdout, "still here\n");
     rt.block_on(live.cleanup()).unwrap();
 }
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn concurrent_imports_of_the_same_blobs_all_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    // A rootfs layer no other test has: a unique file, 4 MiB so writes overlap.
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    let data: Vec<u8> = format!("{:?}", std::time::SystemTime::now())
+        .into_bytes()
+        .repeat(1 << 18);
+    header.set_size(data.len() as u64);
+    header.set_mode(0o644);
+    header.set_cksum();
+    tar.append_data(&mut header, "unique.txt", data.as_slice()).unwrap();
+    let path = dir.path().join("layer.tar");
+    std::fs::write(&path, tar.into_inner().unwrap()).unwrap();
+    let c = client().await;
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let (c, path) = (c.clone(), path.clone());
+        tasks.push(tokio::spawn(async move {
+            let options = runner::image::ImportOptions {
+                name: Some(format!("local/concurrent:{i}")),
+                ..Default::default()
+            };
+            runner::image::import(&c, &path, &options).await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().expect("every concurrent import succeeds");
+    }
+    for i in 0..4 {
+        runner::image::resolve(&c, &format!("local/concurrent:{i}"))
+            .await
+            .unwrap();
+        c.image_delete(&format!("local/concurrent:{i}")).await.unwrap();
+    }
+}

@@ -336,7 +336,11 @@ impl Containerd {
                         break;
                     }
                 }
-                Some(Err(s)) if s.code() == Code::AlreadyExists => break,
+                // Another writer committed the same digest first: the content is there.
+                Some(Err(s)) if s.code() == Code::AlreadyExists => {
+                    feeder.abort();
+                    return Ok(());
+                }
                 Some(Err(s)) => {
                     feeder.abort();
                     return Err(rpc("content write")(s));
@@ -344,7 +348,12 @@ impl Containerd {
                 None => break,
             }
         }
-        match feeder.await {
+        let fed = feeder.await;
+        if !matches!(fed, Ok(Ok(written)) if written == total) && self.content_info(digest).await?.is_some() {
+            // containerd ended our write because another writer committed the same blob.
+            return Ok(());
+        }
+        match fed {
             Ok(Ok(written)) if written == total => Ok(()),
             Ok(Ok(written)) => Err(CtdError::Protocol {
                 op: "content write",
