@@ -41,7 +41,13 @@ async fn main() {
         .await
         .expect("connect");
     let host = HostEnv::detect(&state);
-    let engine = Engine::new(client, &state, host.clone(), RuntimeOptions::default());
+    let options = RuntimeOptions {
+        // BENCH_DURABLE=1: output through the shim-run logger, as Jobs do.
+        durable_output: std::env::var_os("BENCH_DURABLE").is_some(),
+        logger_binary: std::env::var_os("BENCH_RUNNER").map(std::path::PathBuf::from),
+        ..RuntimeOptions::default()
+    };
+    let engine = Engine::new(client, &state, host.clone(), options);
     let dir = tempfile::tempdir().unwrap();
     let yaml = format!(
         "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: bb}}\nspec:\n  image: {image}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: bench}}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"true\"]\n"

@@ -7,7 +7,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -707,4 +707,26 @@ async fn concurrent_imports_of_the_same_blobs_all_succeed() {
             .unwrap();
         c.image_delete(&format!("local/concurrent:{i}")).await.unwrap();
     }
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn durable_output_goes_through_the_logger_and_a_broken_logger_is_an_error_not_silence() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = "  setup:\n    commands: [\"echo set\"]\n";
+    let p = plan(dir.path(), env, "", r#"["sh", "-c", "echo out; echo err >&2; exit 2"]"#);
+    let mut e = engine(&dir.path().join("state")).await;
+    e.options.durable_output = true;
+    e.options.logger_binary = Some(runner_bin());
+    let r = e.run_oneshot(&p, &CancellationToken::new()).await.unwrap();
+    assert_eq!(
+        (r.exit_code, r.stdout.as_str(), r.stderr.as_str()),
+        (Some(2), "out\n", "err\n")
+    );
+    assert_eq!(r.setup.unwrap().stdout, "set\n");
+    // A logger that writes nothing must fail the run, never report empty output.
+    e.options.logger_binary = Some(PathBuf::from("/bin/true"));
+    let err = e.run_oneshot(&p, &CancellationToken::new()).await.unwrap_err();
+    assert!(err.to_string().contains("output logger"), "{err}");
+    assert_eq!(leftovers(&client().await, &p.job().name).await, 0);
 }

@@ -202,6 +202,9 @@ pub struct RuntimeOptions {
     /// containerd one-shot jobs: output through a logger the shim runs (it survives the
     /// runner, so a re-adopting runner still gets it) instead of FIFOs read by this process.
     pub durable_output: bool,
+    /// The `runner` binary the shim runs as the output logger (default: this executable,
+    /// which is right unless the library is embedded in another program).
+    pub logger_binary: Option<std::path::PathBuf>,
 }
 
 impl Default for RuntimeOptions {
@@ -212,6 +215,7 @@ impl Default for RuntimeOptions {
             use_cgroup: true,
             exec_via_agent: true,
             durable_output: false,
+            logger_binary: None,
         }
     }
 }

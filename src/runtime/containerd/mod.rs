@@ -333,12 +333,17 @@ impl Engine {
         let outcome = self.supervise(id, "", waiter, limit, cancel, None).await;
         let stats = cgroupfs::read(&self.cgroup_path(id));
         // The shim closes the logger's pipes only when the task is deleted.
-        if outcome.is_ok() {
-            self.client.task_delete(id).await?;
-        }
-        let (out, err) = self.logged_output(id, started).await;
+        let output = match &outcome {
+            Ok(_) => match self.client.task_delete(id).await {
+                Ok(_) => self.logged_output(id, started).await,
+                Err(e) => Err(e.into()),
+            },
+            Err(_) => Ok(Default::default()),
+        };
+        // Torn down whatever happened above: nothing of an adopted job is left behind.
         let teardown = self.teardown_inner(id, outcome.is_ok()).await;
         let (exit, timed_out, interrupted) = outcome?;
+        let (out, err) = output?;
         teardown?;
         let end = TaskEnd {
             exit,
@@ -378,10 +383,13 @@ impl Engine {
         let mut stdio = fifos.stdio();
         // Durable output goes through the shim-run logger; otherwise we read the FIFOs.
         let pumps = if self.options.durable_output {
-            let exe = std::env::current_exe().map_err(|source| RuntimeError::Io {
-                what: "finding the runner binary for the output logger".into(),
-                source,
-            })?;
+            let exe = match &self.options.logger_binary {
+                Some(path) => path.clone(),
+                None => std::env::current_exe().map_err(|source| RuntimeError::Io {
+                    what: "finding the runner binary for the output logger".into(),
+                    source,
+                })?,
+            };
             let uri = logger::uri(&exe, &self.output_dir(id), expect_marker, limit);
             stdio.stdout = uri.clone();
             stdio.stderr = uri;
@@ -425,7 +433,7 @@ impl Engine {
             None => {
                 // The shim closes the logger's pipes only when the task is deleted.
                 self.client.task_delete(id).await?;
-                self.logged_output(id, started).await
+                self.logged_output(id, started).await?
             }
         };
         let end = TaskEnd {
@@ -441,8 +449,9 @@ impl Engine {
         self.run_dir.join(id).join("output")
     }
 
-    /// What the shim-run logger wrote (it finishes once the task's output reaches EOF).
-    async fn logged_output(&self, id: &str, started: Instant) -> (io::StreamOut, io::StreamOut) {
+    /// What the shim-run logger wrote (it finishes once the task's output reaches EOF). No
+    /// output record is our failure, never silently an empty output.
+    async fn logged_output(&self, id: &str, started: Instant) -> Result<(io::StreamOut, io::StreamOut), RuntimeError> {
         let dir = self.output_dir(id);
         let begin = Instant::now();
         loop {
@@ -453,11 +462,12 @@ impl Engine {
                     setup_status: r.setup_status,
                     setup_at: r.setup_ms.map(|ms| started + Duration::from_millis(ms)),
                 };
-                return (convert(record.stdout), convert(record.stderr));
+                return Ok((convert(record.stdout), convert(record.stderr)));
             }
             if begin.elapsed() > DRAIN_LIMIT {
-                tracing::warn!(container = id, "the output logger wrote nothing within {DRAIN_LIMIT:?}");
-                return Default::default();
+                return Err(RuntimeError::Internal(format!(
+                    "the output logger of {id} wrote nothing within {DRAIN_LIMIT:?} (is the logger binary runner?)"
+                )));
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
