@@ -55,10 +55,6 @@ pub struct AttemptStatus {
     pub message: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub result: Option<ExecResult>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub start_time: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub completion_time: Option<String>,
 }
 
 impl AttemptStatus {
@@ -70,18 +66,16 @@ impl AttemptStatus {
             reason,
             message: None,
             result: Some(result),
-            start_time: None,
-            completion_time: None,
         }
     }
 
-    /// CLI exit code: 0 succeeded, 1 the submission failed, 2 the runner could not do its work.
-    pub fn exit_code(&self) -> i32 {
-        match (self.phase, self.reason) {
-            (Phase::Succeeded, _) => 0,
-            (_, Reason::Interrupted) => 130,
-            (_, Reason::InfraError) => 2,
-            _ => 1,
+    /// An attempt that failed before or without a command's own end.
+    pub fn failed(reason: Reason, message: String, result: Option<ExecResult>) -> Self {
+        AttemptStatus {
+            phase: Phase::Failed,
+            reason,
+            message: Some(message),
+            result,
         }
     }
 }
@@ -281,18 +275,13 @@ pub async fn run_once(
     engine: Option<&Engine>,
     cancel: &CancellationToken,
 ) -> AttemptStatus {
-    let start = SystemTime::now();
-    let started = Instant::now();
-    let mut status = match plan.bound.backend {
-        Backend::Host => run_host(plan, host, options, cancel, started).await,
+    match plan.bound.backend {
+        Backend::Host => run_host(plan, host, options, cancel, Instant::now()).await,
         Backend::Containerd => match engine {
             Some(engine) => run_container(plan, engine, cancel).await,
             None => infra_error(&RuntimeError::Unavailable("containerd")),
         },
-    };
-    status.start_time = Some(rfc3339(start));
-    status.completion_time = Some(rfc3339(SystemTime::now()));
-    status
+    }
 }
 
 async fn run_container(plan: &RunPlan, engine: &Engine, cancel: &CancellationToken) -> AttemptStatus {
@@ -313,14 +302,11 @@ async fn run_container(plan: &RunPlan, engine: &Engine, cancel: &CancellationTok
 }
 
 fn interrupted(result: Option<ExecResult>) -> AttemptStatus {
-    AttemptStatus {
-        phase: Phase::Failed,
-        reason: Reason::Interrupted,
-        message: Some("interrupted; every process of the job was killed".into()),
+    AttemptStatus::failed(
+        Reason::Interrupted,
+        "interrupted; every process of the job was killed".into(),
         result,
-        start_time: None,
-        completion_time: None,
-    }
+    )
 }
 
 async fn run_host(
@@ -355,14 +341,7 @@ async fn run_host(
 }
 
 fn infra_error(e: &RuntimeError) -> AttemptStatus {
-    AttemptStatus {
-        phase: Phase::Failed,
-        reason: Reason::InfraError,
-        message: Some(e.to_string()),
-        result: None,
-        start_time: None,
-        completion_time: None,
-    }
+    AttemptStatus::failed(Reason::InfraError, e.to_string(), None)
 }
 
 async fn attempt(rt: &dyn Runtime, plan: &RunPlan, started: Instant) -> AttemptStatus {
@@ -377,14 +356,11 @@ async fn attempt(rt: &dyn Runtime, plan: &RunPlan, started: Instant) -> AttemptS
             duration_ms: setup.duration_ms,
             ..Default::default()
         };
-        return AttemptStatus {
-            phase: Phase::Failed,
-            reason: Reason::SetupFailed,
-            message: Some(format!("setup exited with {}", setup.exit_code.unwrap_or(-1))),
-            result: Some(result),
-            start_time: None,
-            completion_time: None,
-        };
+        return AttemptStatus::failed(
+            Reason::SetupFailed,
+            format!("setup exited with {}", setup.exit_code.unwrap_or(-1)),
+            Some(result),
+        );
     }
     let (timeout, deadline_bound) = command_limit(job, started);
     let request = ExecRequest {
@@ -400,19 +376,16 @@ async fn attempt(rt: &dyn Runtime, plan: &RunPlan, started: Instant) -> AttemptS
         }
         // A command that cannot start (missing binary) is the submission's failure, as a
         // container's exit 127 would be; anything else is ours.
-        Err(RuntimeError::Start { program, source }) => AttemptStatus {
-            phase: Phase::Failed,
-            reason: Reason::Error,
-            message: Some(format!("cannot start {program:?}: {source}")),
-            result: Some(ExecResult {
+        Err(RuntimeError::Start { program, source }) => AttemptStatus::failed(
+            Reason::Error,
+            format!("cannot start {program:?}: {source}"),
+            Some(ExecResult {
                 exit_code: Some(127),
                 stderr: format!("runner: cannot start {program:?}: {source}\n"),
                 setup: rt.setup().cloned(),
                 ..Default::default()
             }),
-            start_time: None,
-            completion_time: None,
-        },
+        ),
         Err(e) => infra_error(&e),
     }
 }
@@ -450,19 +423,16 @@ mod tests {
 
     #[test]
     fn exit_codes_separate_submission_failures_from_ours() {
-        let mut s = AttemptStatus {
-            phase: Phase::Succeeded,
-            reason: Reason::Completed,
-            message: None,
-            result: None,
-            start_time: None,
-            completion_time: None,
-        };
+        let mut s = JobStatus::pending();
+        s.phase = Phase::Succeeded;
+        s.reason = Some(Reason::Completed);
         assert_eq!(s.exit_code(), 0);
         s.phase = Phase::Failed;
-        s.reason = Reason::Error;
+        s.reason = Some(Reason::Error);
         assert_eq!(s.exit_code(), 1);
-        s.reason = Reason::InfraError;
+        s.reason = Some(Reason::InfraError);
         assert_eq!(s.exit_code(), 2);
+        s.reason = Some(Reason::Interrupted);
+        assert_eq!(s.exit_code(), 130);
     }
 }

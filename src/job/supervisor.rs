@@ -338,14 +338,7 @@ async fn readopt(
     tx: mpsc::UnboundedSender<(u32, u32, AttemptStatus)>,
 ) {
     let (index, number) = (view.index, view.attempt);
-    let infra = |message: String| AttemptStatus {
-        phase: Phase::Failed,
-        reason: Reason::InfraError,
-        message: Some(message),
-        result: None,
-        start_time: None,
-        completion_time: None,
-    };
+    let infra = |message: String| AttemptStatus::failed(Reason::InfraError, message, None);
     let Some(engine) = ctx.engine.clone() else {
         let _ = tx.send((
             index,
