@@ -446,11 +446,7 @@ impl Runtime for HostRuntime {
 
     fn poll(&self) -> ProcessState {
         let state = self.state.lock().expect("state lock");
-        match (&state.current, state.last) {
-            (Some(_), _) => ProcessState::Running,
-            (None, Some(code)) => ProcessState::Exited(code),
-            (None, None) => ProcessState::Idle,
-        }
+        ProcessState::of(state.current.is_some(), state.last)
     }
 
     async fn kill(&self) -> Result<(), RuntimeError> {

@@ -186,6 +186,17 @@ pub trait Runtime: Send + Sync {
     async fn cleanup(&self) -> Result<(), RuntimeError>;
 }
 
+impl ProcessState {
+    /// What `poll` answers, given whether a command runs and how the last one ended.
+    pub fn of(running: bool, last: Option<i32>) -> Self {
+        match (running, last) {
+            (true, _) => ProcessState::Running,
+            (false, Some(code)) => ProcessState::Exited(code),
+            (false, None) => ProcessState::Idle,
+        }
+    }
+}
+
 /// Knobs that are the runner's, not the manifest's.
 #[derive(Clone, Debug)]
 pub struct RuntimeOptions {

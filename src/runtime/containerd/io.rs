@@ -32,13 +32,14 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RuntimeErro
 pub struct Fifos {
     dir: PathBuf,
     stdin: Option<PathBuf>,
-    stdout: PathBuf,
-    stderr: PathBuf,
+    /// stdout and stderr FIFOs; none when the shim-run logger takes the output.
+    output: Option<(PathBuf, PathBuf)>,
 }
 
 impl Fifos {
-    /// Create `<dir>/<name>-{stdout,stderr[,stdin]}` (mode 0600: only root reads job output).
-    pub fn create(dir: &Path, name: &str, with_stdin: bool) -> Result<Self, RuntimeError> {
+    /// Create `<dir>/<name>-{stdout,stderr,stdin}` as asked (mode 0600: only root reads job
+    /// output).
+    pub fn create(dir: &Path, name: &str, with_stdin: bool, with_output: bool) -> Result<Self, RuntimeError> {
         std::fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
         let make = |suffix: &str| -> Result<PathBuf, RuntimeError> {
             let path = dir.join(format!("{name}-{suffix}"));
@@ -50,16 +51,27 @@ impl Fifos {
         Ok(Fifos {
             dir: dir.to_path_buf(),
             stdin: if with_stdin { Some(make("stdin")?) } else { None },
-            stdout: make("stdout")?,
-            stderr: make("stderr")?,
+            output: if with_output {
+                Some((make("stdout")?, make("stderr")?))
+            } else {
+                None
+            },
         })
     }
 
     pub fn stdio(&self) -> Stdio {
         Stdio {
             stdin: self.stdin.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-            stdout: self.stdout.display().to_string(),
-            stderr: self.stderr.display().to_string(),
+            stdout: self
+                .output
+                .as_ref()
+                .map(|o| o.0.display().to_string())
+                .unwrap_or_default(),
+            stderr: self
+                .output
+                .as_ref()
+                .map(|o| o.1.display().to_string())
+                .unwrap_or_default(),
         }
     }
 
@@ -84,11 +96,16 @@ impl Fifos {
                 .open_receiver(path)
                 .map_err(io_err("opening output FIFO"))
         };
-        Ok((open(&self.stdout)?, open(&self.stderr)?))
+        let (stdout, stderr) = self
+            .output
+            .as_ref()
+            .ok_or_else(|| RuntimeError::Internal("no output FIFOs were made".into()))?;
+        Ok((open(stdout)?, open(stderr)?))
     }
 
     pub fn remove(&self) {
-        for p in [Some(&self.stdout), Some(&self.stderr), self.stdin.as_ref()]
+        let output = self.output.as_ref();
+        for p in [output.map(|o| &o.0), output.map(|o| &o.1), self.stdin.as_ref()]
             .into_iter()
             .flatten()
         {

@@ -377,12 +377,13 @@ impl Engine {
     ) -> Result<ExecResult, RuntimeError> {
         let job = plan.job();
         let id = &created.id;
-        let fifos = Fifos::create(&self.run_dir.join(id), "init", job.stdin.is_some())?;
+        let durable = self.options.durable_output;
+        let fifos = Fifos::create(&self.run_dir.join(id), "init", job.stdin.is_some(), !durable)?;
         let expect_marker = spec::runs_setup(job, plan.env());
         let limit = self.options.output_limit;
         let mut stdio = fifos.stdio();
         // Durable output goes through the shim-run logger; otherwise we read the FIFOs.
-        let pumps = if self.options.durable_output {
+        let pumps = if durable {
             let exe = match &self.options.logger_binary {
                 Some(path) => path.clone(),
                 None => std::env::current_exe().map_err(|source| RuntimeError::Io {
@@ -535,7 +536,7 @@ impl Engine {
     async fn start_live(&self, plan: &RunPlan, created: &mut Created) -> Result<LiveContainer, RuntimeError> {
         let job = plan.job();
         let id = created.id.clone();
-        let fifos = Fifos::create(&self.run_dir.join(&id), "init", false)?;
+        let fifos = Fifos::create(&self.run_dir.join(&id), "init", false, true)?;
         let expect_marker = spec::runs_setup(job, plan.env());
         let limit = self.options.output_limit;
         let mut pumps = OutputPump::start(&fifos, expect_marker, limit)?;
@@ -723,7 +724,7 @@ impl LiveContainer {
         let exec_id = format!("exec-{}", self.sequence.fetch_add(1, Ordering::Relaxed));
         let process = self.exec_process(request)?;
         let dir = self.engine.run_dir.join(&self.id);
-        let fifos = Fifos::create(&dir, &exec_id, request.stdin.is_some())?;
+        let fifos = Fifos::create(&dir, &exec_id, request.stdin.is_some(), true)?;
         let pumps = match stream {
             Some(tx) => OutputPump::stream(&fifos, tx)?,
             None => OutputPump::start(&fifos, false, self.engine.options.output_limit)?,
@@ -1106,11 +1107,7 @@ impl Runtime for LiveContainer {
 
     fn poll(&self) -> ProcessState {
         let state = self.state.lock().expect("state lock");
-        match (&state.running, state.last) {
-            (Some(_), _) => ProcessState::Running,
-            (None, Some(code)) => ProcessState::Exited(code),
-            (None, None) => ProcessState::Idle,
-        }
+        ProcessState::of(state.running.is_some(), state.last)
     }
 
     async fn kill(&self) -> Result<(), RuntimeError> {
