@@ -216,12 +216,32 @@ pub async fn purge_expired(global: &Global, store: &Store) {
     }
 }
 
+/// The Job a stored record runs (its manifest re-parsed) and the backend it runs on: the
+/// override given at apply, else its Environment's when that is in the same manifest.
+fn stored_job(record: &JobRecord) -> Option<(manifest::Job, Backend)> {
+    let set = manifest::parse_str(&record.manifest, &record.base_dir, None).ok()?;
+    let job = set.jobs.iter().find(|j| j.name == record.name)?.clone();
+    let backend = record
+        .backend
+        .or_else(|| {
+            set.environments
+                .iter()
+                .find(|e| e.name == job.environment)
+                .map(|e| e.backend)
+        })
+        .unwrap_or(Backend::Containerd);
+    Some((job, backend))
+}
+
 pub fn object_of(record: &JobRecord) -> JobObject {
-    let command = manifest::parse_str(&record.manifest, &record.base_dir, None)
-        .ok()
-        .and_then(|set| set.jobs.into_iter().find(|j| j.name == record.name))
-        .map(|j| (j.command.argv(), j.environment))
+    object_with(record, stored_job(record).as_ref())
+}
+
+fn object_with(record: &JobRecord, job: Option<&(manifest::Job, Backend)>) -> JobObject {
+    let command = job
+        .map(|(j, _)| (j.command.argv(), j.environment.clone()))
         .unwrap_or_default();
+    let backend = job.map_or(Backend::Containerd, |(_, b)| *b);
     JobObject {
         api_version: job::API_VERSION,
         kind: "Job",
@@ -232,7 +252,7 @@ pub fn object_of(record: &JobRecord) -> JobObject {
         },
         spec: JobSpecView {
             environment: command.1,
-            backend: record.backend.unwrap_or(Backend::Containerd),
+            backend,
             command: command.0,
         },
         status: status_of(record),
@@ -275,14 +295,20 @@ pub async fn get_jobs(
     let store = Store::open(&global.state_dir)?;
     purge_expired(global, &store).await;
     let selector = parse_selector(selector)?;
-    let objects: Vec<JobObject> = store
+    // One pass over the store: each record's manifest is parsed once.
+    let rows: Vec<(JobObject, u32, String)> = store
         .list()?
         .iter()
         .filter(|r| matches_selector(&r.labels, &selector))
-        .map(object_of)
+        .map(|r| {
+            let job = stored_job(r);
+            let completions = job.as_ref().map_or(1, |(j, _)| j.completions);
+            (object_with(r, job.as_ref()), completions, age(&r.created_at))
+        })
         .collect();
     match output {
         Some(OutputFormat::Json) | Some(OutputFormat::Yaml) => {
+            let objects: Vec<&JobObject> = rows.iter().map(|(o, _, _)| o).collect();
             let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
             print_value(&list, output)?;
         }
@@ -293,27 +319,8 @@ pub async fn get_jobs(
                 "NAME", "STATUS", "REASON", "COMPLETIONS", "AGE"
             );
             println!("{}", if wide { " ACTIVE FAILED COMMAND" } else { "" });
-            let store_records = store.list()?;
-            for o in &objects {
+            for (o, completions, created) in &rows {
                 let s = &o.status;
-                let completions = manifest::parse_str(
-                    &store_records
-                        .iter()
-                        .find(|r| r.name == o.metadata.name)
-                        .map(|r| r.manifest.clone())
-                        .unwrap_or_default(),
-                    Path::new("."),
-                    None,
-                )
-                .ok()
-                .and_then(|set| set.jobs.into_iter().find(|j| j.name == o.metadata.name))
-                .map(|j| j.completions)
-                .unwrap_or(1);
-                let created = store_records
-                    .iter()
-                    .find(|r| r.name == o.metadata.name)
-                    .map(|r| age(&r.created_at))
-                    .unwrap_or_default();
                 print!(
                     "{:<28} {:<10} {:<22} {:<12} {:<6}",
                     o.metadata.name,

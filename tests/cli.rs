@@ -302,6 +302,10 @@ fn jobs_are_kept_in_the_store_and_expire_after_their_ttl() {
     assert_eq!(job["status"]["succeeded"], 1);
     assert_eq!(job["status"]["conditions"][0]["type"], "Complete");
     assert_eq!(
+        job["spec"]["backend"], "host",
+        "the stored job names its Environment's backend"
+    );
+    assert_eq!(
         String::from_utf8_lossy(&runner(&["logs", "kept"], dir.path()).stdout),
         "kept\n"
     );
