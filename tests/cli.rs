@@ -7,16 +7,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn json(output: &std::process::Output) -> serde_json::Value {
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): stdout={} stderr={}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        )
-    })
-}
-
 #[test]
 fn apply_json_keeps_streams_apart_and_maps_a_failing_job_to_exit_1() {
     let dir = tempfile::tempdir().unwrap();
@@ -27,7 +17,7 @@ fn apply_json_keeps_streams_apart_and_maps_a_failing_job_to_exit_1() {
     );
     let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
-    let job = json(&out);
+    let job = json_of(&out);
     let result = &job["status"]["result"];
     assert_eq!(result["exitCode"], 3);
     assert_eq!(result["stdout"], "out\n");
@@ -67,7 +57,7 @@ fn timeout_kills_backgrounded_and_reparented_grandchildren() {
     let survivors = processes_matching("sleep 971.");
     kill_matching("sleep 971.");
     assert_eq!(out.status.code(), Some(1));
-    let job = json(&out);
+    let job = json_of(&out);
     assert_eq!(job["status"]["result"]["timedOut"], true);
     assert_eq!(job["status"]["reason"], "Timeout");
     assert_eq!(job["status"]["result"]["stdout"], "started\n");
@@ -83,7 +73,7 @@ fn fifty_megabytes_of_output_are_capped_with_an_exact_dropped_count() {
     let file = write_manifest(dir.path(), "job.yaml", &host_job("flood", &cmd, ""));
     let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let result = &json(&out)["status"]["result"];
+    let result = &json_of(&out)["status"]["result"];
     let kept = result["stdout"].as_str().unwrap().len() as u64;
     let dropped = result["stdoutDroppedBytes"].as_u64().unwrap();
     assert_eq!(kept, 10 * 1024 * 1024);
@@ -101,7 +91,7 @@ fn fifty_megabytes_of_output_are_capped_with_an_exact_dropped_count() {
         ],
         dir.path(),
     );
-    let result = &json(&out)["status"]["result"];
+    let result = &json_of(&out)["status"]["result"];
     assert_eq!(result["stdout"].as_str().unwrap().len(), 1000);
     assert_eq!(result["stdoutDroppedBytes"].as_u64().unwrap(), total - 1000);
 }
@@ -115,14 +105,14 @@ fn stdin_is_delivered_and_absent_stdin_is_eof() {
         &host_job("cat", r#"["cat"]"#, "  stdin: \"a\\nb\\n\"\n"),
     );
     let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
-    assert_eq!(json(&out)["status"]["result"]["stdout"], "a\nb\n");
+    assert_eq!(json_of(&out)["status"]["result"]["stdout"], "a\nb\n");
     let file = write_manifest(
         dir.path(),
         "job2.yaml",
         &host_job("cat2", r#"["cat"]"#, "  timeoutSeconds: 5\n"),
     );
     let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
-    let status = &json(&out)["status"];
+    let status = &json_of(&out)["status"];
     assert_eq!(status["result"]["timedOut"], false, "cat must see EOF at once");
     assert_eq!(status["phase"], "Succeeded");
 }
@@ -136,7 +126,7 @@ fn invalid_utf8_output_is_replaced_not_fatal() {
         &host_job("bytes", r#"["printf", "ok\\377\\376!"]"#, ""),
     );
     let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
-    assert_eq!(json(&out)["status"]["result"]["stdout"], "ok\u{fffd}\u{fffd}!");
+    assert_eq!(json_of(&out)["status"]["result"]["stdout"], "ok\u{fffd}\u{fffd}!");
 }
 
 #[test]
@@ -146,7 +136,7 @@ fn setup_output_is_reported_apart_and_a_failing_setup_fails_the_job() {
     let job = "---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: s}\nspec:\n  environment: host\n  command: \"echo main\"\n";
     let file = write_manifest(dir.path(), "job.yaml", &format!("{env}{job}"));
     let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
-    let result = &json(&out)["status"]["result"];
+    let result = &json_of(&out)["status"]["result"];
     assert_eq!(result["stdout"], "main\n");
     assert_eq!(result["setup"]["stdout"], "setting up\n");
     assert_eq!(result["setup"]["stderr"], "setup-err\n");
@@ -154,13 +144,13 @@ fn setup_output_is_reported_apart_and_a_failing_setup_fails_the_job() {
     // disableSetup skips it.
     let file = write_manifest(dir.path(), "job2.yaml", &format!("{env}{job}  disableSetup: true\n"));
     let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
-    assert!(json(&out)["status"]["result"].get("setup").is_none());
+    assert!(json_of(&out)["status"]["result"].get("setup").is_none());
     // A failing setup: the command never runs.
     let failing = env.replace("\"echo setup-err >&2\"", "\"exit 4\"");
     let file = write_manifest(dir.path(), "job3.yaml", &format!("{failing}{job}"));
     let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
     assert_eq!(out.status.code(), Some(1));
-    let status = &json(&out)["status"];
+    let status = &json_of(&out)["status"];
     assert_eq!(status["reason"], "SetupFailed");
     assert_eq!(status["result"]["setup"]["exitCode"], 4);
     assert_eq!(status["result"]["stdout"], "");
@@ -202,7 +192,7 @@ fn spec_prints_the_hardened_spec_of_a_containerd_job() {
         dir.path(),
     );
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let spec = json(&out);
+    let spec = json_of(&out);
     assert_eq!(spec["process"]["noNewPrivileges"], true);
     assert_ne!(spec["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ALLOW");
     assert_eq!(spec["linux"]["resources"]["devices"][0]["allow"], false);
@@ -297,7 +287,7 @@ fn jobs_are_kept_in_the_store_and_expire_after_their_ttl() {
     let out = runner(&["apply", "-f", file.to_str().unwrap()], dir.path());
     assert_eq!(out.status.code(), Some(0));
     let got = runner(&["get", "job", "kept", "-o", "json"], dir.path());
-    let job = json(&got);
+    let job = json_of(&got);
     assert_eq!(job["status"]["phase"], "Succeeded");
     assert_eq!(job["status"]["succeeded"], 1);
     assert_eq!(job["status"]["conditions"][0]["type"], "Complete");

@@ -457,12 +457,7 @@ fn ctrl_c_of_the_cli_leaves_nothing_behind() {
         "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: bb}}\nspec:\n  image: {IMAGE}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: interrupted}}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"echo started; sleep 984\"]\n"
     );
     let file = write_manifest(dir.path(), "job.yaml", &yaml);
-    let (address, namespace) = containerd_env();
-    let child = std::process::Command::new(runner_bin())
-        .args(["apply", "-f", file.to_str().unwrap()])
-        .env("RUNNER_STATE_DIR", dir.path().join("state"))
-        .env("CONTAINERD_ADDRESS", &address)
-        .env("CONTAINERD_NAMESPACE", &namespace)
+    let child = runner_ctd_command(&["apply", "-f", file.to_str().unwrap()], &dir.path().join("state"))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -631,12 +626,7 @@ fn gc_removes_what_a_killed_runner_left_and_nothing_else() {
         "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: bb}}\nspec:\n  image: {IMAGE}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: orphaned}}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"sleep 989\"]\n"
     );
     let file = write_manifest(dir.path(), "job.yaml", &yaml);
-    let (address, namespace) = containerd_env();
-    let mut child = std::process::Command::new(runner_bin())
-        .args(["apply", "-f", file.to_str().unwrap()])
-        .env("RUNNER_STATE_DIR", dir.path().join("state"))
-        .env("CONTAINERD_ADDRESS", &address)
-        .env("CONTAINERD_NAMESPACE", &namespace)
+    let mut child = runner_ctd_command(&["apply", "-f", file.to_str().unwrap()], &dir.path().join("state"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -25,33 +25,6 @@ fn import_busybox(state: &Path) {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
-fn json(out: &std::process::Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {} / {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
-fn containers_of(job: &str) -> usize {
-    let (address, namespace) = containerd_env();
-    let out = std::process::Command::new("ctr")
-        .args([
-            "--address",
-            address.to_str().unwrap(),
-            "--namespace",
-            &namespace,
-            "containers",
-            "ls",
-        ])
-        .arg(format!("labels.\"runner.dev/job\"=={job}"))
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().skip(1).count()
-}
-
 #[test]
 #[ignore = "needs a private containerd: run scripts/test.sh"]
 fn a_detached_indexed_job_runs_every_index_n_at_a_time() {
@@ -78,7 +51,7 @@ fn a_detached_indexed_job_runs_every_index_n_at_a_time() {
     for i in 0..4 {
         assert!(text.contains(&format!("index={i}\n")), "{text}");
     }
-    let got = json(&runner_ctd(&["get", "job", "indexed", "-o", "json"], &state));
+    let got = json_of(&runner_ctd(&["get", "job", "indexed", "-o", "json"], &state));
     assert_eq!(got["status"]["phase"], "Succeeded");
     assert_eq!(got["status"]["succeeded"], 4);
     // Never more than 2 at a time: the third attempt started after one of the first two ended.
@@ -111,7 +84,7 @@ fn the_active_deadline_ends_the_job_with_deadline_exceeded() {
     let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state);
     assert!(start.elapsed() < Duration::from_secs(10));
     assert_eq!(out.status.code(), Some(1));
-    let got = json(&out);
+    let got = json_of(&out);
     assert_eq!(got["status"]["reason"], "DeadlineExceeded");
     assert_eq!(got["status"]["conditions"][0]["type"], "Failed");
     assert_eq!(containers_of("deadline"), 0);
@@ -128,18 +101,13 @@ fn retries_follow_the_backoff_limit() {
         "bo.yaml",
         &job("backoff", r#"["sh", "-c", "exit 1"]"#, "  backoffLimit: 2\n"),
     );
-    let (address, namespace) = containerd_env();
     // Kubernetes' 10 s base delay, shortened for the test (the state machine tests pin the real one).
-    let out = std::process::Command::new(runner_bin())
-        .args(["apply", "-f", file.to_str().unwrap(), "-o", "json"])
-        .env("RUNNER_STATE_DIR", &state)
-        .env("CONTAINERD_ADDRESS", address)
-        .env("CONTAINERD_NAMESPACE", namespace)
+    let out = runner_ctd_command(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state)
         .env("RUNNER_BACKOFF_BASE_MS", "300")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    let got = json(&out);
+    let got = json_of(&out);
     assert_eq!(got["status"]["failed"], 3);
     assert_eq!(got["status"]["reason"], "BackoffLimitExceeded");
     let attempts = got["status"]["attempts"].as_array().unwrap();
@@ -184,12 +152,7 @@ fn a_job_whose_runner_is_killed_is_readopted_with_its_true_exit_code_and_output(
             "",
         ),
     );
-    let (address, namespace) = containerd_env();
-    let mut apply = std::process::Command::new(runner_bin())
-        .args(["apply", "-f", file.to_str().unwrap()])
-        .env("RUNNER_STATE_DIR", &state)
-        .env("CONTAINERD_ADDRESS", &address)
-        .env("CONTAINERD_NAMESPACE", &namespace)
+    let mut apply = runner_ctd_command(&["apply", "-f", file.to_str().unwrap()], &state)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -199,7 +162,7 @@ fn a_job_whose_runner_is_killed_is_readopted_with_its_true_exit_code_and_output(
     apply.wait().unwrap();
     let out = runner_ctd(&["wait", "adopted", "--timeout", "60s"], &state);
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
-    let got = json(&runner_ctd(&["get", "job", "adopted", "-o", "json"], &state));
+    let got = json_of(&runner_ctd(&["get", "job", "adopted", "-o", "json"], &state));
     assert_eq!(got["status"]["result"]["exitCode"], 4, "{got}");
     assert_eq!(
         got["status"]["attempts"].as_array().unwrap().len(),
@@ -270,7 +233,7 @@ fn results_stay_correct_when_containerd_restarts_mid_job() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(run(&["daemon", "start"]).status.code(), Some(0));
     let out = with_address(&["wait", "survivor", "--timeout", "60s"]);
-    let got = json(&with_address(&["get", "job", "survivor", "-o", "json"]));
+    let got = json_of(&with_address(&["get", "job", "survivor", "-o", "json"]));
     assert_eq!(out.status.code(), Some(1), "{got}");
     assert_eq!(got["status"]["result"]["exitCode"], 3, "{got}");
     assert_eq!(

@@ -240,25 +240,7 @@ fn exec_and_the_stateful_shell() {
     let (status, _) = call("DELETE", &base, Some(TOKEN), None);
     assert_eq!(status, 204);
     // Deleting the session leaves no container.
-    let (address, namespace) = containerd_env();
-    let listing = std::process::Command::new("ctr")
-        .args([
-            "--address",
-            address.to_str().unwrap(),
-            "--namespace",
-            &namespace,
-            "containers",
-            "ls",
-            "-q",
-        ])
-        .arg(format!("labels.\"runner.dev/job\"=={id}"))
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&listing.stdout).trim(),
-        "",
-        "the session's container remains"
-    );
+    assert_eq!(containers_of(&id), 0, "the session's container remains");
     assert_eq!(
         call(
             "POST",

@@ -94,16 +94,53 @@ pub fn image_dir() -> PathBuf {
     }))
 }
 
-/// Run `runner` against the test containerd.
-pub fn runner_ctd(args: &[&str], state_dir: &Path) -> Output {
+/// `runner ARGS` set up for the test containerd and the given state dir, not yet run.
+pub fn runner_ctd_command(args: &[&str], state_dir: &Path) -> Command {
     let (address, namespace) = containerd_env();
-    Command::new(runner_bin())
-        .args(args)
+    let mut cmd = Command::new(runner_bin());
+    cmd.args(args)
         .env("RUNNER_STATE_DIR", state_dir)
         .env("CONTAINERD_ADDRESS", address)
         .env("CONTAINERD_NAMESPACE", namespace)
         .env_remove("HUID")
-        .env_remove("HGID")
+        .env_remove("HGID");
+    cmd
+}
+
+/// Run `runner` against the test containerd.
+pub fn runner_ctd(args: &[&str], state_dir: &Path) -> Output {
+    runner_ctd_command(args, state_dir).output().expect("run runner")
+}
+
+/// A command's stdout as JSON; the panic shows both streams.
+pub fn json_of(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): stdout={} stderr={}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Containers in the test namespace labelled as belonging to job (or session) `job`.
+pub fn containers_of(job: &str) -> usize {
+    let (address, namespace) = containerd_env();
+    let out = Command::new("ctr")
+        .args([
+            "--address",
+            address.to_str().unwrap(),
+            "--namespace",
+            &namespace,
+            "containers",
+            "ls",
+            "-q",
+        ])
+        .arg(format!("labels.\"runner.dev/job\"=={job}"))
         .output()
-        .expect("run runner")
+        .expect("run ctr");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count()
 }
