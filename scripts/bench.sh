@@ -23,6 +23,8 @@ cleanup() {
   ctr_ tasks rm anchor >/dev/null 2>&1 || true
   ctr_ containers rm anchor >/dev/null 2>&1 || true
   "$runner" gc >/dev/null 2>&1 || true
+  # ctr puts its containers' cgroups under /<namespace>; runc leaves that parent behind.
+  for h in /sys/fs/cgroup /sys/fs/cgroup/*/; do rmdir "$h/$CONTAINERD_NAMESPACE" 2>/dev/null || true; done
   "$runner" daemon stop >/dev/null 2>&1 || true
   rm -rf "$work"
 }

@@ -60,4 +60,14 @@ if [ "$containers$tasks$leases$active" != "0000" ]; then
   echo "FAIL: the suite left resources behind" >&2
   exit 1
 fi
+# runc removes a container's cgroup but not the per-namespace parent it created; `runner gc`
+# must leave no cgroup of the namespace in any hierarchy.
+"$runner" gc
+left=$(find /sys/fs/cgroup -maxdepth 4 -type d -path "*/runner/$CONTAINERD_NAMESPACE*" 2>/dev/null | wc -l)
+echo "cgroups of $CONTAINERD_NAMESPACE after gc: $left"
+if [ "$left" != 0 ]; then
+  find /sys/fs/cgroup -maxdepth 4 -type d -path "*/runner/$CONTAINERD_NAMESPACE*"
+  echo "FAIL: cgroups left behind" >&2
+  exit 1
+fi
 echo "suite passed"

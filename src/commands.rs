@@ -359,7 +359,7 @@ pub async fn connect(global: &Global) -> Result<Containerd, CommandError> {
 
 /// Start-up reconciliation: remove what runner processes that are gone left behind.
 async fn reconcile(client: &Containerd, global: &Global) {
-    match gc_orphans(client, global).await {
+    match gc_orphans(client, global, false).await {
         Ok(report) if report.total() > 0 => tracing::info!(?report, "removed orphans of dead runner processes"),
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "start-up reconciliation failed"),
@@ -372,17 +372,20 @@ pub struct GcReport {
     pub snapshots: Vec<String>,
     pub leases: Vec<String>,
     pub fifo_dirs: Vec<String>,
+    /// Cgroup directories (per hierarchy) of containers that are gone, and their parent.
+    pub cgroups: Vec<String>,
 }
 
 impl GcReport {
     fn total(&self) -> usize {
-        self.containers.len() + self.snapshots.len() + self.leases.len() + self.fifo_dirs.len()
+        self.containers.len() + self.snapshots.len() + self.leases.len() + self.fifo_dirs.len() + self.cgroups.len()
     }
 }
 
 /// Remove every container, snapshot and lease labelled as runner's whose owning runner
-/// process is gone, and FIFO directories of containers that no longer exist.
-pub async fn gc_orphans(client: &Containerd, global: &Global) -> Result<GcReport, CommandError> {
+/// process is gone, and FIFO directories of containers that no longer exist; with
+/// `cgroups`, also the cgroups runc leaves behind.
+pub async fn gc_orphans(client: &Containerd, global: &Global, cgroups: bool) -> Result<GcReport, CommandError> {
     let managed = format!("labels.\"{}\"==true", ctd::LABEL_MANAGED);
     let host = HostEnv::detect(&global.state_dir);
     let engine = Engine::new(client.clone(), &global.state_dir, host, RuntimeOptions::default());
@@ -423,18 +426,31 @@ pub async fn gc_orphans(client: &Containerd, global: &Global) -> Result<GcReport
             }
         }
     }
+    // Only on an explicit `runner gc`: start-up reconciliation runs beside other jobs of the
+    // namespace. The listing is taken right before the removal: a container created after it
+    // reaches runc's mkdir only after its shim starts (tens of ms later), so no cgroup of a
+    // starting container is removed under it.
+    if cgroups {
+        let existing: std::collections::HashSet<String> =
+            client.containers(Vec::new()).await?.into_iter().map(|c| c.id).collect();
+        report.cgroups = crate::runtime::cgroupfs::remove_stale(&engine.cgroup_parent(), &existing)
+            .into_iter()
+            .map(|p| p.display().to_string())
+            .collect();
+    }
     Ok(report)
 }
 
 pub async fn gc(global: &Global) -> Result<i32, CommandError> {
     let client = connect(global).await?;
-    let report = gc_orphans(&client, global).await?;
+    let report = gc_orphans(&client, global, true).await?;
     println!(
-        "removed {} containers, {} snapshots, {} leases, {} FIFO directories",
+        "removed {} containers, {} snapshots, {} leases, {} FIFO directories, {} cgroups",
         report.containers.len(),
         report.snapshots.len(),
         report.leases.len(),
-        report.fifo_dirs.len()
+        report.fifo_dirs.len(),
+        report.cgroups.len()
     );
     for c in &report.containers {
         println!("container/{c}");

@@ -243,3 +243,37 @@ fn results_stay_correct_when_containerd_restarts_mid_job() {
     run(&["gc", "--address", socket.as_str()]);
     run(&["daemon", "stop"]);
 }
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn gc_removes_the_cgroups_runc_leaves_behind() {
+    // A namespace of this test's own: the parent cgroup goes only when no container exists.
+    let namespace = format!("runner-cgroup-test-{}", std::process::id());
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let run = |args: &[&str]| {
+        runner_ctd_command(args, &state)
+            .env("CONTAINERD_NAMESPACE", &namespace)
+            .output()
+            .unwrap()
+    };
+    let image = image_dir().join("busybox-oci.tar");
+    assert_eq!(run(&["image", "import", image.to_str().unwrap()]).status.code(), Some(0));
+    let file = write_manifest(dir.path(), "job.yaml", &job("cg", r#"["true"]"#, ""));
+    let out = run(&["apply", "-f", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let parents = || {
+        ["memory", "pids", "cpu", "unified", ""]
+            .iter()
+            .map(|h| Path::new("/sys/fs/cgroup").join(h).join("runner").join(&namespace))
+            .filter(|p| p.is_dir())
+            .collect::<Vec<_>>()
+    };
+    assert!(!parents().is_empty(), "runc left no parent cgroup: the test proves nothing");
+    let out = run(&["gc"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(said.starts_with("removed 0 containers") && !said.contains(" 0 cgroups"), "{said}");
+    assert_eq!(parents(), Vec::<std::path::PathBuf>::new());
+    assert_eq!(run(&["image", "rm", "local/busybox:latest"]).status.code(), Some(0));
+}

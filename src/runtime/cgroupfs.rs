@@ -78,3 +78,46 @@ pub fn read(cgroup: &str) -> CgroupStats {
         }
     }
 }
+
+/// Mount points of every cgroup hierarchy (v1 controllers, named hierarchies, v2).
+fn hierarchies() -> Vec<PathBuf> {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let (pre, post) = line.split_once(" - ")?;
+            let fstype = post.split_whitespace().next()?;
+            (fstype == "cgroup" || fstype == "cgroup2")
+                .then(|| pre.split_whitespace().nth(4).map(PathBuf::from))
+                .flatten()
+        })
+        .collect()
+}
+
+/// Remove the cgroups runc leaves under `parent` (the namespace's `/runner/<ns>`): child
+/// cgroups of containers not in `existing` (a dead shim leaves them), then `parent` itself
+/// when no container exists — runc removes a container's own cgroup but never the parents it
+/// created. `rmdir` refuses a cgroup that still has processes or children. Returns the
+/// directories removed.
+pub fn remove_stale(parent: &str, existing: &std::collections::HashSet<String>) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    for root in hierarchies() {
+        let dir = root.join(parent.trim_start_matches('/'));
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let stale = entry.file_type().is_ok_and(|t| t.is_dir())
+                && !existing.contains(entry.file_name().to_string_lossy().as_ref());
+            if stale && std::fs::remove_dir(entry.path()).is_ok() {
+                removed.push(entry.path());
+            }
+        }
+        if existing.is_empty() && std::fs::remove_dir(&dir).is_ok() {
+            removed.push(dir);
+        }
+    }
+    removed
+}

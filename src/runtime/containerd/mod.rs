@@ -135,7 +135,12 @@ impl Engine {
     }
 
     fn cgroup_path(&self, id: &str) -> String {
-        format!("/runner/{}/{id}", self.client.namespace())
+        format!("{}/{id}", self.cgroup_parent())
+    }
+
+    /// The cgroup every container of this namespace lives under.
+    pub fn cgroup_parent(&self) -> String {
+        format!("/runner/{}", self.client.namespace())
     }
 
     /// Build the spec for a plan against the image, create container + snapshot under a lease.
