@@ -58,18 +58,37 @@ ms_of() { # run a command, print its wall time in ms
 }
 median() { sort -n | awk '{a[NR]=$1} END {m=a[int((NR+1)/2)]; printf "%.1f", m/1000}'; }
 
-# Warm both paths once (page cache, first shim binary load).
+# ctr running runner's own hardened spec (seccomp allowlist, limits, masked paths, cgroup
+# namespace) on the same busybox files, to separate what the spec costs inside runc from what
+# runner's client adds. The rootfs is a plain directory (no snapshot work for this one).
+mkdir -p "$work/rootfs"
+images/busybox/build.sh "$work/rootfs.tar" rootfs >/dev/null
+tar -xf "$work/rootfs.tar" -C "$work/rootfs"
+"$runner" spec -f "$work/true.yaml" | sed "s|\"path\": \"rootfs\"|\"path\": \"$work/rootfs\"|" > "$work/spec.json"
+
+# Warm every path once (page cache, first shim binary load).
 "$runner" apply -f "$work/true.yaml" >/dev/null
 ctr_ run --rm local/busybox:latest warm sh -c true >/dev/null
+ctr_ run --rm --config "$work/spec.json" warm-spec >/dev/null
 
-r=(); c=()
+r=(); c=(); s=()
 for i in $(seq 1 "$runs"); do
   r+=("$(ms_of "$runner" apply -f "$work/true.yaml")")
   c+=("$(ms_of ctr_ run --rm local/busybox:latest "b$i" sh -c true)")
+  s+=("$(ms_of ctr_ run --rm --config "$work/spec.json" "s$i")")
 done
 r_med=$(printf '%s\n' "${r[@]}" | median)
 c_med=$(printf '%s\n' "${c[@]}" | median)
+s_med=$(printf '%s\n' "${s[@]}" | median)
 echo "one-shot   runner apply: ${r_med} ms   ctr run --rm: ${c_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $r_med/$c_med}")  (median of $runs)"
+echo "           ctr run --rm with runner's spec: ${s_med} ms = $(awk "BEGIN{printf \"%.2f\", $s_med/$c_med}")x ctr run --rm"
+# Where the floor is: the container lifecycle alone (create, Tasks.Create/Start/Wait/Delete,
+# remove) driven by the library without a CLI process or the durable logger, and what ctr's own
+# client costs (process start + connect), to read the ratio above against.
+l_med=$(env -u BENCH_DURABLE "$bench" oneshot "$runs" | sed -n 's/.*"oneshot_ms_median": \([0-9.]*\).*/\1/p')
+v=(); for i in $(seq 1 "$runs"); do v+=("$(ms_of ctr_ version)"); done
+v_med=$(printf '%s\n' "${v[@]}" | median)
+echo "floor      lifecycle alone (library): ${l_med} ms = $(awk "BEGIN{printf \"%.2f\", $l_med/$c_med}")x ctr run --rm;  ctr version: ${v_med} ms"
 
 ctr_ run -d local/busybox:latest anchor sh -c 'sleep 100000' >/dev/null
 e=()

@@ -258,7 +258,10 @@ fn gc_removes_the_cgroups_runc_leaves_behind() {
             .unwrap()
     };
     let image = image_dir().join("busybox-oci.tar");
-    assert_eq!(run(&["image", "import", image.to_str().unwrap()]).status.code(), Some(0));
+    assert_eq!(
+        run(&["image", "import", image.to_str().unwrap()]).status.code(),
+        Some(0)
+    );
     let file = write_manifest(dir.path(), "job.yaml", &job("cg", r#"["true"]"#, ""));
     let out = run(&["apply", "-f", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
@@ -269,11 +272,17 @@ fn gc_removes_the_cgroups_runc_leaves_behind() {
             .filter(|p| p.is_dir())
             .collect::<Vec<_>>()
     };
-    assert!(!parents().is_empty(), "runc left no parent cgroup: the test proves nothing");
+    assert!(
+        !parents().is_empty(),
+        "runc left no parent cgroup: the test proves nothing"
+    );
     let out = run(&["gc"]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let said = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(said.starts_with("removed 0 containers") && !said.contains(" 0 cgroups"), "{said}");
+    assert!(
+        said.starts_with("removed 0 containers") && !said.contains(" 0 cgroups"),
+        "{said}"
+    );
     assert_eq!(parents(), Vec::<std::path::PathBuf>::new());
     assert_eq!(run(&["image", "rm", "local/busybox:latest"]).status.code(), Some(0));
 }
