@@ -470,6 +470,8 @@ pub async fn logs(
     let store = Store::open(&global.state_dir)?;
     let logs_dir = global.state_dir.join("logs");
     let mut printed: std::collections::HashSet<(u32, u32)> = Default::default();
+    // With -f: how far each running attempt's live output was printed (stdout, stderr).
+    let mut streamed: std::collections::HashMap<(u32, u32), [u64; 2]> = Default::default();
     loop {
         let record = store.require(name)?;
         let status = status_of(&record);
@@ -481,21 +483,72 @@ pub async fn logs(
             let finished = status
                 .attempts
                 .iter()
-                .any(|a| a.index == i && a.attempt == n && a.completion_time.is_some());
-            if !finished {
-                continue;
+                .find(|a| a.index == i && a.attempt == n && a.completion_time.is_some());
+            let live = |ext: &str| attempt_file(&logs_dir, name, i, n, ext);
+            match (finished, streamed.get_mut(&(i, n))) {
+                (None, _) if follow => {
+                    // Running: print what its logger has appended since the last look.
+                    let offsets = streamed.entry((i, n)).or_default();
+                    print_new(&live("live.stdout"), &mut offsets[0], &mut std::io::stdout());
+                    print_new(&live("live.stderr"), &mut offsets[1], &mut std::io::stderr());
+                }
+                (None, _) => {}
+                (Some(_), Some(offsets)) => {
+                    // Followed while it ran: the rest of the live copy (none on the host
+                    // backend: then the stored output), then a word if the cap cut it (the
+                    // stored head and tail are what `runner logs` shows).
+                    for (k, stream) in ["stdout", "stderr"].into_iter().enumerate() {
+                        let copy = live(&format!("live.{stream}"));
+                        let source = if copy.exists() || offsets[k] > 0 {
+                            copy
+                        } else {
+                            live(stream)
+                        };
+                        if k == 0 {
+                            print_new(&source, &mut offsets[k], &mut std::io::stdout());
+                        } else {
+                            print_new(&source, &mut offsets[k], &mut std::io::stderr());
+                        }
+                    }
+                    let stored: Option<crate::runtime::ExecResult> = std::fs::read(live("json"))
+                        .ok()
+                        .and_then(|j| serde_json::from_slice(&j).ok());
+                    if let Some(r) = stored.filter(|r| r.stdout_dropped_bytes + r.stderr_dropped_bytes > 0) {
+                        eprintln!(
+                            "runner: attempt {i}-{n} printed more than the output cap; {} stdout and {} stderr bytes are not kept (`runner logs {name}` shows the head and tail)",
+                            r.stdout_dropped_bytes, r.stderr_dropped_bytes
+                        );
+                    }
+                    printed.insert((i, n));
+                }
+                (Some(_), None) => {
+                    let out = std::fs::read(live("stdout")).unwrap_or_default();
+                    let err = std::fs::read(live("stderr")).unwrap_or_default();
+                    let _ = std::io::stdout().write_all(&out);
+                    let _ = std::io::stdout().flush();
+                    let _ = std::io::stderr().write_all(&err);
+                    printed.insert((i, n));
+                }
             }
-            let out = std::fs::read(attempt_file(&logs_dir, name, i, n, "stdout")).unwrap_or_default();
-            let err = std::fs::read(attempt_file(&logs_dir, name, i, n, "stderr")).unwrap_or_default();
-            let _ = std::io::stdout().write_all(&out);
-            let _ = std::io::stdout().flush();
-            let _ = std::io::stderr().write_all(&err);
-            printed.insert((i, n));
         }
         if !follow || done {
             return Ok(0);
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Print what `path` holds past `*offset` and advance it (a missing file prints nothing).
+fn print_new(path: &Path, offset: &mut u64, out: &mut impl Write) {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return;
+    };
+    let mut data = Vec::new();
+    if file.seek(SeekFrom::Start(*offset)).is_ok() && file.read_to_end(&mut data).is_ok() && !data.is_empty() {
+        let _ = out.write_all(&data);
+        let _ = out.flush();
+        *offset += data.len() as u64;
     }
 }
 

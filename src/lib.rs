@@ -5,6 +5,7 @@ pub mod api;
 pub mod cli;
 pub mod commands;
 pub mod daemon;
+pub mod fuzzing;
 pub mod image;
 pub mod job;
 pub mod jobcmd;

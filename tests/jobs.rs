@@ -286,3 +286,47 @@ fn gc_removes_the_cgroups_runc_leaves_behind() {
     assert_eq!(parents(), Vec::<std::path::PathBuf>::new());
     assert_eq!(run(&["image", "rm", "local/busybox:latest"]).status.code(), Some(0));
 }
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn logs_follow_streams_output_while_the_attempt_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let file = write_manifest(
+        dir.path(),
+        "follow.yaml",
+        &job(
+            "follow",
+            r#"["sh", "-c", "echo first; echo err-first >&2; sleep 3; echo second"]"#,
+            "",
+        ),
+    );
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "--detach"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut child = runner_ctd_command(&["logs", "-f", "follow"], &state)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line, "first\n");
+    // The first line came while the job still runs (it sleeps 3 s before its last line).
+    let got = json_of(&runner_ctd(&["get", "job", "follow", "-o", "json"], &state));
+    assert_eq!(got["status"]["phase"], "Running", "{got}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert_eq!(rest, "second\n");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(err, "err-first\n");
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    // Without -f the stored output, the same bytes.
+    let out = runner_ctd(&["logs", "follow"], &state);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "first\nsecond\n");
+    let out = runner_ctd(&["delete", "job", "follow"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!state.join("logs").join("follow").exists());
+}

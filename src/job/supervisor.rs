@@ -318,6 +318,13 @@ fn launch(
     options.kill_grace = ctx.plan.job().termination_grace;
     // The output must outlive this process: a re-adopting supervisor collects it.
     options.durable_output = true;
+    options.live_output = Some(attempt_file(
+        &ctx.logs_dir(),
+        ctx.plan.job().name.as_str(),
+        index,
+        number,
+        "live",
+    ));
     let engine = ctx.engine.clone().map(|mut e| {
         e.options = options.clone();
         e

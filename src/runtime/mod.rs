@@ -216,6 +216,9 @@ pub struct RuntimeOptions {
     /// The `runner` binary the shim runs as the output logger (default: this executable,
     /// which is right unless the library is embedded in another program).
     pub logger_binary: Option<std::path::PathBuf>,
+    /// With `durable_output`: a path prefix the logger appends the command's output to as it
+    /// arrives (`<prefix>.stdout`, `<prefix>.stderr`), what `runner logs -f` follows.
+    pub live_output: Option<std::path::PathBuf>,
 }
 
 impl Default for RuntimeOptions {
@@ -227,6 +230,7 @@ impl Default for RuntimeOptions {
             exec_via_agent: true,
             durable_output: false,
             logger_binary: None,
+            live_output: None,
         }
     }
 }

@@ -10,7 +10,7 @@
 //! option is a `--key value` pair and `main` recognises logger mode by `LOGGER_DIR_FLAG`.
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -23,6 +23,7 @@ use crate::spec::entry::{Part, Splitter};
 pub const LOGGER_DIR_FLAG: &str = "--runner-logger-dir";
 const LOGGER_SETUP_FLAG: &str = "--runner-logger-setup";
 const LOGGER_LIMIT_FLAG: &str = "--runner-logger-limit";
+const LOGGER_LIVE_FLAG: &str = "--runner-logger-live";
 /// The file the logger writes at EOF.
 pub const OUTPUT_FILE: &str = "output.json";
 
@@ -42,8 +43,10 @@ pub struct OutputRecord {
     pub stderr: StreamRecord,
 }
 
-/// The stdout URI that makes the shim run us as the task's logger.
-pub fn uri(binary: &Path, dir: &Path, expect_marker: bool, limit: usize) -> String {
+/// The stdout URI that makes the shim run us as the task's logger. `live`: a path prefix the
+/// logger appends the command's output to as it arrives (`<live>.stdout`, `<live>.stderr`, the
+/// first `limit` bytes of each), for `runner logs -f`.
+pub fn uri(binary: &Path, dir: &Path, expect_marker: bool, limit: usize, live: Option<&Path>) -> String {
     // The shim parses this as a URL: percent-encode what a path may hold.
     let enc = |s: &str| -> String {
         s.bytes()
@@ -53,12 +56,48 @@ pub fn uri(binary: &Path, dir: &Path, expect_marker: bool, limit: usize) -> Stri
             })
             .collect()
     };
-    format!(
+    let mut uri = format!(
         "binary://{}?{LOGGER_DIR_FLAG}={}&{LOGGER_SETUP_FLAG}={}&{LOGGER_LIMIT_FLAG}={limit}",
         enc(&binary.to_string_lossy()),
         enc(&dir.to_string_lossy()),
         u8::from(expect_marker)
-    )
+    );
+    if let Some(live) = live {
+        uri.push_str(&format!("&{LOGGER_LIVE_FLAG}={}", enc(&live.to_string_lossy())));
+    }
+    uri
+}
+
+/// The live copy of one stream: appended as output arrives, at most `limit` bytes (disk use
+/// stays bounded whatever the job prints). Failing to write it only costs the live view.
+struct Live {
+    file: Option<File>,
+    room: usize,
+}
+
+impl Live {
+    fn open(prefix: Option<&Path>, stream: &str, limit: usize) -> Self {
+        let file = prefix.and_then(|p| {
+            let mut name = p.as_os_str().to_owned();
+            name.push(format!(".{stream}"));
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(PathBuf::from(name))
+                .ok()
+        });
+        Live { file, room: limit }
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        let n = bytes.len().min(self.room);
+        if let (Some(file), true) = (&mut self.file, n > 0) {
+            if file.write_all(&bytes[..n]).is_err() {
+                self.file = None;
+            }
+            self.room -= n;
+        }
+    }
 }
 
 /// Read `output.json` once the logger has written it.
@@ -67,7 +106,7 @@ pub fn read_output(dir: &Path) -> Option<OutputRecord> {
     serde_json::from_slice(&text).ok()
 }
 
-fn pump(mut source: File, expect_marker: bool, limit: usize, started: Instant) -> StreamRecord {
+fn pump(mut source: File, expect_marker: bool, limit: usize, started: Instant, mut live: Live) -> StreamRecord {
     let mut splitter = Splitter::new(expect_marker);
     let mut setup = Capture::new(limit);
     let mut command = Capture::new(limit);
@@ -83,7 +122,10 @@ fn pump(mut source: File, expect_marker: bool, limit: usize, started: Instant) -
         let seen = splitter.marker_seen();
         splitter.feed(&buf[..n], &mut |part, bytes| match part {
             Part::Setup => setup.push(bytes),
-            Part::Command => command.push(bytes),
+            Part::Command => {
+                live.push(bytes);
+                command.push(bytes);
+            }
         });
         if !seen && splitter.marker_seen() {
             setup_ms = Some(started.elapsed().as_millis() as u64);
@@ -130,8 +172,13 @@ pub fn run(args: &[String]) -> i32 {
     // Closing fd 5 tells the shim we are ready; it starts the task after that.
     drop(ready);
     let started = Instant::now();
-    let err_thread = std::thread::spawn(move || pump(stderr, expect_marker, limit, started));
-    let out = pump(stdout, expect_marker, limit, started);
+    let live = value(LOGGER_LIVE_FLAG).map(PathBuf::from);
+    let (live_out, live_err) = (
+        Live::open(live.as_deref(), "stdout", limit),
+        Live::open(live.as_deref(), "stderr", limit),
+    );
+    let err_thread = std::thread::spawn(move || pump(stderr, expect_marker, limit, started, live_err));
+    let out = pump(stdout, expect_marker, limit, started, live_out);
     let err = err_thread.join().unwrap_or_default();
     let record = OutputRecord {
         stdout: out,

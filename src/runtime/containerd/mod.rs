@@ -396,7 +396,8 @@ impl Engine {
                     source,
                 })?,
             };
-            let uri = logger::uri(&exe, &self.output_dir(id), expect_marker, limit);
+            let live = self.options.live_output.as_deref();
+            let uri = logger::uri(&exe, &self.output_dir(id), expect_marker, limit, live);
             stdio.stdout = uri.clone();
             stdio.stderr = uri;
             None
