@@ -147,6 +147,18 @@ pub fn spawn_supervisor(global: &Global, name: &str, max_output_bytes: usize, ad
         what: "starting the supervisor",
         source: Box::new(e),
     })?;
+    // Record the supervisor as the owner now (it records the same itself once running): until
+    // then the job would look unsupervised, and `logs -f` or `describe` right after `apply
+    // --detach` would take it for a job whose supervisor is gone.
+    let pid = child.id();
+    if let Some(start) = ctd::process_start_time(pid) {
+        let owner = format!("{pid}:{start}");
+        Store::open(&global.state_dir)?.update(name, |r| {
+            if r.owner.as_deref().is_none_or(|o| o.starts_with("adopting:")) {
+                r.owner = Some(owner.clone());
+            }
+        })?;
+    }
     // Not waited for: it outlives this process on purpose.
     drop(child);
     Ok(())
