@@ -495,53 +495,43 @@ pub async fn logs(
             let finished = status
                 .attempts
                 .iter()
-                .find(|a| a.index == i && a.attempt == n && a.completion_time.is_some());
-            let live = |ext: &str| attempt_file(&logs_dir, name, i, n, ext);
-            match (finished, streamed.get_mut(&(i, n))) {
-                (None, _) if follow => {
+                .any(|a| a.index == i && a.attempt == n && a.completion_time.is_some());
+            let file = |ext: &str| attempt_file(&logs_dir, name, i, n, ext);
+            if !finished {
+                if follow {
                     // Running: print what its logger has appended since the last look.
                     let offsets = streamed.entry((i, n)).or_default();
-                    print_new(&live("live.stdout"), &mut offsets[0], &mut std::io::stdout());
-                    print_new(&live("live.stderr"), &mut offsets[1], &mut std::io::stderr());
-                }
-                (None, _) => {}
-                (Some(_), Some(offsets)) => {
-                    // Followed while it ran: the rest of the live copy (none on the host
-                    // backend: then the stored output), then a word if the cap cut it (the
-                    // stored head and tail are what `runner logs` shows).
-                    for (k, stream) in ["stdout", "stderr"].into_iter().enumerate() {
-                        let copy = live(&format!("live.{stream}"));
-                        let source = if copy.exists() || offsets[k] > 0 {
-                            copy
-                        } else {
-                            live(stream)
-                        };
-                        if k == 0 {
-                            print_new(&source, &mut offsets[k], &mut std::io::stdout());
-                        } else {
-                            print_new(&source, &mut offsets[k], &mut std::io::stderr());
-                        }
+                    for (k, stream) in STREAMS.into_iter().enumerate() {
+                        print_new(&file(&format!("live.{stream}")), &mut offsets[k], k);
                     }
-                    let stored: Option<crate::runtime::ExecResult> = std::fs::read(live("json"))
-                        .ok()
-                        .and_then(|j| serde_json::from_slice(&j).ok());
-                    if let Some(r) = stored.filter(|r| r.stdout_dropped_bytes + r.stderr_dropped_bytes > 0) {
-                        eprintln!(
-                            "runner: attempt {i}-{n} printed more than the output cap; {} stdout and {} stderr bytes are not kept (`runner logs {name}` shows the head and tail)",
-                            r.stdout_dropped_bytes, r.stderr_dropped_bytes
-                        );
-                    }
-                    printed.insert((i, n));
                 }
-                (Some(_), None) => {
-                    let out = std::fs::read(live("stdout")).unwrap_or_default();
-                    let err = std::fs::read(live("stderr")).unwrap_or_default();
-                    let _ = std::io::stdout().write_all(&out);
-                    let _ = std::io::stdout().flush();
-                    let _ = std::io::stderr().write_all(&err);
-                    printed.insert((i, n));
-                }
+                continue;
             }
+            // Ended. Followed while it ran: the rest of its live copy (the host backend has
+            // none: then the stored output). Otherwise the stored output, exactly.
+            let followed = streamed.remove(&(i, n));
+            let mut offsets = followed.unwrap_or_default();
+            for (k, stream) in STREAMS.into_iter().enumerate() {
+                let copy = file(&format!("live.{stream}"));
+                let source = if followed.is_some() && (copy.exists() || offsets[k] > 0) {
+                    copy
+                } else {
+                    file(stream)
+                };
+                print_new(&source, &mut offsets[k], k);
+            }
+            let stored: Option<crate::runtime::ExecResult> = std::fs::read(file("json"))
+                .ok()
+                .and_then(|j| serde_json::from_slice(&j).ok());
+            if let Some(r) =
+                stored.filter(|r| followed.is_some() && r.stdout_dropped_bytes + r.stderr_dropped_bytes > 0)
+            {
+                eprintln!(
+                    "runner: attempt {i}-{n} printed more than the output cap; {} stdout and {} stderr bytes are not kept (`runner logs {name}` shows the head and tail)",
+                    r.stdout_dropped_bytes, r.stderr_dropped_bytes
+                );
+            }
+            printed.insert((i, n));
         }
         if !follow || done {
             return Ok(0);
@@ -550,18 +540,26 @@ pub async fn logs(
     }
 }
 
-/// Print what `path` holds past `*offset` and advance it (a missing file prints nothing).
-fn print_new(path: &Path, offset: &mut u64, out: &mut impl Write) {
+const STREAMS: [&str; 2] = ["stdout", "stderr"];
+
+/// Print what `path` holds past `*offset` to stdout (`stream` 0) or stderr (1) and advance
+/// the offset; a missing file prints nothing.
+fn print_new(path: &Path, offset: &mut u64, stream: usize) {
     use std::io::{Read, Seek, SeekFrom};
     let Ok(mut file) = std::fs::File::open(path) else {
         return;
     };
     let mut data = Vec::new();
-    if file.seek(SeekFrom::Start(*offset)).is_ok() && file.read_to_end(&mut data).is_ok() && !data.is_empty() {
-        let _ = out.write_all(&data);
-        let _ = out.flush();
-        *offset += data.len() as u64;
+    if file.seek(SeekFrom::Start(*offset)).is_err() || file.read_to_end(&mut data).is_err() || data.is_empty() {
+        return;
     }
+    *offset += data.len() as u64;
+    let _ = if stream == 0 {
+        let mut out = std::io::stdout().lock();
+        out.write_all(&data).and_then(|()| out.flush())
+    } else {
+        std::io::stderr().write_all(&data)
+    };
 }
 
 /// A job that is not finished and whose supervisor is gone gets a new supervisor, which

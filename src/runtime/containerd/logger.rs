@@ -80,9 +80,12 @@ impl Live {
         let file = prefix.and_then(|p| {
             let mut name = p.as_os_str().to_owned();
             name.push(format!(".{stream}"));
+            // Truncated: one logger per attempt, and an earlier run of a job of the same name
+            // may have left this file.
             std::fs::OpenOptions::new()
                 .create(true)
-                .append(true)
+                .write(true)
+                .truncate(true)
                 .open(PathBuf::from(name))
                 .ok()
         });
