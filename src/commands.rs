@@ -178,12 +178,14 @@ pub async fn apply(
         None
     };
     let cancel = CancellationToken::new();
-    let on_signal = cancel.clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            on_signal.cancel();
-        }
-    });
+    let stopped_by = std::sync::Arc::new(std::sync::OnceLock::new());
+    {
+        let (cancel, stopped_by) = (cancel.clone(), stopped_by.clone());
+        tokio::spawn(async move {
+            let _ = stopped_by.set(crate::signals::shutdown().await);
+            cancel.cancel();
+        });
+    }
     let mut objects = Vec::new();
     let mut code = 0;
     for plan in &plans {
@@ -209,7 +211,8 @@ pub async fn apply(
         Some(OutputFormat::Wide) => print_wide(&objects),
         Some(format) => print_objects(&objects, format)?,
     }
-    Ok(code)
+    // Stopped by a signal: exit as a process ended by it would (130 for Ctrl-C, 143 for SIGTERM).
+    Ok(stopped_by.get().map_or(code, |s| s.exit_code()))
 }
 
 /// Combine exit codes: a runner failure outranks a job failure, which outranks success.
@@ -366,12 +369,17 @@ async fn reconcile(client: &Containerd, global: &Global) {
     }
 }
 
+/// A run directory without an owner mark (made by an older runner) counts as abandoned after this.
+const UNMARKED_RUN_DIR_AGE: std::time::Duration = std::time::Duration::from_secs(600);
+
 #[derive(Debug, Default, serde::Serialize)]
 pub struct GcReport {
     pub containers: Vec<String>,
     pub snapshots: Vec<String>,
     pub leases: Vec<String>,
     pub fifo_dirs: Vec<String>,
+    /// Job attempts whose runner died, kept for re-adoption by their job's store.
+    pub kept: Vec<String>,
     /// Cgroup directories (per hierarchy) of containers that are gone, and their parent.
     pub cgroups: Vec<String>,
 }
@@ -394,11 +402,44 @@ pub async fn gc_orphans(client: &Containerd, global: &Global, cgroups: bool) -> 
     };
     let mut report = GcReport::default();
     let containers = client.containers(vec![managed.clone()]).await?;
+    let ours = engine.state_dir();
+    let store = job::store::Store::open(&global.state_dir)?;
+    let mut orphaned_jobs = std::collections::BTreeMap::new();
     for c in &containers {
-        if dead(&c.labels) {
-            engine.teardown(&c.id).await.ok();
-            report.containers.push(c.id.clone());
+        if !dead(&c.labels) {
+            continue;
         }
+        // A Job attempt outlives its runner on purpose: the job's store re-adopts it (the next
+        // `wait`, `logs`, `get`). Only that store may judge it; another store's attempts are
+        // left alone unless that store is gone.
+        if c.labels.contains_key(ctd::LABEL_ATTEMPT) {
+            let adoptable = match c.labels.get(ctd::LABEL_STATE_DIR).map(std::path::PathBuf::from) {
+                Some(dir) if dir != ours => dir.join(job::store::DB_FILE).exists(),
+                Some(_) => match c
+                    .labels
+                    .get(ctd::LABEL_JOB)
+                    .and_then(|name| store.get(name).ok().flatten())
+                {
+                    Some(record) if !record.delete_requested && !crate::jobcmd::status_of(&record).is_terminal() => {
+                        orphaned_jobs.insert(record.name.clone(), record);
+                        true
+                    }
+                    _ => false,
+                },
+                None => false,
+            };
+            if adoptable {
+                report.kept.push(c.id.clone());
+                continue;
+            }
+        }
+        engine.teardown(&c.id).await.ok();
+        report.containers.push(c.id.clone());
+    }
+    // Orphaned attempts of our store get a supervisor that re-adopts them (their result is
+    // recorded, their containers removed when they end).
+    for record in orphaned_jobs.values() {
+        crate::jobcmd::adopt_if_orphaned(global, record)?;
     }
     let live: std::collections::HashSet<String> = client
         .containers(vec![managed.clone()])
@@ -421,7 +462,17 @@ pub async fn gc_orphans(client: &Containerd, global: &Global, cgroups: bool) -> 
     if let Ok(entries) = std::fs::read_dir(global.state_dir.join("run")) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            if !live.contains(&name) && std::fs::remove_dir_all(e.path()).is_ok() {
+            // A directory is filled before its container is created: only one whose owner is
+            // gone (or, unmarked, that is old) can be a leftover.
+            let owner = std::fs::read_to_string(e.path().join(ctd::RUN_DIR_OWNER)).ok();
+            let abandoned = match owner {
+                Some(owner) => !ctd::owner_alive(owner.trim()),
+                None => e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > UNMARKED_RUN_DIR_AGE)),
+            };
+            if !live.contains(&name) && abandoned && std::fs::remove_dir_all(e.path()).is_ok() {
                 report.fifo_dirs.push(name);
             }
         }
@@ -454,6 +505,9 @@ pub async fn gc(global: &Global) -> Result<i32, CommandError> {
     );
     for c in &report.containers {
         println!("container/{c}");
+    }
+    for c in &report.kept {
+        println!("kept container/{c}: a job attempt whose runner died, re-adopted by its job's store");
     }
     Ok(0)
 }
@@ -610,11 +664,7 @@ pub async fn serve(
         });
     }
     let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            Some(_) = async { match term.as_mut() { Some(t) => t.recv().await, None => std::future::pending().await } } => {}
-        }
+        crate::signals::shutdown().await;
     };
     let io = |what: &'static str| {
         move |e: std::io::Error| CommandError::Output {

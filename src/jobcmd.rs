@@ -30,7 +30,7 @@ pub fn reason_text(reason: Option<Reason>) -> String {
         .unwrap_or_default()
 }
 
-fn status_of(record: &JobRecord) -> JobStatus {
+pub fn status_of(record: &JobRecord) -> JobStatus {
     serde_json::from_value(record.status.clone()).unwrap_or_else(|_| JobStatus::pending())
 }
 
@@ -200,11 +200,7 @@ pub async fn supervise_cmd(
     let cancel = CancellationToken::new();
     let on_signal = cancel.clone();
     tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            Some(_) = async { match term.as_mut() { Some(t) => t.recv().await, None => std::future::pending().await } } => {}
-        }
+        crate::signals::shutdown().await;
         on_signal.cancel();
     });
     let status = supervisor::supervise(ctx, name, cancel, adopt).await?;

@@ -11,4 +11,5 @@ pub mod job;
 pub mod jobcmd;
 pub mod manifest;
 pub mod runtime;
+pub mod signals;
 pub mod spec;

@@ -448,32 +448,49 @@ async fn twenty_concurrent_jobs_leave_nothing_behind() {
     assert_eq!(leftovers(&client().await, "concurrent").await, 0);
 }
 
-#[test]
-#[ignore = "needs a private containerd: run scripts/test.sh"]
-fn ctrl_c_of_the_cli_leaves_nothing_behind() {
+/// A foreground `runner apply` stopped by `signal` kills the job's whole tree, records it as
+/// Interrupted, exits 128 + the signal, and leaves nothing behind.
+fn stopping_the_cli_leaves_nothing_behind(signal: nix::sys::signal::Signal, job: &str, sleep: u32) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("ws")).unwrap();
     let yaml = format!(
-        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: bb}}\nspec:\n  image: {IMAGE}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: interrupted}}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"echo started; sleep 984\"]\n"
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: bb}}\nspec:\n  image: {IMAGE}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: {job}}}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"echo started; sleep {sleep}\"]\n"
     );
     let file = write_manifest(dir.path(), "job.yaml", &yaml);
-    let child = runner_ctd_command(&["apply", "-f", file.to_str().unwrap()], &dir.path().join("state"))
+    let state = dir.path().join("state");
+    let child = runner_ctd_command(&["apply", "-f", file.to_str().unwrap()], &state)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    assert!(eventually(Duration::from_secs(10), || !processes_matching("sleep 984").is_empty()));
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGINT,
-    )
-    .unwrap();
+    let needle = format!("sleep {sleep}");
+    assert!(eventually(Duration::from_secs(10), || !processes_matching(&needle).is_empty()));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(130), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(processes_matching("sleep 984").is_empty());
+    assert_eq!(
+        out.status.code(),
+        Some(128 + signal as i32),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(processes_matching(&needle).is_empty());
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let left = rt.block_on(async { leftovers(&client().await, "interrupted").await });
+    let left = rt.block_on(async { leftovers(&client().await, job).await });
     assert_eq!(left, 0);
+    let got = json_of(&runner_ctd(&["get", "job", job, "-o", "json"], &state));
+    assert_eq!(got["status"]["reason"], "Interrupted", "{got}");
+}
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn ctrl_c_of_the_cli_leaves_nothing_behind() {
+    stopping_the_cli_leaves_nothing_behind(nix::sys::signal::Signal::SIGINT, "interrupted", 984);
+}
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn sigterm_of_the_cli_leaves_nothing_behind() {
+    stopping_the_cli_leaves_nothing_behind(nix::sys::signal::Signal::SIGTERM, "terminated", 983);
 }
 
 #[tokio::test]
@@ -618,37 +635,66 @@ async fn parity_of_the_runtime_interface_on_both_backends() {
     assert!(processes_matching("sleep 986").is_empty());
 }
 
-#[test]
-#[ignore = "needs a private containerd: run scripts/test.sh"]
-fn gc_removes_what_a_killed_runner_left_and_nothing_else() {
-    let dir = tempfile::tempdir().unwrap();
+/// Start `runner apply` of a job running `sleep SECONDS` with its own state dir, and SIGKILL it
+/// once the job's process runs: what it leaves is a job attempt without a runner.
+fn orphan_a_job(dir: &Path, state: &Path, name: &str, seconds: u32) {
     let yaml = format!(
-        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: bb}}\nspec:\n  image: {IMAGE}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: orphaned}}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"sleep 989\"]\n"
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: bb}}\nspec:\n  image: {IMAGE}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"sleep {seconds}\"]\n"
     );
-    let file = write_manifest(dir.path(), "job.yaml", &yaml);
-    let mut child = runner_ctd_command(&["apply", "-f", file.to_str().unwrap()], &dir.path().join("state"))
+    let file = write_manifest(dir, &format!("{name}.yaml"), &yaml);
+    let mut child = runner_ctd_command(&["apply", "-f", file.to_str().unwrap()], state)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    assert!(eventually(Duration::from_secs(10), || !processes_matching("sleep 989").is_empty()));
+    let needle = format!("sleep {seconds}");
+    assert!(eventually(Duration::from_secs(10), || !processes_matching(&needle).is_empty()));
     // SIGKILL: no cleanup runs; the container keeps running under its shim.
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn gc_readopts_its_own_orphaned_jobs_and_removes_what_no_store_owns() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
     let rt = tokio::runtime::Runtime::new().unwrap();
+    // A job of this store whose runner died: gc must not kill it but give it a supervisor.
+    orphan_a_job(dir.path(), &state, "orphaned", 989);
+    // A job of another store that is gone (its state dir removed): nobody can adopt it.
+    let gone = dir.path().join("gone-state");
+    orphan_a_job(dir.path(), &gone, "storeless", 988);
+    // A job of another store that still exists: not ours to judge.
+    let other = dir.path().join("other-state");
+    orphan_a_job(dir.path(), &other, "foreign", 987);
+    std::fs::remove_dir_all(&gone).unwrap();
     // A live container of this (alive) test process must survive gc.
     let p = plan(&dir.path().join("live"), "", "", r#""true""#);
-    let live = rt.block_on(async { engine(&dir.path().join("state")).await.spawn_live(&p).await.unwrap() });
-    assert!(rt.block_on(async { leftovers(&client().await, "orphaned").await }) > 0);
-    let out = runner_ctd(&["gc"], &dir.path().join("state"));
+    let live = rt.block_on(async { engine(&state).await.spawn_live(&p).await.unwrap() });
+
+    let out = runner_ctd(&["gc"], &state);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("removed 1 containers"),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    assert!(eventually(Duration::from_secs(5), || processes_matching("sleep 989").is_empty()));
-    assert_eq!(rt.block_on(async { leftovers(&client().await, "orphaned").await }), 0);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("removed 1 containers"), "{text}");
+    assert!(eventually(Duration::from_secs(5), || processes_matching("sleep 988").is_empty()));
+    assert_eq!(rt.block_on(async { leftovers(&client().await, "storeless").await }), 0);
+    // The orphan of this store was re-adopted: still running, now supervised again.
+    assert!(!processes_matching("sleep 989").is_empty(), "{text}");
+    let got = json_of(&runner_ctd(&["get", "job", "orphaned", "-o", "json"], &state));
+    assert_eq!(got["status"]["phase"], "Running", "{got}");
+    assert!(eventually(Duration::from_secs(10), || {
+        let d = runner_ctd(&["describe", "job", "orphaned"], &state);
+        String::from_utf8_lossy(&d.stdout).contains("(running)")
+    }));
+    // The other store's job is untouched until its own store deletes it.
+    assert!(!processes_matching("sleep 987").is_empty());
+    for (name, st) in [("orphaned", &state), ("foreign", &other)] {
+        let out = runner_ctd(&["delete", "job", name], st);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(rt.block_on(async { leftovers(&client().await, name).await }), 0);
+    }
+    assert!(processes_matching("sleep 989").is_empty() && processes_matching("sleep 987").is_empty());
     // The live one is untouched and still answers.
     let r = rt
         .block_on(live.execute(ExecRequest {

@@ -148,8 +148,8 @@ fn a_job_whose_runner_is_killed_is_readopted_with_its_true_exit_code_and_output(
         "adopt.yaml",
         &job(
             "adopted",
-            r#"["sh", "-c", "echo before; sleep 4; echo adopted; exit 4"]"#,
-            "",
+            r#"["sh", "-c", "echo before; sleep 4; cat; echo adopted; exit 4"]"#,
+            "  stdin: \"kept across the runner's death\\n\"\n",
         ),
     );
     let mut apply = runner_ctd_command(&["apply", "-f", file.to_str().unwrap()], &state)
@@ -170,7 +170,10 @@ fn a_job_whose_runner_is_killed_is_readopted_with_its_true_exit_code_and_output(
         "exactly one terminal result: {got}"
     );
     let logs = runner_ctd(&["logs", "adopted"], &state);
-    assert_eq!(String::from_utf8_lossy(&logs.stdout), "before\nadopted\n");
+    assert_eq!(
+        String::from_utf8_lossy(&logs.stdout),
+        "before\nkept across the runner's death\nadopted\n"
+    );
     assert_eq!(containers_of("adopted"), 0);
 }
 
@@ -329,4 +332,65 @@ fn logs_follow_streams_output_while_the_attempt_runs() {
     let out = runner_ctd(&["delete", "job", "follow"], &state);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!state.join("logs").join("follow").exists());
+}
+
+/// stdin through `runner apply` in the foreground: the command reads it, then EOF; setup reads
+/// /dev/null; a job without stdin sees EOF at once.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn stdin_reaches_a_foreground_job_after_setup_and_absent_stdin_is_eof() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let manifest = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb-setup}\nspec:\n  image: local/busybox:latest\n  setup:\n    commands: [\"cat; echo setup-done\"]\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: fg-stdin}\nspec:\n  environment: bb-setup\n  command: \"cat; echo done\"\n  stdin: \"line one\\nline two\\n\"\n  timeoutSeconds: 20\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: fg-no-stdin}\nspec:\n  environment: bb\n  command: \"cat; echo eof\"\n  timeoutSeconds: 20\n";
+    let file = write_manifest(dir.path(), "fg.yaml", &format!("{ENV}---\n{manifest}"));
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let list = json_of(&out);
+    let items = list["items"].as_array().unwrap();
+    let with = &items[0]["status"]["result"];
+    assert_eq!(with["stdout"], "line one\nline two\ndone\n", "{with}");
+    assert_eq!(with["setup"]["stdout"], "setup-done\n", "setup reads /dev/null: {with}");
+    let without = &items[1]["status"]["result"];
+    assert_eq!(without["stdout"], "eof\n", "{without}");
+    assert_eq!(without["timedOut"], false);
+    assert!(without["durationMs"].as_u64().unwrap() < 10_000, "{without}");
+    // The default (human) output path prints the same stdout.
+    let human = runner_ctd(&["apply", "-f", file.to_str().unwrap()], &state);
+    assert_eq!(human.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&human.stdout),
+        "line one\nline two\ndone\neof\n"
+    );
+}
+
+/// stdin through `apply --detach` (the supervisor process), for every index of an Indexed Job
+/// whose indexes run in parallel.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn stdin_reaches_every_index_of_a_detached_parallel_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let file = write_manifest(
+        dir.path(),
+        "par.yaml",
+        &job(
+            "par-stdin",
+            r#"["sh", "-c", "echo index=$JOB_COMPLETION_INDEX; cat"]"#,
+            "  stdin: \"shared input\\n\"\n  completions: 3\n  parallelism: 3\n  completionMode: Indexed\n  timeoutSeconds: 20\n",
+        ),
+    );
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "--detach"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = runner_ctd(&["wait", "par-stdin", "--timeout", "60s"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    for i in 0..3 {
+        let logs = runner_ctd(&["logs", "par-stdin", "--index", &i.to_string()], &state);
+        assert_eq!(
+            String::from_utf8_lossy(&logs.stdout),
+            format!("index={i}\nshared input\n")
+        );
+    }
+    assert_eq!(containers_of("par-stdin"), 0);
 }

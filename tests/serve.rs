@@ -391,7 +391,7 @@ fn files_round_trip_through_the_workspace() {
 #[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
 fn jobs_over_http_use_the_cli_code_paths() {
     let s = server();
-    let manifest = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nspec:\n  image: local/busybox:latest\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: http-job}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"echo from-http\"]\n";
+    let manifest = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nspec:\n  image: local/busybox:latest\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: http-job}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"cat; echo from-http\"]\n  stdin: \"via-http\\n\"\n";
     let created = ok_json("POST", &format!("{}/v1/jobs", s.url), Some(manifest));
     assert_eq!(created["created"][0], "http-job");
     let start = Instant::now();
@@ -405,7 +405,7 @@ fn jobs_over_http_use_the_cli_code_paths() {
     }
     assert_eq!(
         call("GET", &format!("{}/v1/jobs/http-job/logs", s.url), Some(TOKEN), None).1,
-        "from-http\n"
+        "via-http\nfrom-http\n"
     );
     let list = ok_json("GET", &format!("{}/v1/jobs", s.url), None);
     assert_eq!(list.as_array().unwrap().len(), 1);

@@ -104,6 +104,10 @@ pub struct AttemptView {
     pub reason: Option<Reason>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// Why the attempt failed when its command's own end does not say (an infrastructure
+    /// error, an interruption).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

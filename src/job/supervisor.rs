@@ -195,6 +195,7 @@ pub async fn supervise(
                         phase: Phase::Running,
                         reason: None,
                         exit_code: None,
+                        message: None,
                         start_time: Some(now_rfc3339()),
                         completion_time: None,
                         counted: false,
@@ -259,6 +260,7 @@ pub async fn supervise(
                     v.phase = if attempt.phase == Phase::Succeeded { Phase::Succeeded } else { Phase::Failed };
                     v.reason = Some(if was_killing { Reason::Interrupted } else { attempt.reason });
                     v.exit_code = attempt.result.as_ref().and_then(|r| r.exit_code);
+                    v.message = attempt.message.clone();
                     v.completion_time = Some(now_rfc3339());
                     v.counted = a.is_some_and(|a| a.state == AttemptState::Failed);
                 }

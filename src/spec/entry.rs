@@ -14,21 +14,36 @@ pub const SETUP_MARKER: &[u8] = b"\x1erunner:setup-done:";
 /// argv[0] of the entry shell, visible in `ps`.
 const ENTRY_NAME: &str = "runner-entry";
 
-/// The process argv for a command with (possibly empty) setup. `None` setup means none runs
-/// and no marker is printed (`disableSetup`, or nothing to set up).
-pub fn compose(setup: &[String], disable_setup: bool, argv: &[String]) -> Vec<String> {
-    if disable_setup || setup.is_empty() {
+/// The process argv for a command with (possibly empty) setup. No setup means none runs and
+/// no marker is printed (`disableSetup`, or nothing to set up). `stdin`: a file in the
+/// container the command reads as its stdin (setup always reads /dev/null). A task's stdin
+/// cannot be a FIFO when the shim runs our output logger (containerd's binary IO connects
+/// stdout and stderr only), and a file survives the runner, so a re-adopted job keeps it.
+pub fn compose(setup: &[String], disable_setup: bool, stdin: Option<&str>, argv: &[String]) -> Vec<String> {
+    let runs_setup = !disable_setup && !setup.is_empty();
+    if !runs_setup && stdin.is_none() {
         return argv.to_vec();
     }
-    let mut script = setup_script(setup);
-    script.push_str(" </dev/null\nrunner_rc=$?\n");
-    script.push_str("printf '\\036runner:setup-done:%d\\n' \"$runner_rc\"\n");
-    script.push_str("printf '\\036runner:setup-done:%d\\n' \"$runner_rc\" >&2\n");
-    script.push_str("[ \"$runner_rc\" -eq 0 ] || exit \"$runner_rc\"\n");
-    script.push_str("exec \"$@\"\n");
+    let mut script = String::new();
+    if runs_setup {
+        script.push_str(&setup_script(setup));
+        script.push_str(" </dev/null\nrunner_rc=$?\n");
+        script.push_str("printf '\\036runner:setup-done:%d\\n' \"$runner_rc\"\n");
+        script.push_str("printf '\\036runner:setup-done:%d\\n' \"$runner_rc\" >&2\n");
+        script.push_str("[ \"$runner_rc\" -eq 0 ] || exit \"$runner_rc\"\n");
+    }
+    match stdin {
+        Some(path) => script.push_str(&format!("exec \"$@\" <{}\n", quote(path))),
+        None => script.push_str("exec \"$@\"\n"),
+    }
     let mut out = vec!["/bin/sh".to_string(), "-c".to_string(), script, ENTRY_NAME.to_string()];
     out.extend(argv.iter().cloned());
     out
+}
+
+/// Single-quote a word for sh.
+fn quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
 }
 
 /// The setup commands as one subshell that stops at the first failure and exits with its
@@ -206,11 +221,26 @@ mod tests {
     #[test]
     fn compose_passes_the_command_as_positional_arguments() {
         let argv = vec!["python3".to_string(), "it's \"quoted\"".to_string()];
-        assert_eq!(compose(&[], false, &argv), argv);
-        assert_eq!(compose(&["true".into()], true, &argv), argv);
-        let full = compose(&["pip install x".into()], false, &argv);
+        assert_eq!(compose(&[], false, None, &argv), argv);
+        assert_eq!(compose(&["true".into()], true, None, &argv), argv);
+        let full = compose(&["pip install x".into()], false, None, &argv);
         assert_eq!(&full[..2], &["/bin/sh", "-c"]);
         assert_eq!(&full[3..], &["runner-entry", "python3", "it's \"quoted\""]);
         assert!(full[2].contains("pip install x\n} || exit $?"));
+        assert!(full[2].ends_with("exec \"$@\"\n"));
+    }
+
+    #[test]
+    fn stdin_is_redirected_for_the_command_only() {
+        let argv = vec!["cat".to_string()];
+        let plain = compose(&[], false, Some("/.runner-stdin"), &argv);
+        assert_eq!(plain[2], "exec \"$@\" <'/.runner-stdin'\n");
+        assert_eq!(&plain[3..], &["runner-entry", "cat"]);
+        let with_setup = compose(&["make".into()], false, Some("/.runner-stdin"), &argv);
+        assert!(
+            with_setup[2].contains(" </dev/null\nrunner_rc=$?"),
+            "setup reads /dev/null"
+        );
+        assert!(with_setup[2].ends_with("exec \"$@\" <'/.runner-stdin'\n"));
     }
 }

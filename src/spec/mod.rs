@@ -34,6 +34,11 @@ pub const NOFILE_LIMIT: u64 = 65_536;
 const DEV_TMPFS_SIZE: &str = "size=65536k";
 /// Where the default PATH's shell lives in every image we support.
 pub const SHELL: &str = "/bin/sh";
+/// Where a one-shot job's stdin is mounted (read-only) in the container; its command reads it
+/// as stdin (see `entry::compose`).
+pub const STDIN_PATH: &str = "/.runner-stdin";
+/// The host file holding a job's stdin when the plan does not name it yet (`runner spec`).
+const STDIN_PLACEHOLDER: &str = "run/<container-id>/stdin";
 
 /// Capabilities a container keeps: Docker's default 14 without NET_RAW (packet forging),
 /// MKNOD, AUDIT_WRITE and SETFCAP, none of which an evaluation needs.
@@ -168,6 +173,9 @@ pub struct RunPlan {
     pub image_env: Vec<String>,
     /// Extra labels for what the backend creates (attempt index and number of a Job).
     pub labels: BTreeMap<String, String>,
+    /// The host file holding the job's stdin (written by the containerd backend before the
+    /// container is created; `None` until then).
+    pub stdin_file: Option<PathBuf>,
 }
 
 impl RunPlan {
@@ -287,6 +295,7 @@ pub fn resolve(bound: &Bound, host: &HostEnv) -> Result<RunPlan, SpecError> {
         assets,
         image_env: Vec::new(),
         labels: BTreeMap::new(),
+        stdin_file: None,
     })
 }
 
@@ -326,9 +335,11 @@ pub fn container_user(env: &Environment, host: &HostEnv) -> (u32, u32) {
     }
 }
 
-/// The job's command with setup composed in front (see `entry`).
+/// The job's command in a container: setup composed in front, stdin from its file (see
+/// `entry`).
 pub fn process_args(job: &Job, env: &Environment) -> Vec<String> {
-    entry::compose(&env.setup, job.disable_setup, &job.command.argv())
+    let stdin = job.stdin.as_ref().map(|_| STDIN_PATH);
+    entry::compose(&env.setup, job.disable_setup, stdin, &job.command.argv())
 }
 
 /// Whether output carries the setup marker (and must be split).
@@ -506,6 +517,22 @@ pub fn build(plan: &RunPlan, host: &HostEnv) -> Result<Spec, SpecError> {
             })
             .collect::<Result<Vec<_>, _>>()?,
     );
+    if job.stdin.is_some() {
+        // Our own file under the state dir (written before the container exists): not subject
+        // to the refuse list that protects the state dir from manifests.
+        let source = plan
+            .stdin_file
+            .clone()
+            .unwrap_or_else(|| host.state_dir.join(STDIN_PLACEHOLDER));
+        mounts.push(
+            MountBuilder::default()
+                .destination(STDIN_PATH)
+                .typ("bind")
+                .source(source)
+                .options(bind_options(true))
+                .build()?,
+        );
+    }
 
     let mut namespaces = vec![
         LinuxNamespaceType::Pid,

@@ -41,12 +41,17 @@ pub const LABEL_KIND: &str = "runner.dev/kind";
 /// A Job attempt's completion index and attempt number (for re-adoption).
 pub const LABEL_INDEX: &str = "runner.dev/index";
 pub const LABEL_ATTEMPT: &str = "runner.dev/attempt";
+/// The state directory (job store) of the runner that created it: only that store can tell
+/// whether a Job attempt whose runner died is waiting to be re-adopted.
+pub const LABEL_STATE_DIR: &str = "runner.dev/state-dir";
 /// Where live containers see the programs runner ships (read-only).
 pub const TOOLS_MOUNT: &str = "/.runner-tools";
 /// The persistent Python driver (see `api`), shipped into every live container.
 pub const PYTHON_DRIVER: &str = include_str!("../../api/driver.py");
 /// What a live container's init runs after setup when commands go through Tasks.Exec.
 const KEEPALIVE: &str = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done";
+/// The file in a container's run directory naming the runner process that made it.
+pub const RUN_DIR_OWNER: &str = "owner";
 /// How long the container lease may outlive a crashed runner.
 const CREATE_LEASE_TTL: Duration = Duration::from_secs(600);
 /// After the task exited, how long its output may take to reach EOF.
@@ -130,8 +135,28 @@ impl Engine {
             (LABEL_OWNER.to_string(), owner_id()),
             (LABEL_JOB.to_string(), plan.job().name.clone()),
             (LABEL_KIND.to_string(), kind.to_string()),
+            (LABEL_STATE_DIR.to_string(), self.state_dir().display().to_string()),
         ]);
         labels
+    }
+
+    /// Create a container's run directory (FIFOs, stdin, agent, logger output) marked with its
+    /// owner: a runner's gc removes run directories without a container only when their owner
+    /// is gone, never one a live runner is filling before its container exists.
+    fn claim_run_dir(&self, id: &str) -> Result<(), RuntimeError> {
+        let dir = self.run_dir.join(id);
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(dir.join(RUN_DIR_OWNER), owner_id()))
+            .map_err(|source| RuntimeError::Io {
+                what: format!("creating {}", dir.display()),
+                source,
+            })
+    }
+
+    /// The state directory this engine's run dir lives in, as absolute as it can be made.
+    pub fn state_dir(&self) -> PathBuf {
+        let dir = self.run_dir.parent().unwrap_or(&self.run_dir);
+        std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf())
     }
 
     fn cgroup_path(&self, id: &str) -> String {
@@ -162,8 +187,24 @@ impl Engine {
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "image resolved");
         let mut plan = plan.clone();
         plan.image_env = image.config.env.clone().unwrap_or_default();
-        let mut built = spec::build(&plan, &self.host).map_err(|e| RuntimeError::Refused(e.to_string()))?;
         let id = container_id(&plan.job().name);
+        self.claim_run_dir(&id)?;
+        // A live container's init reads nothing (each command gets its own stdin); a one-shot
+        // task reads the job's stdin from a file we mount (see `entry::compose`).
+        let stdin = plan.bound.job.stdin.take();
+        if let (None, Some(data)) = (&args, stdin) {
+            let (uid, gid) = spec::container_user(plan.env(), &self.host);
+            plan.stdin_file = Some(write_stdin_file(&self.run_dir.join(&id), data.as_bytes(), uid, gid)?);
+            plan.bound.job.stdin = Some(data);
+        }
+        let built = spec::build(&plan, &self.host).map_err(|e| RuntimeError::Refused(e.to_string()));
+        let mut built = match built {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(self.run_dir.join(&id));
+                return Err(e);
+            }
+        };
         let cgroup = self.cgroup_path(&id);
         if let Some(linux) = built.linux_mut() {
             linux.set_cgroups_path(Some(PathBuf::from(&cgroup)));
@@ -253,6 +294,7 @@ impl Engine {
             Err(e) => {
                 let _ = self.client.snapshot_remove(&id).await;
                 let _ = self.client.container_delete(&id).await;
+                let _ = std::fs::remove_dir_all(self.run_dir.join(&id));
                 return Err(e.into());
             }
         };
@@ -383,7 +425,8 @@ impl Engine {
         let job = plan.job();
         let id = &created.id;
         let durable = self.options.durable_output;
-        let fifos = Fifos::create(&self.run_dir.join(id), "init", job.stdin.is_some(), !durable)?;
+        // stdin, when the job has one, is a file in the container (see `create`).
+        let fifos = Fifos::create(&self.run_dir.join(id), "init", false, !durable)?;
         let expect_marker = spec::runs_setup(job, plan.env());
         let limit = self.options.output_limit;
         let mut stdio = fifos.stdio();
@@ -404,7 +447,6 @@ impl Engine {
         } else {
             Some(OutputPump::start(&fifos, expect_marker, limit)?)
         };
-        let stdin = fifos.open_stdin()?;
         let started = Instant::now();
         self.client.task_create(id, created.rootfs.clone(), &stdio).await?;
         let waiter = {
@@ -413,15 +455,6 @@ impl Engine {
             tokio::spawn(async move { engine.wait(&id, "").await })
         };
         self.client.task_start(id, "").await?;
-        if let (Some(data), Some(stdin)) = (&job.stdin, stdin) {
-            io::deliver_stdin(
-                stdin,
-                data.as_bytes().to_vec(),
-                self.client.clone(),
-                id.clone(),
-                String::new(),
-            );
-        }
         let deadline = job.timeout.into_iter().chain(job.active_deadline).min();
         let (exit, timed_out, interrupted) = self
             .supervise(
@@ -534,6 +567,7 @@ impl Engine {
         let init_args = spec::entry::compose(
             &env.setup,
             job.disable_setup,
+            None,
             &[spec::SHELL.to_string(), "-c".to_string(), idle.to_string()],
         );
         let mut created = self.create(plan, Some(init_args), "live", with_agent).await?;
@@ -619,6 +653,29 @@ impl Engine {
             sequence: Arc::new(AtomicU64::new(0)),
         })
     }
+}
+
+/// Write a one-shot job's stdin to `<dir>/stdin`, readable only by root and the job's user
+/// (the container sees it read-only). Written before the container exists: nothing in the
+/// sandbox can have planted anything there.
+fn write_stdin_file(dir: &Path, data: &[u8], uid: u32, gid: u32) -> Result<PathBuf, RuntimeError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |source| RuntimeError::Io {
+        what: "writing the job's stdin".into(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let path = dir.join("stdin");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o400)
+        .open(&path)
+        .map_err(io)?;
+    file.write_all(data).map_err(io)?;
+    std::os::unix::fs::fchown(&file, Some(uid), Some(gid)).map_err(io)?;
+    Ok(path)
 }
 
 /// Signal the process group an exec leads, from the host. Only groups led by a process of
