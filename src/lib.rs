@@ -4,6 +4,7 @@
 pub mod api;
 pub mod cli;
 pub mod commands;
+pub mod confined;
 pub mod daemon;
 pub mod fuzzing;
 pub mod image;
