@@ -22,10 +22,12 @@ runner="$root/target/debug/runner"
 work=$(mktemp -d /tmp/runner-test.XXXXXX)
 export RUNNER_STATE_DIR="$work/state"
 export CONTAINERD_NAMESPACE="runner-test-$$"
+quickstart_state="$work/quickstart-state"
 cleanup() {
   # Whatever a failed test left running (its owner, the test process, is gone) goes first.
   "$runner" gc >/dev/null 2>&1 || true
   "$runner" daemon stop >/dev/null 2>&1 || true
+  "$runner" --state-dir "$quickstart_state" daemon stop >/dev/null 2>&1 || true
   rm -rf "$work" 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -70,4 +72,11 @@ if [ "$left" != 0 ]; then
   echo "FAIL: cgroups left behind" >&2
   exit 1
 fi
-echo "suite passed"
+
+# The README's first command, as a newcomer runs it (release build, its own state dir, the
+# private containerd it starts on first use): it must keep working.
+echo "== scripts/quickstart.sh"
+env -u CONTAINERD_ADDRESS -u CONTAINERD_NAMESPACE RUNNER_STATE_DIR="$quickstart_state" scripts/quickstart.sh
+RUNNER_STATE_DIR="$quickstart_state" env -u CONTAINERD_ADDRESS -u CONTAINERD_NAMESPACE "$runner" gc
+"$runner" --state-dir "$quickstart_state" daemon stop
+echo "suite passed in ${SECONDS}s"

@@ -484,13 +484,13 @@ fn stopping_the_cli_leaves_nothing_behind(signal: nix::sys::signal::Signal, job:
 #[test]
 #[ignore = "needs a private containerd: run scripts/test.sh"]
 fn ctrl_c_of_the_cli_leaves_nothing_behind() {
-    stopping_the_cli_leaves_nothing_behind(nix::sys::signal::Signal::SIGINT, "interrupted", 984);
+    stopping_the_cli_leaves_nothing_behind(nix::sys::signal::Signal::SIGINT, "interrupted", 979);
 }
 
 #[test]
 #[ignore = "needs a private containerd: run scripts/test.sh"]
 fn sigterm_of_the_cli_leaves_nothing_behind() {
-    stopping_the_cli_leaves_nothing_behind(nix::sys::signal::Signal::SIGTERM, "terminated", 983);
+    stopping_the_cli_leaves_nothing_behind(nix::sys::signal::Signal::SIGTERM, "terminated", 978);
 }
 
 #[tokio::test]
@@ -661,13 +661,13 @@ fn gc_readopts_its_own_orphaned_jobs_and_removes_what_no_store_owns() {
     let state = dir.path().join("state");
     let rt = tokio::runtime::Runtime::new().unwrap();
     // A job of this store whose runner died: gc must not kill it but give it a supervisor.
-    orphan_a_job(dir.path(), &state, "orphaned", 989);
+    orphan_a_job(dir.path(), &state, "orphaned", 968);
     // A job of another store that is gone (its state dir removed): nobody can adopt it.
     let gone = dir.path().join("gone-state");
-    orphan_a_job(dir.path(), &gone, "storeless", 988);
+    orphan_a_job(dir.path(), &gone, "storeless", 967);
     // A job of another store that still exists: not ours to judge.
     let other = dir.path().join("other-state");
-    orphan_a_job(dir.path(), &other, "foreign", 987);
+    orphan_a_job(dir.path(), &other, "foreign", 966);
     std::fs::remove_dir_all(&gone).unwrap();
     // A live container of this (alive) test process must survive gc.
     let p = plan(&dir.path().join("live"), "", "", r#""true""#);
@@ -677,10 +677,10 @@ fn gc_readopts_its_own_orphaned_jobs_and_removes_what_no_store_owns() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(text.contains("removed 1 containers"), "{text}");
-    assert!(eventually(Duration::from_secs(5), || processes_matching("sleep 988").is_empty()));
+    assert!(eventually(Duration::from_secs(5), || processes_matching("sleep 967").is_empty()));
     assert_eq!(rt.block_on(async { leftovers(&client().await, "storeless").await }), 0);
     // The orphan of this store was re-adopted: still running, now supervised again.
-    assert!(!processes_matching("sleep 989").is_empty(), "{text}");
+    assert!(!processes_matching("sleep 968").is_empty(), "{text}");
     let got = json_of(&runner_ctd(&["get", "job", "orphaned", "-o", "json"], &state));
     assert_eq!(got["status"]["phase"], "Running", "{got}");
     assert!(eventually(Duration::from_secs(10), || {
@@ -688,13 +688,13 @@ fn gc_readopts_its_own_orphaned_jobs_and_removes_what_no_store_owns() {
         String::from_utf8_lossy(&d.stdout).contains("(running)")
     }));
     // The other store's job is untouched until its own store deletes it.
-    assert!(!processes_matching("sleep 987").is_empty());
+    assert!(!processes_matching("sleep 966").is_empty());
     for (name, st) in [("orphaned", &state), ("foreign", &other)] {
         let out = runner_ctd(&["delete", "job", name], st);
         assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(rt.block_on(async { leftovers(&client().await, name).await }), 0);
     }
-    assert!(processes_matching("sleep 989").is_empty() && processes_matching("sleep 987").is_empty());
+    assert!(processes_matching("sleep 968").is_empty() && processes_matching("sleep 966").is_empty());
     // The live one is untouched and still answers.
     let r = rt
         .block_on(live.execute(ExecRequest {

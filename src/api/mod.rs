@@ -5,7 +5,7 @@ pub mod error;
 mod openapi;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,8 @@ pub struct Session {
     runtime: Arc<dyn Runtime>,
     live: Option<Arc<LiveContainer>>,
     workspace: PathBuf,
+    /// Who owns what the file API creates in the workspace: the sandbox's user.
+    owner: Option<crate::confined::Owner>,
     _scratch: Option<tempfile::TempDir>,
     backend: Backend,
     last_used: Mutex<Instant>,
@@ -174,6 +176,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/sessions/{id}/files", get(read_file).put(write_file))
         .route("/v1/sessions/{id}/files/list", get(list_files))
         .route("/v1/sessions/{id}/files/upload", post(upload))
+        .route("/v1/sessions/{id}/files/download", get(download))
+        .route("/v1/sessions/{id}/files/mkdir", post(make_dir))
         .route("/v1/jobs", post(create_job).get(list_jobs))
         .route("/v1/jobs/{name}", get(get_job).delete(delete_job))
         .route("/v1/jobs/{name}/logs", get(job_logs))
@@ -260,6 +264,10 @@ async fn create_session(State(state): State<Arc<AppState>>, body: Bytes) -> AppR
     );
     let (env_name, env_doc) = match &req.environment {
         serde_json::Value::String(name) => (name.clone(), None),
+        // A whole document, as pasted from a manifest.
+        serde_json::Value::Object(doc) if doc.contains_key("kind") || doc.contains_key("apiVersion") => {
+            environment_document(doc)?
+        }
         serde_json::Value::Object(spec) => (
             "session-env".to_string(),
             Some(serde_json::json!({
@@ -269,7 +277,7 @@ async fn create_session(State(state): State<Arc<AppState>>, body: Bytes) -> AppR
         ),
         _ => {
             return Err(ApiError::BadRequest(
-                "environment: an Environment spec object or a name".into(),
+                "environment: an Environment (a whole document, or its spec object) or the name of one".into(),
             ));
         }
     };
@@ -311,6 +319,10 @@ async fn create_session(State(state): State<Arc<AppState>>, body: Bytes) -> AppR
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let plan = spec::resolve(&bound, &state.host).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let backend = bound.backend;
+    let owner = match (backend, spec::container_user(&bound.env, &state.host)) {
+        (Backend::Containerd, (uid, gid)) if (uid, gid) != (0, 0) => Some(crate::confined::Owner { uid, gid }),
+        _ => None,
+    };
     let (runtime, live): (Arc<dyn Runtime>, Option<Arc<LiveContainer>>) = match backend {
         Backend::Containerd => {
             let engine = state
@@ -342,6 +354,7 @@ async fn create_session(State(state): State<Arc<AppState>>, body: Bytes) -> AppR
         runtime,
         live,
         workspace: PathBuf::from(&workspace),
+        owner,
         _scratch: scratch,
         backend,
         last_used: Mutex::new(Instant::now()),
@@ -356,6 +369,61 @@ async fn create_session(State(state): State<Arc<AppState>>, body: Bytes) -> AppR
         .expect("sessions lock")
         .insert(id.clone(), session.clone());
     Ok((StatusCode::CREATED, Json(session_view(&session))).into_response())
+}
+
+/// A whole Environment document given as a session's `environment`: checked here for what
+/// the manifest parser cannot see (its kind and version), named `environment.*` in errors.
+fn environment_document(
+    doc: &serde_json::Map<String, serde_json::Value>,
+) -> AppResult<(String, Option<serde_json::Value>)> {
+    const FIELDS: [&str; 4] = ["apiVersion", "kind", "metadata", "spec"];
+    if let Some(unknown) = doc.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(ApiError::BadRequest(format!(
+            "environment.{unknown}: unknown field (an Environment document has apiVersion, kind, metadata, spec)"
+        )));
+    }
+    match doc.get("apiVersion") {
+        Some(serde_json::Value::String(v)) if v == manifest::API_VERSION => {}
+        other => {
+            return Err(ApiError::BadRequest(format!(
+                "environment.apiVersion: expected {:?}, got {}",
+                manifest::API_VERSION,
+                other.map_or("nothing".to_string(), |v| v.to_string())
+            )));
+        }
+    }
+    match doc.get("kind") {
+        Some(serde_json::Value::String(k)) if k == "Environment" => {}
+        other => {
+            return Err(ApiError::BadRequest(format!(
+                "environment.kind: expected \"Environment\", got {}",
+                other.map_or("nothing".to_string(), |v| v.to_string())
+            )));
+        }
+    }
+    if !doc.get("spec").is_some_and(serde_json::Value::is_object) {
+        return Err(ApiError::BadRequest("environment.spec: an object is required".into()));
+    }
+    let name = match doc.get("metadata") {
+        None => "session-env".to_string(),
+        Some(serde_json::Value::Object(meta)) => match meta.get("name") {
+            None => "session-env".to_string(),
+            Some(serde_json::Value::String(n)) => n.clone(),
+            Some(other) => {
+                return Err(ApiError::BadRequest(format!(
+                    "environment.metadata.name: a string is required, got {other}"
+                )));
+            }
+        },
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "environment.metadata: an object is required, got {other}"
+            )));
+        }
+    };
+    let mut doc = serde_json::Value::Object(doc.clone());
+    doc["metadata"]["name"] = name.clone().into();
+    Ok((name, Some(doc)))
 }
 
 async fn list_sessions(State(state): State<Arc<AppState>>) -> Json<Vec<serde_json::Value>> {
@@ -595,14 +663,24 @@ async fn start_python(session: &Session) -> AppResult<PythonDriver> {
         .agent_dir()
         .ok_or_else(|| ApiError::internal("no agent directory"))?;
     let sock = dir.join("py.sock");
-    let _ = std::fs::remove_file(&sock);
     // We listen; the driver connects: a socket path in a sandbox-writable directory is never
-    // something the host connects to.
-    let listener = UnixListener::bind(&sock).map_err(ApiError::internal)?;
+    // something the host connects to. The socket is made and chmod-ed in the container's
+    // host-only run directory, then renamed into the shared one: a chmod by path in the
+    // shared directory would follow a symlink the sandbox swapped in.
+    let private = dir
+        .parent()
+        .ok_or_else(|| ApiError::internal("the agent directory has no parent"))?
+        .join("py.sock");
+    let _ = std::fs::remove_file(&private);
+    let listener = UnixListener::bind(&private).map_err(ApiError::internal)?;
     {
         use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777));
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o777)).map_err(ApiError::internal)?;
     }
+    std::fs::rename(&private, &sock).map_err(|e| {
+        let _ = std::fs::remove_file(&private);
+        ApiError::Unprocessable(format!("cannot place the Python socket in the sandbox: {e}"))
+    })?;
     let start = format!(
         "if command -v python3 >/dev/null 2>&1; then nohup python3 {TOOLS_MOUNT}/driver.py {AGENT_MOUNT}/py.sock >/dev/null 2>&1 & else echo 'python3 is not in this image' >&2; exit 127; fi"
     );
@@ -750,39 +828,41 @@ async fn python_var(
 }
 
 // ---- files (host side, inside the session's workspace)
+//
+// The sandbox owns every name in its workspace and runs concurrently: each operation resolves
+// its path beneath the workspace's directory fd (`confined`), never by a checked host path.
 
 #[derive(Deserialize)]
 struct PathQuery {
     path: Option<String>,
 }
 
-/// A path inside the workspace: relative, no `..`, its parent resolved and checked to stay
-/// inside (a symlink planted by the sandbox cannot point the host elsewhere).
-fn workspace_path(session: &Session, rel: &str, must_exist: bool) -> AppResult<PathBuf> {
-    let rel = rel.trim_start_matches('/');
-    if rel.contains('\0')
-        || Path::new(rel)
-            .components()
-            .any(|c| matches!(c, std::path::Component::ParentDir))
-    {
-        return Err(ApiError::BadRequest(
-            "path: relative to the workspace, without `..`".into(),
-        ));
+/// Most entries one listing returns (a sandbox can make millions).
+const LIST_LIMIT: usize = 10_000;
+/// Most bytes one tar upload may extract (it may be gzipped).
+const MAX_EXTRACTED_BYTES: u64 = 1 << 30;
+
+fn confined_error(e: crate::confined::ConfinedError) -> ApiError {
+    use crate::confined::ConfinedError as E;
+    match e {
+        E::NotFound { .. } => ApiError::NotFound(e.to_string()),
+        E::TooLarge { .. } => ApiError::BadRequest(e.to_string()),
+        E::Unsupported { .. } => ApiError::NotSupported(e.to_string()),
+        E::Io { .. } => ApiError::internal(e),
+        _ => ApiError::BadRequest(e.to_string()),
     }
-    let root = std::fs::canonicalize(&session.workspace).map_err(ApiError::internal)?;
-    let joined = root.join(rel);
-    let checked = if must_exist {
-        std::fs::canonicalize(&joined).map_err(|_| ApiError::NotFound(format!("{rel:?}")))?
-    } else {
-        let parent = joined.parent().unwrap_or(&root);
-        std::fs::create_dir_all(parent).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-        let parent = std::fs::canonicalize(parent).map_err(ApiError::internal)?;
-        parent.join(joined.file_name().unwrap_or_default())
-    };
-    if !checked.starts_with(&root) {
-        return Err(ApiError::BadRequest("path leaves the workspace".into()));
-    }
-    Ok(checked)
+}
+
+/// Run a confined operation on the session's workspace on the blocking pool.
+async fn in_workspace<T: Send + 'static>(
+    session: &Session,
+    op: impl FnOnce(&crate::confined::Root) -> Result<T, crate::confined::ConfinedError> + Send + 'static,
+) -> AppResult<T> {
+    let workspace = session.workspace.clone();
+    tokio::task::spawn_blocking(move || crate::confined::Root::open(&workspace).and_then(|root| op(&root)))
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(confined_error)
 }
 
 async fn read_file(
@@ -791,11 +871,15 @@ async fn read_file(
     Query(q): Query<PathQuery>,
 ) -> AppResult<Response> {
     let session = state.session(&id)?;
-    let path = workspace_path(&session, q.path.as_deref().unwrap_or(""), true)?;
-    let data = tokio::fs::read(&path)
-        .await
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
+    let rel = q.path.ok_or_else(|| ApiError::BadRequest("path is required".into()))?;
+    let file = in_workspace(&session, move |root| root.open_read(&rel)).await?;
+    // Streamed: a file the sandbox made may be huge (or sparse).
+    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response())
 }
 
 async fn write_file(
@@ -806,16 +890,28 @@ async fn write_file(
 ) -> AppResult<StatusCode> {
     let session = state.session(&id)?;
     let rel = q.path.ok_or_else(|| ApiError::BadRequest("path is required".into()))?;
-    let path = workspace_path(&session, &rel, false)?;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    std::io::Write::write_all(&mut f, &body).map_err(ApiError::internal)?;
+    let owner = session.owner;
+    in_workspace(&session, move |root| {
+        // Existing parents are resolved beneath the root (relative links inside it followed);
+        // only missing ones are created, each a real directory.
+        match root.write_file(&rel, &mut &body[..], false, owner) {
+            Err(crate::confined::ConfinedError::NotFound { .. }) => root.write_file(&rel, &mut &body[..], true, owner),
+            other => other,
+        }
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn make_dir(
+    State(state): State<Arc<AppState>>,
+    UrlPath(id): UrlPath<String>,
+    Query(q): Query<PathQuery>,
+) -> AppResult<StatusCode> {
+    let session = state.session(&id)?;
+    let rel = q.path.ok_or_else(|| ApiError::BadRequest("path is required".into()))?;
+    let owner = session.owner;
+    in_workspace(&session, move |root| root.create_dir_all(&rel, owner)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -823,28 +919,30 @@ async fn list_files(
     State(state): State<Arc<AppState>>,
     UrlPath(id): UrlPath<String>,
     Query(q): Query<PathQuery>,
-) -> AppResult<Json<Vec<serde_json::Value>>> {
+) -> AppResult<Response> {
     let session = state.session(&id)?;
-    let dir = workspace_path(&session, q.path.as_deref().unwrap_or(""), true)?;
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(&dir)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?
-        .flatten()
-    {
-        let meta = entry.path().symlink_metadata().ok();
-        let kind = match &meta {
-            Some(m) if m.is_dir() => "directory",
-            Some(m) if m.file_type().is_symlink() => "symlink",
-            _ => "file",
-        };
-        out.push(serde_json::json!({
-            "name": entry.file_name().to_string_lossy(),
-            "type": kind,
-            "size": meta.map(|m| m.len()).unwrap_or(0),
-        }));
+    let rel = q.path.unwrap_or_default();
+    let listing = in_workspace(&session, move |root| root.list(&rel, LIST_LIMIT)).await?;
+    let entries: Vec<serde_json::Value> = listing
+        .entries
+        .iter()
+        .map(|e| {
+            let mut v = serde_json::json!({
+                "name": e.name, "type": e.kind, "size": e.size, "mode": e.mode, "mtime": e.mtime,
+            });
+            if let Some(t) = &e.target {
+                v["target"] = t.clone().into();
+            }
+            v
+        })
+        .collect();
+    let mut response = Json(entries).into_response();
+    if listing.truncated {
+        response
+            .headers_mut()
+            .insert("x-runner-truncated", axum::http::HeaderValue::from_static("true"));
     }
-    out.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-    Ok(Json(out))
+    Ok(response)
 }
 
 async fn upload(
@@ -852,25 +950,78 @@ async fn upload(
     UrlPath(id): UrlPath<String>,
     Query(q): Query<PathQuery>,
     body: Bytes,
-) -> AppResult<StatusCode> {
+) -> AppResult<Json<crate::confined::UnpackReport>> {
     let session = state.session(&id)?;
-    let dir = workspace_path(&session, q.path.as_deref().unwrap_or(""), false)?;
-    std::fs::create_dir_all(&dir).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    // tar's unpack_in refuses absolute paths and `..`, and members that would land outside
-    // through a symlink.
-    let mut archive = tar::Archive::new(std::io::Cursor::new(body));
-    archive.set_preserve_permissions(false);
-    archive.set_overwrite(true);
-    let entries = archive
-        .entries()
-        .map_err(|e| ApiError::BadRequest(format!("not a tar: {e}")))?;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| ApiError::BadRequest(format!("corrupt tar: {e}")))?;
-        entry
-            .unpack_in(&dir)
-            .map_err(|e| ApiError::BadRequest(format!("cannot extract: {e}")))?;
+    let rel = q.path.unwrap_or_default();
+    let owner = session.owner;
+    Ok(Json(
+        in_workspace(&session, move |root| {
+            root.unpack_tar(&rel, &body, owner, MAX_EXTRACTED_BYTES)
+        })
+        .await?,
+    ))
+}
+
+/// A tar of a workspace directory (or one file), streamed as it is written.
+async fn download(
+    State(state): State<Arc<AppState>>,
+    UrlPath(id): UrlPath<String>,
+    Query(q): Query<PathQuery>,
+) -> AppResult<Response> {
+    let session = state.session(&id)?;
+    let rel = q.path.unwrap_or_default();
+    let workspace = session.workspace.clone();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
+    tokio::task::spawn_blocking(move || {
+        use crate::confined::{ConfinedError, Root};
+        // Resolve first, so a bad path is an error status rather than a cut stream.
+        let opened = Root::open(&workspace).and_then(|root| {
+            let exists = match root.list(&rel, 1) {
+                Err(ConfinedError::NotADirectory { .. }) => root.open_read(&rel).map(|_| ()),
+                other => other.map(|_| ()),
+            };
+            exists.map(|()| root)
+        });
+        let root = match opened {
+            Ok(root) => {
+                let _ = ready_tx.send(Ok(()));
+                root
+            }
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+                return;
+            }
+        };
+        let mut out = ChannelWriter(tx.clone());
+        if let Err(e) = root.pack_tar(&rel, &mut out) {
+            // The status is sent; the client sees a cut stream, and we say why in the log.
+            tracing::warn!(error = %e, "tar download stopped");
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+    });
+    ready_rx.await.map_err(ApiError::internal)?.map_err(confined_error)?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-tar")],
+        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
+    )
+        .into_response())
+}
+
+/// A blocking writer feeding a response body.
+struct ChannelWriter(tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>);
+
+impl std::io::Write for ChannelWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .blocking_send(Ok(Bytes::copy_from_slice(buf)))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away"))?;
+        Ok(buf.len())
     }
-    Ok(StatusCode::NO_CONTENT)
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 // ---- jobs (the CLI's code paths)
