@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 scripts/deps.sh
 cargo build --release --locked
-RUNNER="$PWD/target/release/runner"
+RUNNER="${CARGO_TARGET_DIR:-$PWD/target}/release/runner"
 export RUNNER_STATE_DIR="${RUNNER_STATE_DIR:-/var/lib/runner}"
 
 echo "== images"
