@@ -6,9 +6,9 @@
 
 use std::time::{Duration, Instant};
 
+use runner::containerd::Containerd;
 use runner::manifest;
 use runner::runtime::containerd::Engine;
-use runner::runtime::containerd::client::Containerd;
 use runner::runtime::{ExecRequest, Runtime, RuntimeOptions};
 use runner::spec::{self, HostEnv};
 use tokio_util::sync::CancellationToken;

@@ -117,7 +117,7 @@ pub struct Owner {
 }
 
 /// What [`Root::list`] reports for one name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EntryKind {
     File,
@@ -128,10 +128,11 @@ pub enum EntryKind {
 }
 
 /// One name of a listed directory, as `fstatat(AT_SYMLINK_NOFOLLOW)` saw it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct ListEntry {
     /// The name, lossily UTF-8 (a non-UTF-8 name cannot be named back through this API).
     pub name: String,
+    #[serde(rename = "type")]
     pub kind: EntryKind,
     pub size: u64,
     /// Permission bits (`0o777`).
@@ -139,11 +140,12 @@ pub struct ListEntry {
     /// Modification time, seconds since the epoch.
     pub mtime: i64,
     /// A symlink's target as stored (`readlinkat`, never followed), lossily UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
 }
 
 /// A directory's entries, sorted by name (bytewise), at most the requested number.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct Listing {
     pub entries: Vec<ListEntry>,
     /// More names than the limit were there.
@@ -151,7 +153,7 @@ pub struct Listing {
 }
 
 /// What [`Root::unpack_tar`] created.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct UnpackReport {
     pub files: u64,
     pub dirs: u64,

@@ -3,14 +3,15 @@
 
 pub mod api;
 pub mod cli;
-pub mod commands;
+pub mod config;
 pub mod confined;
-pub mod daemon;
+pub mod containerd;
 pub mod fuzzing;
 pub mod image;
 pub mod job;
-pub mod jobcmd;
 pub mod manifest;
+pub mod owner;
 pub mod runtime;
+pub mod service;
 pub mod signals;
 pub mod spec;

@@ -1,10 +1,9 @@
-//! `runner`: parse the command line, set up logging, run the verb, map the outcome to the
-//! exit code (0 succeeded, 1 the job failed, 2 the runner could not do its work).
+//! `runner`: parse the command line, set up logging, run the verb (or serve the HTTP API),
+//! exit with the code the CLI picked.
 
 use clap::Parser;
 
-use runner::cli::{Cli, GetWhat, OneJob, Verb};
-use runner::{commands, jobcmd};
+use runner::cli::{self, Cli, Outcome};
 
 fn main() {
     // The shim runs us as a task's output logger with its own argument convention.
@@ -27,69 +26,14 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let outcome = runtime.block_on(async {
-        match &cli.command {
-            Verb::Validate(file) => commands::validate(&cli.global, file),
-            Verb::Spec { file, job } => commands::print_spec(&cli.global, file, job.as_deref()),
-            Verb::Apply {
-                file,
-                output,
-                backend,
-                max_output_bytes,
-                detach,
-            } => commands::apply(&cli.global, file, *output, *backend, *max_output_bytes, *detach).await,
-            Verb::Get {
-                what: GetWhat::Jobs { name, selector, output },
-            } => match name {
-                Some(name) => jobcmd::get_job(&cli.global, name, *output).await,
-                None => jobcmd::get_jobs(&cli.global, selector.as_deref(), *output).await,
+    let code = runtime.block_on(async {
+        match cli.run().await {
+            Outcome::Exit(code) => code,
+            Outcome::Serve(config) => match runner::api::serve(*config, cli::serve_event).await {
+                Ok(()) => 0,
+                Err(e) => cli::fail(&e),
             },
-            Verb::Describe {
-                what: OneJob::Job { name },
-            } => jobcmd::describe_job(&cli.global, name).await,
-            Verb::Logs {
-                name,
-                follow,
-                attempt,
-                index,
-            } => jobcmd::logs(&cli.global, name, *follow, *attempt, *index).await,
-            Verb::Wait { name, timeout } => jobcmd::wait(&cli.global, name, *timeout).await,
-            Verb::Delete {
-                what: OneJob::Job { name },
-            } => jobcmd::delete_job(&cli.global, name).await,
-            Verb::Supervise {
-                name,
-                max_output_bytes,
-                adopt,
-            } => jobcmd::supervise_cmd(&cli.global, name, *max_output_bytes, *adopt).await,
-            Verb::Serve {
-                listen,
-                socket,
-                token_file,
-                env_dir,
-                session_ttl,
-            } => {
-                commands::serve(
-                    &cli.global,
-                    *listen,
-                    socket.as_deref(),
-                    token_file,
-                    env_dir.as_deref(),
-                    *session_ttl,
-                )
-                .await
-            }
-            Verb::Image { verb } => commands::image_cmd(&cli.global, verb).await,
-            Verb::Daemon { verb } => commands::daemon_cmd(&cli.global, verb).await,
-            Verb::Gc => commands::gc(&cli.global).await,
         }
     });
-    let code = match outcome {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("runner: {e}");
-            2
-        }
-    };
     std::process::exit(code);
 }

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use runner::containerd::Containerd;
 use runner::manifest;
-use runner::runtime::containerd::client::Containerd;
 use runner::runtime::containerd::{self as ctd, Engine};
 use runner::runtime::{ExecRequest, ExecResult, ProcessState, Runtime, RuntimeEvent, RuntimeOptions};
 use runner::spec::{self, HostEnv, RunPlan};

@@ -1,57 +1,69 @@
-//! The one place errors become HTTP statuses. Bodies are `{"error": "..."}`: what went wrong
-//! for the caller, never internals (no paths of ours, no backtraces).
+//! The one place errors become HTTP statuses. Bodies are `{"error": "..."}` (with the
+//! command's output for a failed `check: raise`): what went wrong for the caller, never our
+//! internals (an internal failure is logged, and answered "internal error").
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+
+use crate::service::{Invalid, ServiceError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("missing or invalid bearer token")]
     Unauthorized,
-    #[error("{0}")]
-    BadRequest(String),
-    #[error("{0} not found")]
-    NotFound(String),
-    #[error("{0}")]
-    Conflict(String),
     #[error("request body too large")]
     TooLarge,
+    /// The request could not be read (JSON, a query, UTF-8).
     #[error("{0}")]
-    Unprocessable(String),
-    #[error("{0}")]
-    NotSupported(String),
-    /// The runner could not do its work; the detail is logged, not sent.
-    #[error("internal error")]
-    Internal(String),
+    BadRequest(String),
+    #[error("no route for {method} {path}")]
+    NoRoute { method: String, path: String },
+    #[error(transparent)]
+    Service(#[from] ServiceError),
 }
 
 impl ApiError {
-    pub fn internal(e: impl std::fmt::Display) -> Self {
-        ApiError::Internal(e.to_string())
+    /// The status of each kind of failure.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::NoRoute { .. } => StatusCode::NOT_FOUND,
+            ApiError::Service(e) => match e {
+                ServiceError::Invalid(Invalid::Rejected(_) | Invalid::Failed(_)) => StatusCode::UNPROCESSABLE_ENTITY,
+                ServiceError::Invalid(Invalid::Unsupported(_)) => StatusCode::NOT_IMPLEMENTED,
+                ServiceError::Invalid(_) => StatusCode::BAD_REQUEST,
+                ServiceError::NotFound { .. } => StatusCode::NOT_FOUND,
+                ServiceError::Conflict(_) => StatusCode::CONFLICT,
+                ServiceError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+                ServiceError::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = match &self {
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Conflict(_) => StatusCode::CONFLICT,
-            ApiError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            ApiError::NotSupported(_) => StatusCode::NOT_IMPLEMENTED,
-            ApiError::Internal(detail) => {
-                tracing::error!(detail, "request failed");
-                StatusCode::INTERNAL_SERVER_ERROR
+        let status = self.status();
+        let body = match &self {
+            ApiError::Service(e @ ServiceError::Internal { .. }) => {
+                tracing::error!(error = %e, "request failed");
+                serde_json::json!({"error": "internal error"})
             }
+            ApiError::Service(ServiceError::Invalid(Invalid::Failed(output))) => {
+                let mut body = serde_json::to_value(output).unwrap_or_default();
+                body["error"] = self.to_string().into();
+                body
+            }
+            _ => serde_json::json!({"error": self.to_string()}),
         };
-        let mut response = (status, Json(serde_json::json!({"error": self.to_string()}))).into_response();
+        let mut response = (status, Json(body)).into_response();
         if status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()
-                .insert("www-authenticate", axum::http::HeaderValue::from_static("Bearer"));
+                .insert("www-authenticate", HeaderValue::from_static("Bearer"));
         }
         response
     }

@@ -1,64 +1,177 @@
-//! `GET /openapi.json`: the API described in OpenAPI 3.0 (kept beside the router; a test
-//! checks that every route of the router is described).
+//! The OpenAPI 3.0 document, generated from the router's own route table and the JSON Schemas
+//! of the request and response types: a route cannot be served undocumented, or documented
+//! with a body it does not take.
 
+use axum::http::Method;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde_json::{Value, json};
 
-fn op(summary: &str, body: Option<&str>, ok: &str) -> Value {
-    let mut o = json!({
-        "summary": summary,
-        "security": [{"bearer": []}],
-        "responses": {
-            ok: {"description": "success"},
-            "401": {"description": "missing or wrong bearer token", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
-            "404": {"description": "no such session or job"},
-            "413": {"description": "request body too large"},
-        },
-    });
-    if let Some(schema) = body {
-        o["requestBody"] = json!({"required": true, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}});
-    }
-    o
+type SchemaFn = fn(&mut SchemaGenerator) -> Schema;
+
+fn schema_of<T: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
+    generator.subschema_for::<T>()
 }
 
-pub fn document() -> Value {
+/// A body: JSON of a type, or raw bytes of a content type.
+#[derive(Clone, Copy)]
+pub enum Body {
+    Json(SchemaFn),
+    Raw(&'static str),
+}
+
+/// What the document says of one route.
+#[derive(Clone)]
+pub struct Doc {
+    pub method: Method,
+    pub path: &'static str,
+    pub summary: &'static str,
+    pub public: bool,
+    pub request: Option<Body>,
+    pub status: u16,
+    pub response: Option<Body>,
+    /// Query parameters: name, description, required.
+    pub query: Vec<(&'static str, &'static str, bool)>,
+}
+
+impl Doc {
+    pub fn new(method: Method, path: &'static str, summary: &'static str) -> Self {
+        Doc {
+            method,
+            path,
+            summary,
+            public: false,
+            request: None,
+            status: 200,
+            response: None,
+            query: Vec::new(),
+        }
+    }
+
+    /// No token needed.
+    pub fn public(mut self) -> Self {
+        self.public = true;
+        self
+    }
+
+    pub fn takes<T: JsonSchema>(mut self) -> Self {
+        self.request = Some(Body::Json(schema_of::<T>));
+        self
+    }
+
+    pub fn takes_raw(mut self, content_type: &'static str) -> Self {
+        self.request = Some(Body::Raw(content_type));
+        self
+    }
+
+    pub fn returns<T: JsonSchema>(mut self, status: u16) -> Self {
+        self.status = status;
+        self.response = Some(Body::Json(schema_of::<T>));
+        self
+    }
+
+    pub fn returns_raw(mut self, status: u16, content_type: &'static str) -> Self {
+        self.status = status;
+        self.response = Some(Body::Raw(content_type));
+        self
+    }
+
+    /// Answers with no body.
+    pub fn returns_nothing(mut self, status: u16) -> Self {
+        self.status = status;
+        self.response = None;
+        self
+    }
+
+    pub fn query(mut self, name: &'static str, description: &'static str, required: bool) -> Self {
+        self.query.push((name, description, required));
+        self
+    }
+}
+
+fn content(body: Body, generator: &mut SchemaGenerator) -> Value {
+    match body {
+        Body::Json(schema) => json!({"application/json": {"schema": schema(generator)}}),
+        Body::Raw(content_type) => json!({content_type: {"schema": {"type": "string", "format": "binary"}}}),
+    }
+}
+
+/// The whole document for these routes.
+pub fn document(routes: &[Doc]) -> Value {
+    let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
+    let error = schema_of::<super::types::ErrorBody>(&mut generator);
+    let mut paths = serde_json::Map::new();
+    for route in routes {
+        let mut responses = serde_json::Map::new();
+        let mut ok = json!({"description": "success"});
+        if let Some(body) = route.response {
+            ok["content"] = content(body, &mut generator);
+        }
+        responses.insert(route.status.to_string(), ok);
+        let failures: &[(&str, &str)] = if route.public {
+            &[]
+        } else {
+            &[
+                ("400", "the request is wrong (the message names the field)"),
+                ("401", "missing or wrong bearer token"),
+                ("404", "no such session, job, file or variable"),
+                ("409", "conflicts with the current state (a job of that name runs)"),
+                ("413", "request body too large"),
+                (
+                    "422",
+                    "well-formed but not doable (setup failed, a command failed under check: raise)",
+                ),
+                ("500", "the runner failed"),
+                ("501", "the session's backend cannot do this"),
+                ("503", "containerd is unreachable"),
+            ]
+        };
+        for (status, description) in failures {
+            responses.insert(
+                status.to_string(),
+                json!({"description": description, "content": {"application/json": {"schema": error}}}),
+            );
+        }
+        let mut operation = json!({"summary": route.summary, "responses": responses});
+        if !route.public {
+            operation["security"] = json!([{"bearer": []}]);
+        }
+        if let Some(body) = route.request {
+            operation["requestBody"] = json!({"required": true, "content": content(body, &mut generator)});
+        }
+        let mut parameters: Vec<Value> = path_parameters(route.path)
+            .into_iter()
+            .map(|name| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
+            .collect();
+        for (name, description, required) in &route.query {
+            parameters.push(json!({
+                "name": name, "in": "query", "required": required,
+                "description": description, "schema": {"type": "string"},
+            }));
+        }
+        if !parameters.is_empty() {
+            operation["parameters"] = parameters.into();
+        }
+        let entry = paths.entry(route.path.to_string()).or_insert_with(|| json!({}));
+        entry[route.method.as_str().to_ascii_lowercase()] = operation;
+    }
     json!({
         "openapi": "3.0.3",
-        "info": {"title": "runner", "version": env!("CARGO_PKG_VERSION"), "description": "Live sandboxes (sessions with exec, a stateful shell, persistent Python, files) and Jobs over HTTP. Every route but /healthz needs `Authorization: Bearer <token>`."},
+        "info": {
+            "title": "runner",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Live sandboxes (sessions with exec, a stateful shell, persistent Python, files) and Jobs over HTTP. Every route but /healthz needs `Authorization: Bearer <token>`.",
+        },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "Error": {"type": "object", "properties": {"error": {"type": "string"}}},
-                "CreateSession": {"type": "object", "required": ["environment"], "properties": {
-                    "environment": {"description": "an Environment spec object, or the name of one in --env-dir"},
-                    "workspace": {"type": "string"}, "staticAssets": {"type": "array"}, "mounts": {"type": "array"},
-                    "backend": {"type": "string", "enum": ["containerd", "host"]}}},
-                "Exec": {"type": "object", "required": ["command"], "properties": {
-                    "command": {"oneOf": [{"type": "array", "items": {"type": "string"}}, {"type": "string"}]},
-                    "stdin": {"type": "string"}, "timeoutSeconds": {"type": "number"},
-                    "env": {"type": "object", "additionalProperties": {"type": "string"}}, "cwd": {"type": "string"}}},
-                "Shell": {"type": "object", "required": ["command"], "properties": {
-                    "command": {"type": "string"}, "timeoutSeconds": {"type": "number"},
-                    "check": {"type": "string", "enum": ["ignore", "raise"]}, "name": {"type": "string"}}},
-                "Python": {"type": "object", "required": ["code"], "properties": {"code": {"type": "string"}, "timeoutSeconds": {"type": "number"}}},
-            },
+            "schemas": generator.definitions().clone(),
         },
-        "paths": {
-            "/healthz": {"get": {"summary": "liveness (no token)", "responses": {"200": {"description": "ok"}}}},
-            "/openapi.json": {"get": op("this document", None, "200")},
-            "/v1/sessions": {"post": op("create a session", Some("CreateSession"), "201"), "get": op("list sessions", None, "200")},
-            "/v1/sessions/{id}": {"get": op("one session", None, "200"), "delete": op("end a session and remove everything it owned", None, "204")},
-            "/v1/sessions/{id}/exec": {"post": op("run a command: exitCode, stdout, stderr, timedOut, oomKilled, dropped byte counts, durationMs", Some("Exec"), "200")},
-            "/v1/sessions/{id}/exec/stream": {"post": op("run a command, NDJSON events stdout/stderr/exit as they happen", Some("Exec"), "200")},
-            "/v1/sessions/{id}/shell": {"post": op("stateful shell: cwd, exports and functions persist; output, exitCode, timedOut", Some("Shell"), "200")},
-            "/v1/sessions/{id}/python": {"post": op("persistent Python: output, stderr, vars, error", Some("Python"), "200")},
-            "/v1/sessions/{id}/python/vars": {"get": op("variables: name, type, summary", None, "200")},
-            "/v1/sessions/{id}/python/vars/{name}": {"get": op("one variable's value (JSON, or a repr)", None, "200")},
-            "/v1/sessions/{id}/files": {"get": op("read a workspace file (?path=)", None, "200"), "put": op("write a workspace file (?path=, raw body)", None, "204")},
-            "/v1/sessions/{id}/files/list": {"get": op("list a workspace directory (?path=)", None, "200")},
-            "/v1/sessions/{id}/files/upload": {"post": op("extract a tar into the workspace (?path=)", None, "204")},
-            "/v1/jobs": {"post": op("submit a manifest (YAML or JSON); jobs run detached", None, "201"), "get": op("list jobs", None, "200")},
-            "/v1/jobs/{name}": {"get": op("one job with its status", None, "200"), "delete": op("stop and delete a job", None, "204")},
-            "/v1/jobs/{name}/logs": {"get": op("a job's stdout", None, "200")},
-        },
+        "paths": paths,
     })
+}
+
+/// `{id}` and `{name}` of a path.
+fn path_parameters(path: &str) -> Vec<&str> {
+    path.split('/')
+        .filter_map(|p| p.strip_prefix('{').and_then(|p| p.strip_suffix('}')))
+        .collect()
 }

@@ -6,7 +6,6 @@
 pub mod archive;
 
 use std::collections::HashMap;
-use std::io::IsTerminal;
 use std::path::Path;
 use std::time::Duration;
 
@@ -15,7 +14,7 @@ use archive::{
 };
 use containerd_client::types::Descriptor;
 
-use crate::runtime::containerd::client::{Containerd, CtdError, LEASE_EXPIRE_LABEL, SNAPSHOTTER};
+use crate::containerd::{Containerd, CtdError, LEASE_EXPIRE_LABEL, SNAPSHOTTER};
 
 /// GC label: a manifest keeps its config alive.
 const GC_REF_CONFIG: &str = "containerd.io/gc.ref.content.config";
@@ -53,8 +52,8 @@ pub enum ImageError {
     },
 }
 
-/// Image settings for a rootfs tarball (docker-import semantics).
-#[derive(Clone, Debug, Default)]
+/// Image settings for a rootfs tarball (docker-import semantics), and where progress goes.
+#[derive(Clone, Default)]
 pub struct ImportOptions {
     /// Name for the image (required for rootfs tarballs and unnamed OCI archives).
     pub name: Option<String>,
@@ -62,6 +61,7 @@ pub struct ImportOptions {
     pub env: Vec<String>,
     pub workdir: Option<String>,
     pub user: Option<String>,
+    pub progress: Option<ProgressFn>,
 }
 
 /// What an import produced.
@@ -112,34 +112,50 @@ fn descriptor(d: &JsonDescriptor) -> Descriptor {
     }
 }
 
-/// Progress on a terminal: one line rewritten in place.
+/// How far an import is, for whoever displays progress (the CLI draws a bar on a terminal).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImportProgress {
+    /// The image being imported.
+    pub image: String,
+    /// What is being done (`layer 2/3`, `unpacking`); empty once `finished`.
+    pub step: String,
+    pub done: u64,
+    pub total: u64,
+    pub finished: bool,
+}
+
+/// Receives progress events.
+pub type ProgressFn = std::sync::Arc<dyn Fn(&ImportProgress) + Send + Sync>;
+
 struct Progress {
-    tty: bool,
-    label: String,
+    image: String,
+    sink: Option<ProgressFn>,
 }
 
 impl Progress {
-    fn new(label: String) -> Self {
-        Progress {
-            tty: std::io::stderr().is_terminal(),
-            label,
-        }
+    fn new(image: String, sink: Option<ProgressFn>) -> Self {
+        Progress { image, sink }
     }
     fn update(&self, step: &str, done: u64, total: u64) {
-        if self.tty && total > 0 {
-            let pct = done * 100 / total;
-            let bar = "#".repeat((pct / 4) as usize);
-            eprint!(
-                "\r{}: {step} [{bar:<25}] {pct:>3}% {:.1}/{:.1} MiB",
-                self.label,
-                done as f64 / 1048576.0,
-                total as f64 / 1048576.0
-            );
+        if let Some(sink) = &self.sink {
+            sink(&ImportProgress {
+                image: self.image.clone(),
+                step: step.to_string(),
+                done,
+                total,
+                finished: false,
+            });
         }
     }
     fn done(&self) {
-        if self.tty {
-            eprintln!();
+        if let Some(sink) = &self.sink {
+            sink(&ImportProgress {
+                image: self.image.clone(),
+                step: String::new(),
+                done: 0,
+                total: 0,
+                finished: true,
+            });
         }
     }
 }
@@ -362,7 +378,7 @@ async fn import_oci(
             (Some(given), None) => given.clone(),
         };
         let name = normalize_name(&name)?;
-        let progress = Progress::new(format!("importing {name}"));
+        let progress = Progress::new(name.clone(), options.progress.clone());
         // Resolve an index to the manifest for this platform.
         let mut manifest_desc = top.clone();
         let mut index_chain: Vec<(JsonDescriptor, Vec<u8>)> = Vec::new();
@@ -506,7 +522,7 @@ async fn import_docker(
             ));
         }
         let names = names.iter().map(|n| normalize_name(n)).collect::<Result<Vec<_>, _>>()?;
-        let progress = Progress::new(format!("importing {}", names[0]));
+        let progress = Progress::new(names[0].clone(), options.progress.clone());
         let config_bytes = archive.read_member(&entry.config)?;
         let config: JsonImageConfig = parse_json("image config", &config_bytes)?;
         let config_digest = archive::sha256_bytes(&config_bytes);
@@ -582,7 +598,7 @@ async fn import_rootfs(
         ))
     })?;
     let name = normalize_name(name)?;
-    let progress = Progress::new(format!("importing {name}"));
+    let progress = Progress::new(name.clone(), options.progress.clone());
     let size = std::fs::metadata(&archive.path)
         .map_err(|source| ImageError::Io {
             what: format!("reading {}", archive.path.display()),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Phase, Reason};
+pub use crate::manifest::policy::{ExitOperator, FailureRule, RuleAction};
 
 /// Kubernetes' pod backoff: 10 s doubling per failure, capped at 6 min.
 pub const BACKOFF_BASE: Duration = Duration::from_secs(10);
@@ -16,37 +17,6 @@ pub const BACKOFF_CAP: Duration = Duration::from_secs(360);
 pub const MAX_INFRA_RETRIES: u32 = 3;
 /// First delay before retrying after an infrastructure failure (doubles each time).
 pub const INFRA_BACKOFF_MS: u64 = 1_000;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum RuleAction {
-    FailJob,
-    Ignore,
-    Count,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ExitOperator {
-    In,
-    NotIn,
-}
-
-/// One `podFailurePolicy` rule on exit codes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FailureRule {
-    pub action: RuleAction,
-    pub operator: ExitOperator,
-    pub values: Vec<i32>,
-}
-
-impl FailureRule {
-    fn matches(&self, exit: i32) -> bool {
-        let hit = self.values.contains(&exit);
-        match self.operator {
-            ExitOperator::In => hit,
-            ExitOperator::NotIn => !hit,
-        }
-    }
-}
 
 /// What the controller needs of a Job's spec.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

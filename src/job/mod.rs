@@ -18,7 +18,7 @@ use crate::spec::{HostEnv, RunPlan};
 /// `apiVersion` we print.
 pub const API_VERSION: &str = crate::manifest::API_VERSION;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum Phase {
     Pending,
     Running,
@@ -27,7 +27,7 @@ pub enum Phase {
 }
 
 /// Why a job ended as it did (product.md's closed set).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum Reason {
     Completed,
     Error,
@@ -46,7 +46,7 @@ pub enum Reason {
 }
 
 /// How one attempt ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AttemptStatus {
     pub phase: Phase,
@@ -81,7 +81,7 @@ impl AttemptStatus {
 }
 
 /// A Job's condition (Kubernetes: Complete or Failed, with reason and message).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     #[serde(rename = "type")]
@@ -94,7 +94,7 @@ pub struct Condition {
 }
 
 /// One attempt as the Job's status lists it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AttemptView {
     pub index: u32,
@@ -119,7 +119,7 @@ pub struct AttemptView {
 
 /// A Job's status: phase, reason and conditions, counts, times, its attempts, and the
 /// `result` of the attempt that decided it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct JobStatus {
     pub phase: Phase,
@@ -179,7 +179,7 @@ impl JobStatus {
 }
 
 /// The Job as printed by `apply -o json|yaml`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct JobObject {
     pub api_version: &'static str,
@@ -189,39 +189,60 @@ pub struct JobObject {
     pub status: JobStatus,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ObjectMeta {
     pub name: String,
-    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
-    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub annotations: std::collections::BTreeMap<String, String>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+/// What a Job runs, resolved when it was submitted (its Environment may have come from an
+/// env dir, its backend from `--backend`): what `get` shows without re-reading anything.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct JobSpecView {
     pub environment: String,
     pub backend: crate::manifest::Backend,
     pub command: Vec<String>,
+    #[serde(default = "one")]
+    pub completions: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl JobSpecView {
+    pub fn of(plan: &RunPlan) -> Self {
+        let job = plan.job();
+        JobSpecView {
+            environment: job.environment.clone(),
+            backend: plan.bound.backend,
+            command: job.command.argv(),
+            completions: job.completions,
+        }
+    }
+}
+
+impl ObjectMeta {
+    pub fn of(job: &Job) -> Self {
+        ObjectMeta {
+            name: job.name.clone(),
+            labels: job.labels.clone(),
+            annotations: job.annotations.clone(),
+        }
+    }
 }
 
 impl JobObject {
-    pub fn new(plan: &RunPlan, status: JobStatus) -> Self {
-        let job = plan.job();
+    pub fn new(metadata: ObjectMeta, spec: JobSpecView, status: JobStatus) -> Self {
         JobObject {
             api_version: API_VERSION,
             kind: "Job",
-            metadata: ObjectMeta {
-                name: job.name.clone(),
-                labels: job.labels.clone(),
-                annotations: job.annotations.clone(),
-            },
-            spec: JobSpecView {
-                environment: job.environment.clone(),
-                backend: plan.bound.backend,
-                command: job.command.argv(),
-            },
+            metadata,
+            spec,
             status,
         }
     }

@@ -9,10 +9,15 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
+use super::{JobObject, JobSpecView, JobStatus, ObjectMeta};
+
 /// The database file inside the state dir.
 pub const DB_FILE: &str = "runner.db";
 /// How long a writer waits for another process's transaction.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// `PRAGMA user_version` of the current record layout. 1: status as untyped JSON and no
+/// resolved view (runner before the service layer); 2: typed status, view, output limit.
+const SCHEMA_VERSION: i64 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -32,23 +37,28 @@ pub enum StoreError {
     Exists(String),
     #[error("job {0:?} not found")]
     NotFound(String),
-    #[error("stored record of job {name:?} is unreadable: {message}")]
+    #[error("stored record of job {name:?} is unreadable: {message} (delete it: runner delete job {name})")]
     Corrupt { name: String, message: String },
+    #[error("the state store's worker failed: {0}")]
+    Worker(String),
 }
 
-/// A Job as stored: what to run, and its current status.
+/// A Job as stored: what to run, what it resolved to when submitted, and its status.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct JobRecord {
-    pub name: String,
-    pub labels: std::collections::BTreeMap<String, String>,
+    pub metadata: ObjectMeta,
     /// The manifest file's text, its directory, and `--env-dir`: enough to rebuild the plan.
     pub manifest: String,
     pub base_dir: PathBuf,
     pub file: Option<PathBuf>,
     pub env_dir: Option<PathBuf>,
+    /// The `--backend` override given at submit, if any.
     pub backend: Option<crate::manifest::Backend>,
-    /// `super::JobStatus` as JSON.
-    pub status: serde_json::Value,
+    /// What the job runs, resolved at submit.
+    pub view: JobSpecView,
+    pub status: JobStatus,
+    /// Bytes of stdout and of stderr kept per attempt (every supervisor of the job uses it).
+    pub output_limit: usize,
     /// Owner id (`pid:start`) of the process supervising the job.
     pub owner: Option<String>,
     pub delete_requested: bool,
@@ -56,6 +66,17 @@ pub struct JobRecord {
     /// Unix seconds when the job finished (for ttlSecondsAfterFinished).
     pub finished_at: Option<i64>,
     pub ttl_seconds: Option<u64>,
+}
+
+impl JobRecord {
+    pub fn name(&self) -> &str {
+        &self.metadata.name
+    }
+
+    /// The job as `get` shows it.
+    pub fn object(&self) -> JobObject {
+        JobObject::new(self.metadata.clone(), self.view.clone(), self.status.clone())
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -67,6 +88,9 @@ pub struct EventRecord {
     pub reason: String,
     pub message: String,
 }
+
+/// A job's name, finish time (seconds since the epoch) and ttlSecondsAfterFinished.
+pub type Expiry = (String, Option<i64>, Option<u64>);
 
 pub struct Store {
     conn: Connection,
@@ -100,7 +124,44 @@ impl Store {
              );",
         )
         .map_err(err)?;
-        Ok(Store { conn, path })
+        let mut store = Store { conn, path };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// Bring records of an older layout to the current one, once. A record whose manifest can
+    /// no longer be read is left as it was: reading it then names the job as corrupt.
+    fn migrate(&mut self) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        let err = |source| StoreError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let version: i64 = self
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(err)?;
+        if version >= SCHEMA_VERSION {
+            return Ok(());
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(err)?;
+        let rows: Vec<(String, String)> = {
+            let mut stmt = tx.prepare("SELECT name, record FROM jobs").map_err(err)?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).map_err(err)?;
+            rows.collect::<Result<_, _>>().map_err(err)?
+        };
+        for (name, text) in rows {
+            if let Some(upgraded) = upgrade_v1(&text) {
+                tx.execute("UPDATE jobs SET record = ?2 WHERE name = ?1", params![name, upgraded])
+                    .map_err(err)?;
+            }
+        }
+        tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
+            .map_err(err)?;
+        tx.commit().map_err(err)
     }
 
     fn err(&self) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
@@ -112,7 +173,7 @@ impl Store {
 
     fn encode(record: &JobRecord) -> Result<String, StoreError> {
         serde_json::to_string(record).map_err(|e| StoreError::Corrupt {
-            name: record.name.clone(),
+            name: record.name().to_string(),
             message: e.to_string(),
         })
     }
@@ -129,11 +190,11 @@ impl Store {
         let text = Self::encode(record)?;
         match self.conn.execute(
             "INSERT INTO jobs (name, record) VALUES (?1, ?2)",
-            params![record.name, text],
+            params![record.name(), text],
         ) {
             Ok(_) => Ok(()),
             Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::ConstraintViolation => {
-                Err(StoreError::Exists(record.name.clone()))
+                Err(StoreError::Exists(record.name().to_string()))
             }
             Err(e) => Err(self.err()(e)),
         }
@@ -164,6 +225,26 @@ impl Store {
         for row in rows {
             let (name, text) = row.map_err(self.err())?;
             out.push(Self::decode(&name, &text)?);
+        }
+        Ok(out)
+    }
+
+    /// Every job's name, finish time and ttlSecondsAfterFinished, without decoding records
+    /// (what purging expired jobs needs, on every apply).
+    pub fn expiry(&self) -> Result<Vec<Expiry>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT name, json_extract(record, '$.finished_at'), json_extract(record, '$.ttl_seconds') FROM jobs",
+            )
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, Option<i64>>(2)?)))
+            .map_err(self.err())?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (name, finished, ttl): (String, Option<i64>, Option<i64>) = row.map_err(self.err())?;
+            out.push((name, finished, ttl.and_then(|t| u64::try_from(t).ok())));
         }
         Ok(out)
     }
@@ -222,11 +303,87 @@ impl Store {
             .map_err(self.err())?;
         let mut out = Vec::new();
         for row in rows {
-            if let Ok(e) = serde_json::from_str(&row.map_err(self.err())?) {
-                out.push(e);
-            }
+            let text = row.map_err(self.err())?;
+            out.push(serde_json::from_str(&text).map_err(|e| StoreError::Corrupt {
+                name: job.to_string(),
+                message: format!("event {text:?}: {e}"),
+            })?);
         }
         Ok(out)
+    }
+}
+
+/// A record of layout 1 in layout 2: the untyped status decoded, the view resolved by parsing
+/// the stored manifest as the job was submitted (with its env dir and backend override).
+/// `None` when that cannot be done.
+fn upgrade_v1(text: &str) -> Option<String> {
+    let mut old: serde_json::Value = serde_json::from_str(text).ok()?;
+    if old.get("view").is_some() {
+        return None;
+    }
+    let obj = old.as_object_mut()?;
+    let name = obj.get("name")?.as_str()?.to_string();
+    let base_dir = PathBuf::from(obj.get("base_dir")?.as_str()?);
+    let file = obj.get("file").and_then(|f| f.as_str()).map(PathBuf::from);
+    let env_dir = obj.get("env_dir").and_then(|f| f.as_str()).map(PathBuf::from);
+    let backend: Option<crate::manifest::Backend> = serde_json::from_value(obj.get("backend")?.clone()).ok()?;
+    let mut set = crate::manifest::parse_str(obj.get("manifest")?.as_str()?, &base_dir, file.as_deref()).ok()?;
+    if let Some(dir) = &env_dir {
+        set.env_dir = crate::manifest::load_env_dir(dir).ok()?;
+        set.env_dir_path = Some(dir.clone());
+    }
+    let job = set.jobs.iter().find(|j| j.name == name)?;
+    let bound = set.bind(job, backend).ok()?;
+    let view = JobSpecView {
+        environment: job.environment.clone(),
+        backend: bound.backend,
+        command: job.command.argv(),
+        completions: job.completions,
+    };
+    let status: JobStatus = serde_json::from_value(obj.get("status")?.clone()).ok()?;
+    let labels = obj.remove("labels").unwrap_or_default();
+    obj.insert(
+        "metadata".into(),
+        serde_json::json!({"name": name, "labels": labels, "annotations": job.annotations}),
+    );
+    obj.remove("name");
+    obj.insert("view".into(), serde_json::to_value(view).ok()?);
+    obj.insert("status".into(), serde_json::to_value(status).ok()?);
+    obj.insert(
+        "output_limit".into(),
+        crate::runtime::output::DEFAULT_OUTPUT_LIMIT.into(),
+    );
+    serde_json::to_string(&old).ok()
+}
+
+/// The store shared by the tasks of one process: every call runs on the blocking pool (SQLite
+/// waits on other processes' transactions and on the disk).
+#[derive(Clone)]
+pub struct SharedStore(std::sync::Arc<std::sync::Mutex<Store>>);
+
+impl SharedStore {
+    pub async fn open(state_dir: &Path) -> Result<Self, StoreError> {
+        let dir = state_dir.to_path_buf();
+        let store = tokio::task::spawn_blocking(move || Store::open(&dir))
+            .await
+            .map_err(|e| StoreError::Worker(e.to_string()))??;
+        Ok(SharedStore(std::sync::Arc::new(std::sync::Mutex::new(store))))
+    }
+
+    /// Run `f` on the store, off the async workers.
+    pub async fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Store) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let store = self.0.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = store
+                .lock()
+                .map_err(|_| StoreError::Worker("a store call panicked".into()))?;
+            f(&mut guard)
+        })
+        .await
+        .map_err(|e| StoreError::Worker(e.to_string()))?
     }
 }
 
@@ -236,20 +393,85 @@ mod tests {
 
     fn record(name: &str) -> JobRecord {
         JobRecord {
-            name: name.into(),
-            labels: Default::default(),
+            metadata: ObjectMeta {
+                name: name.into(),
+                labels: Default::default(),
+                annotations: Default::default(),
+            },
             manifest: String::new(),
             base_dir: PathBuf::from("."),
             file: None,
             env_dir: None,
             backend: None,
-            status: serde_json::json!({"phase": "Pending"}),
+            view: JobSpecView {
+                environment: "e".into(),
+                backend: crate::manifest::Backend::Host,
+                command: vec!["true".into()],
+                completions: 1,
+            },
+            status: JobStatus::pending(),
+            output_limit: 1024,
             owner: None,
             delete_requested: false,
             created_at: "now".into(),
             finished_at: None,
             ttl_seconds: None,
         }
+    }
+
+    #[test]
+    fn a_corrupt_record_is_an_error_naming_the_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .conn
+            .execute(
+                "INSERT INTO jobs (name, record) VALUES ('broken', '{\"status\": 7}')",
+                [],
+            )
+            .unwrap();
+        let err = store.require("broken").unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Corrupt { name, .. } if name == "broken"),
+            "{err}"
+        );
+        assert!(store.list().is_err());
+        // It can still be removed by name.
+        store.remove("broken").unwrap();
+        assert!(store.list().unwrap().is_empty());
+    }
+
+    #[test]
+    fn records_of_the_first_layout_are_upgraded_with_their_resolved_view() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("envs")).unwrap();
+        std::fs::write(
+            dir.path().join("envs/host.yaml"),
+            "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: trusted}\nspec:\n  backend: host\n",
+        )
+        .unwrap();
+        let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
+        conn.execute_batch("CREATE TABLE jobs (name TEXT PRIMARY KEY, record TEXT NOT NULL); CREATE TABLE events (job TEXT NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT, record TEXT NOT NULL);").unwrap();
+        let v1 = serde_json::json!({
+            "name": "old", "labels": {"a": "b"},
+            "manifest": "apiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: old}\nspec:\n  environment: trusted\n  command: [\"true\"]\n",
+            "base_dir": dir.path(), "file": null, "env_dir": dir.path().join("envs"), "backend": null,
+            "status": {"phase": "Succeeded", "reason": "Completed"},
+            "owner": null, "delete_requested": false, "created_at": "t", "finished_at": 1, "ttl_seconds": null,
+        });
+        conn.execute(
+            "INSERT INTO jobs (name, record) VALUES ('old', ?1)",
+            params![v1.to_string()],
+        )
+        .unwrap();
+        drop(conn);
+        let store = Store::open(dir.path()).unwrap();
+        let r = store.require("old").unwrap();
+        // The env-dir Environment's backend, not containerd.
+        assert_eq!(r.view.backend, crate::manifest::Backend::Host);
+        assert_eq!(r.view.environment, "trusted");
+        assert_eq!(r.status.phase, super::super::Phase::Succeeded);
+        assert_eq!(r.metadata.labels["a"], "b");
     }
 
     #[test]
@@ -262,6 +484,7 @@ mod tests {
         // A second connection (another process) sees the write.
         let other = Store::open(dir.path()).unwrap();
         assert_eq!(other.require("a").unwrap().owner.as_deref(), Some("1:2"));
+        assert_eq!(other.require("a").unwrap().view, record("a").view);
         other
             .add_event(
                 "a",

@@ -10,10 +10,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::controller::{self, Action, AttemptState, Event, JobPolicy, JobState, Outcome};
-use super::store::{EventRecord, Store, StoreError};
+use super::store::{EventRecord, SharedStore, StoreError};
 use super::{AttemptStatus, AttemptView, Condition, JobStatus, Phase, Reason, rfc3339};
 use crate::manifest::Job;
-use crate::runtime::containerd::{Engine, LABEL_ATTEMPT, LABEL_INDEX, LABEL_JOB, owner_id};
+use crate::owner::owner_id;
+use crate::runtime::containerd::{Engine, LABEL_ATTEMPT, LABEL_INDEX, LABEL_JOB};
 use crate::runtime::{ExecResult, RuntimeOptions};
 use crate::spec::{HostEnv, RunPlan};
 
@@ -54,6 +55,7 @@ pub struct JobContext {
     pub options: RuntimeOptions,
     pub engine: Option<Engine>,
     pub state_dir: PathBuf,
+    pub store: SharedStore,
 }
 
 impl JobContext {
@@ -79,14 +81,15 @@ fn now_rfc3339() -> String {
     rfc3339(SystemTime::now())
 }
 
-fn event(store: &Store, job: &str, kind: &str, reason: &str, message: String) {
+async fn event(store: &SharedStore, job: &str, kind: &str, reason: &str, message: String) {
     let record = EventRecord {
         time: now_rfc3339(),
         kind: kind.into(),
         reason: reason.into(),
         message,
     };
-    if let Err(e) = store.add_event(job, &record) {
+    let job = job.to_string();
+    if let Err(e) = store.call(move |s| s.add_event(&job, &record)).await {
         tracing::warn!(error = %e, "recording an event failed");
     }
 }
@@ -138,12 +141,19 @@ pub async fn supervise(
     cancel: CancellationToken,
     adopt: bool,
 ) -> Result<JobStatus, StoreError> {
-    let mut store = Store::open(&ctx.state_dir)?;
+    let store = ctx.store.clone();
     let policy = policy_of(ctx.plan.job());
-    let record = store.update(name, |r| {
-        r.owner = Some(owner_id());
-    })?;
-    let stored: JobStatus = serde_json::from_value(record.status.clone()).unwrap_or_else(|_| JobStatus::pending());
+    let record = {
+        let name = name.to_string();
+        store
+            .call(move |s| {
+                s.update(&name, |r| {
+                    r.owner = Some(owner_id());
+                })
+            })
+            .await?
+    };
+    let stored = record.status;
     let start_wall = match (&stored.start_time, adopt) {
         (Some(t), true) => t.clone(),
         _ => now_rfc3339(),
@@ -155,7 +165,8 @@ pub async fn supervise(
         "Normal",
         verb,
         format!("supervisor pid {}", std::process::id()),
-    );
+    )
+    .await;
     let logs_dir = ctx.logs_dir();
     let _ = std::fs::create_dir_all(logs_dir.join(name));
 
@@ -206,7 +217,8 @@ pub async fn supervise(
                         "Normal",
                         "AttemptStarted",
                         format!("index {index}, attempt {number}"),
-                    );
+                    )
+                    .await;
                     launch(&ctx, policy.indexed, index, number, token, tx.clone());
                 }
                 Action::KillAll => {
@@ -218,15 +230,22 @@ pub async fn supervise(
             }
         }
         let status = status_of(&state, &views, &results, &start_wall, done);
-        store.update(name, |r| {
-            r.status = serde_json::to_value(&status).unwrap_or_default();
-            if done {
-                r.finished_at = SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .ok()
-                    .map(|d| d.as_secs() as i64);
-            }
-        })?;
+        {
+            let (name, status) = (name.to_string(), status.clone());
+            store
+                .call(move |s| {
+                    s.update(&name, |r| {
+                        r.status = status;
+                        if done {
+                            r.finished_at = SystemTime::now()
+                                .duration_since(SystemTime::UNIX_EPOCH)
+                                .ok()
+                                .map(|d| d.as_secs() as i64);
+                        }
+                    })
+                })
+                .await?;
+        }
         if done {
             if let Some((phase, reason, message)) = &state.terminal {
                 let kind = if *phase == Phase::Succeeded {
@@ -234,7 +253,7 @@ pub async fn supervise(
                 } else {
                     "Warning"
                 };
-                event(&store, name, kind, &format!("{reason:?}"), message.clone());
+                event(&store, name, kind, &format!("{reason:?}"), message.clone()).await;
             }
             return Ok(status);
         }
@@ -264,7 +283,7 @@ pub async fn supervise(
                     v.completion_time = Some(now_rfc3339());
                     v.counted = a.is_some_and(|a| a.state == AttemptState::Failed);
                 }
-                event(&store, name, "Normal", "AttemptFinished", format!("index {index}, attempt {number}: {:?}", attempt.reason));
+                event(&store, name, "Normal", "AttemptFinished", format!("index {index}, attempt {number}: {:?}", attempt.reason)).await;
             }
             () = sleep => actions = controller::step(&policy, &mut state, Event::Tick, now()),
             () = cancel.cancelled(), if !deleted => {
@@ -274,7 +293,8 @@ pub async fn supervise(
             () = tokio::time::sleep(DELETE_POLL) => {
                 if !deleted && last_delete_poll.elapsed() >= DELETE_POLL {
                     last_delete_poll = Instant::now();
-                    if store.get(name)?.is_some_and(|r| r.delete_requested) {
+                    let job = name.to_string();
+                    if store.call(move |s| s.get(&job)).await?.is_some_and(|r| r.delete_requested) {
                         deleted = true;
                         actions = controller::step(&policy, &mut state, Event::Delete, now());
                     }

@@ -5,6 +5,7 @@
 
 pub mod error;
 pub mod paths;
+pub mod policy;
 pub mod quantity;
 mod raw;
 
@@ -53,7 +54,7 @@ pub mod defaults {
 /// a manifest that set them could make containerd or `runner gc` act on its say-so.
 const RESERVED_LABEL_PREFIXES: &[&str] = &["containerd.io/", "io.containerd.", "io.cri-containerd.", "runner.dev/"];
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     Containerd,
@@ -225,7 +226,7 @@ pub struct Job {
     pub ttl_after_finished: Option<Duration>,
     /// SIGTERM → this long → SIGKILL when the job is stopped (deadline, delete).
     pub termination_grace: Duration,
-    pub failure_rules: Vec<crate::job::controller::FailureRule>,
+    pub failure_rules: Vec<policy::FailureRule>,
     /// The directory relative paths of this job resolve against.
     pub base_dir: PathBuf,
     pub file: Option<PathBuf>,
@@ -369,12 +370,22 @@ pub fn bind(job: &Job, env: &Environment, backend: Option<Backend>) -> Result<Bo
 
 /// Read and validate one manifest file, and the Environments of `env_dir` if given.
 pub fn load_file(path: &Path, env_dir: Option<&Path>) -> Result<ManifestSet, ManifestError> {
-    let text = read_limited(path)?;
-    let base_dir = path
-        .parent()
+    Ok(load_file_text(path, env_dir)?.0)
+}
+
+/// The directory a manifest file's relative paths are anchored in.
+pub fn base_dir_of(path: &Path) -> PathBuf {
+    path.parent()
         .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })
         .unwrap_or(Path::new("."))
-        .to_path_buf();
+        .to_path_buf()
+}
+
+/// As `load_file`, also returning the text that was read (read once: what is stored is what
+/// was validated).
+pub fn load_file_text(path: &Path, env_dir: Option<&Path>) -> Result<(ManifestSet, String), ManifestError> {
+    let text = read_limited(path)?;
+    let base_dir = base_dir_of(path);
     let mut set = parse_str(&text, &base_dir, Some(path))?;
     if set.environments.is_empty() && set.jobs.is_empty() {
         return Err(ManifestError::new(Origin::new("", None), ManifestErrorKind::Empty).in_file(path));
@@ -383,7 +394,7 @@ pub fn load_file(path: &Path, env_dir: Option<&Path>) -> Result<ManifestSet, Man
         set.env_dir = load_env_dir(dir)?;
         set.env_dir_path = Some(dir.to_path_buf());
     }
-    Ok(set)
+    Ok((set, text))
 }
 
 /// Every Environment in the `*.yaml`/`*.yml` files of a directory (their Jobs are ignored).
@@ -1028,7 +1039,7 @@ fn validate_job(raw: raw::JobDoc, first_line: u64, base_dir: &Path, file: Option
         .map(|p| {
             p.rules
                 .into_iter()
-                .map(|r| crate::job::controller::FailureRule {
+                .map(|r| policy::FailureRule {
                     action: r.action,
                     operator: r.on_exit_codes.operator,
                     values: r.on_exit_codes.values,

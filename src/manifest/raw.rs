@@ -164,14 +164,14 @@ pub struct PodFailurePolicy {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PodFailureRule {
-    pub action: crate::job::controller::RuleAction,
+    pub action: super::policy::RuleAction,
     pub on_exit_codes: OnExitCodes,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OnExitCodes {
-    pub operator: crate::job::controller::ExitOperator,
+    pub operator: super::policy::ExitOperator,
     pub values: Vec<i32>,
 }
 

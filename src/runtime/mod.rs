@@ -31,7 +31,7 @@ pub struct ExecRequest {
 }
 
 /// Output and status of the setup commands run at spawn.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SetupResult {
     pub exit_code: Option<i32>,
@@ -50,7 +50,7 @@ impl SetupResult {
 }
 
 /// What one command did: the `result` object of product.md.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecResult {
     /// Exit status when the process exited; `None` when a signal ended it.
@@ -82,7 +82,7 @@ impl ExecResult {
 }
 
 /// Live output of a streamed command.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(tag = "type", rename_all = "camelCase")]
 pub enum RuntimeEvent {
     Stdout {
@@ -157,7 +157,7 @@ pub enum RuntimeError {
     #[error("backend {0} is not connected")]
     Unavailable(&'static str),
     #[error(transparent)]
-    Containerd(#[from] containerd::client::CtdError),
+    Containerd(#[from] crate::containerd::CtdError),
     #[error(transparent)]
     Image(#[from] crate::image::ImageError),
     #[error("{0}")]
@@ -184,6 +184,33 @@ pub trait Runtime: Send + Sync {
     async fn kill(&self) -> Result<(), RuntimeError>;
     /// Kill what runs and release everything the runtime holds. Idempotent.
     async fn cleanup(&self) -> Result<(), RuntimeError>;
+    /// What an isolated sandbox offers beyond running commands (`None`: a host runtime).
+    fn sandbox(&self) -> Option<&dyn Sandbox> {
+        None
+    }
+}
+
+/// An isolated sandbox's extras: a directory shared with it, the tools shipped into it,
+/// signals to its processes, its OOM count.
+pub trait Sandbox: Send + Sync {
+    /// The host directory the sandbox sees read-write at `shared_mount` (hostile: the
+    /// sandbox may plant anything in it).
+    fn shared_dir(&self) -> &std::path::Path;
+    /// Where the sandbox sees `shared_dir`.
+    fn shared_mount(&self) -> &'static str;
+    /// Where the sandbox sees `RuntimeOptions::tools` (read-only).
+    fn tools_mount(&self) -> &'static str;
+    /// Signal a process given by its PID inside the sandbox; whether it was signalled.
+    fn signal(&self, pid: i32, signal: nix::sys::signal::Signal) -> bool;
+    /// Processes the kernel OOM-killed in the sandbox so far.
+    fn oom_kills(&self) -> Option<u64>;
+}
+
+/// A file a caller ships into every live sandbox (read-only, under `Sandbox::tools_mount`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tool {
+    pub name: &'static str,
+    pub contents: &'static [u8],
 }
 
 impl ProcessState {
@@ -219,18 +246,21 @@ pub struct RuntimeOptions {
     /// With `durable_output`: a path prefix the logger appends the command's output to as it
     /// arrives (`<prefix>.stdout`, `<prefix>.stderr`), what `runner logs -f` follows.
     pub live_output: Option<std::path::PathBuf>,
+    /// Files shipped read-only into live containers (with the agent).
+    pub tools: Vec<Tool>,
 }
 
 impl Default for RuntimeOptions {
     fn default() -> Self {
         RuntimeOptions {
-            output_limit: output::DEFAULT_OUTPUT_LIMIT,
+            output_limit: crate::config::DEFAULT_OUTPUT_LIMIT,
             kill_grace: Duration::from_millis(500),
             use_cgroup: true,
             exec_via_agent: true,
             durable_output: false,
             logger_binary: None,
             live_output: None,
+            tools: Vec::new(),
         }
     }
 }

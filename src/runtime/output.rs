@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 /// Default cap per stream (stdout and stderr each).
-pub const DEFAULT_OUTPUT_LIMIT: usize = 10 * 1024 * 1024;
+pub const DEFAULT_OUTPUT_LIMIT: usize = crate::config::DEFAULT_OUTPUT_LIMIT;
 
 #[derive(Debug)]
 pub struct Capture {

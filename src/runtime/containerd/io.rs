@@ -13,7 +13,7 @@ use tokio::sync::{Notify, mpsc};
 
 use std::os::fd::AsRawFd;
 
-use super::client::{Containerd, Stdio};
+use crate::containerd::{Containerd, Stdio};
 use crate::runtime::output::{Capture, Captured, Utf8Chunker};
 use crate::runtime::{RuntimeError, RuntimeEvent};
 use crate::spec::entry::{Part, Splitter};

@@ -7,7 +7,6 @@
 //! Snapshots.Remove → Containers.Delete, NotFound counting as done.
 
 pub mod agent;
-pub mod client;
 mod io;
 pub mod logger;
 
@@ -23,11 +22,12 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use self::agent::{AGENT_SCRIPT, Agent};
-use self::client::{Containerd, CtdError, LEASE_EXPIRE_LABEL};
 use self::io::{Fifos, OutputPump};
 use super::cgroupfs;
 use super::{ExecRequest, ExecResult, ProcessState, Runtime, RuntimeError, RuntimeEvent, RuntimeOptions, SetupResult};
+use crate::containerd::{self as client, Containerd, CtdError, LEASE_EXPIRE_LABEL};
 use crate::image;
+use crate::owner::owner_id;
 use crate::spec::{self, HostEnv, RunPlan};
 
 /// Label on everything runner creates in containerd (containers, snapshots, leases).
@@ -46,8 +46,6 @@ pub const LABEL_ATTEMPT: &str = "runner.dev/attempt";
 pub const LABEL_STATE_DIR: &str = "runner.dev/state-dir";
 /// Where live containers see the programs runner ships (read-only).
 pub const TOOLS_MOUNT: &str = "/.runner-tools";
-/// The persistent Python driver (see `api`), shipped into every live container.
-pub const PYTHON_DRIVER: &str = include_str!("../../api/driver.py");
 /// What a live container's init runs after setup when commands go through Tasks.Exec.
 const KEEPALIVE: &str = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done";
 /// The file in a container's run directory naming the runner process that made it.
@@ -68,44 +66,8 @@ const STATUS_STOPPED: i32 = 3;
 const SIGTERM: u32 = 15;
 const SIGKILL: u32 = 9;
 
-/// This runner process, as written in `LABEL_OWNER`.
-pub fn owner_id() -> String {
-    let pid = std::process::id();
-    format!("{pid}:{}", process_start_time(pid).unwrap_or_default())
-}
-
-/// Start time of a living process (field 22 of /proc/PID/stat), to tell a live owner from a
-/// reused PID. A zombie (exited, not yet reaped by its parent) counts as gone.
-pub fn process_start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let mut fields = stat[stat.rfind(')')? + 2..].split_whitespace();
-    if matches!(fields.next(), Some("Z" | "X")) {
-        return None;
-    }
-    fields.nth(18)?.parse().ok()
-}
-
-/// Whether the runner process named by an owner label still runs.
-pub fn owner_alive(owner: &str) -> bool {
-    let Some((pid, start)) = owner.split_once(':') else {
-        return false;
-    };
-    let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else {
-        return false;
-    };
-    process_start_time(pid) == Some(start)
-}
-
-static SEQUENCE: AtomicU64 = AtomicU64::new(0);
-
 fn container_id(job: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
-    let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
-    let tag = crate::image::archive::sha256_bytes(format!("{}-{nanos}-{n}", std::process::id()).as_bytes());
-    format!("{job}-{}", &tag[7..17])
+    format!("{job}-{}", crate::owner::unique_tag())
 }
 
 /// The containerd side of the runner: a connection plus where FIFOs live.
@@ -231,29 +193,36 @@ impl Engine {
                 )
                 .build()
                 .map_err(|e| RuntimeError::Internal(format!("agent mount: {e}")))?;
-            // Programs runner ships into sandboxes (the Python driver), read-only.
-            let tools = self.run_dir.join(&id).join("tools");
-            std::fs::create_dir_all(&tools)
-                .and_then(|()| std::fs::write(tools.join("driver.py"), PYTHON_DRIVER))
-                .map_err(|source| RuntimeError::Io {
-                    what: "writing the sandbox tools".into(),
-                    source,
-                })?;
-            let tools_mount = oci_spec::runtime::MountBuilder::default()
-                .destination(TOOLS_MOUNT)
-                .typ("bind")
-                .source(&tools)
-                .options(
-                    ["rbind", "nosuid", "nodev", "rprivate", "ro"]
-                        .iter()
-                        .map(|o| o.to_string())
-                        .collect::<Vec<_>>(),
-                )
-                .build()
-                .map_err(|e| RuntimeError::Internal(format!("tools mount: {e}")))?;
             let mut mounts = built.mounts().clone().unwrap_or_default();
             mounts.push(mount);
-            mounts.push(tools_mount);
+            // Programs the caller ships into sandboxes (the session's Python driver), read-only.
+            if !self.options.tools.is_empty() {
+                let tools = self.run_dir.join(&id).join("tools");
+                std::fs::create_dir_all(&tools)
+                    .and_then(|()| {
+                        self.options
+                            .tools
+                            .iter()
+                            .try_for_each(|t| std::fs::write(tools.join(t.name), t.contents))
+                    })
+                    .map_err(|source| RuntimeError::Io {
+                        what: "writing the sandbox tools".into(),
+                        source,
+                    })?;
+                let tools_mount = oci_spec::runtime::MountBuilder::default()
+                    .destination(TOOLS_MOUNT)
+                    .typ("bind")
+                    .source(&tools)
+                    .options(
+                        ["rbind", "nosuid", "nodev", "rprivate", "ro"]
+                            .iter()
+                            .map(|o| o.to_string())
+                            .collect::<Vec<_>>(),
+                    )
+                    .build()
+                    .map_err(|e| RuntimeError::Internal(format!("tools mount: {e}")))?;
+                mounts.push(tools_mount);
+            }
             built.set_mounts(Some(mounts));
             Some(agent)
         } else {
@@ -1108,8 +1077,35 @@ struct StartedExec {
     started: Instant,
 }
 
+impl crate::runtime::Sandbox for LiveContainer {
+    fn shared_dir(&self) -> &Path {
+        self.agent.as_ref().map_or(Path::new(""), |a| a.dir())
+    }
+
+    fn shared_mount(&self) -> &'static str {
+        agent::AGENT_MOUNT
+    }
+
+    fn tools_mount(&self) -> &'static str {
+        TOOLS_MOUNT
+    }
+
+    fn signal(&self, pid: i32, signal: Signal) -> bool {
+        self.signal_container_pid(pid, signal)
+    }
+
+    fn oom_kills(&self) -> Option<u64> {
+        LiveContainer::oom_kills(self)
+    }
+}
+
 #[async_trait]
 impl Runtime for LiveContainer {
+    /// Only with the agent: its directory is what the sandbox shares with the host.
+    fn sandbox(&self) -> Option<&dyn crate::runtime::Sandbox> {
+        self.agent.as_ref().map(|_| self as &dyn crate::runtime::Sandbox)
+    }
+
     fn setup(&self) -> Option<&SetupResult> {
         self.setup.as_ref()
     }

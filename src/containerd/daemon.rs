@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::runtime::containerd::client::Containerd;
+use sha2::{Digest, Sha256};
+
+use super::Containerd;
 
 /// The binary we start.
 pub const CONTAINERD_BIN: &str = "containerd";
@@ -56,8 +58,8 @@ impl DaemonPaths {
         let mut socket = dir.join("containerd.sock");
         if socket.as_os_str().len() > MAX_SOCKET_PATH {
             // A deep state dir: keep the socket short in /run, named after the state dir.
-            let digest = crate::image::archive::sha256_bytes(state_dir.as_os_str().as_encoded_bytes());
-            socket = PathBuf::from(format!("/run/runner-{}/containerd.sock", &digest[7..19]));
+            let digest = hex::encode(Sha256::digest(state_dir.as_os_str().as_encoded_bytes()));
+            socket = PathBuf::from(format!("/run/runner-{}/containerd.sock", &digest[..12]));
         }
         DaemonPaths {
             config: dir.join("config.toml"),

@@ -1,17 +1,21 @@
-//! Command-line surface (kubectl habits). Global flags work before or after the verb.
+//! The command line (kubectl habits): arguments, one file per verb group, output formatting.
+//! The only place that prints or picks exit codes: 0 succeeded, 1 the job failed, 2 the
+//! runner could not do its work (every `ServiceError`, mapped in `run`). `serve` is handed
+//! back to `main`, which runs the HTTP face.
+
+mod daemon;
+mod images;
+mod jobs;
+mod output;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::config::{Config, DEFAULT_NAMESPACE, DEFAULT_OUTPUT_LIMIT, DEFAULT_STATE_DIR, ServeConfig};
 use crate::manifest::Backend;
-
-/// Default containerd socket (the system daemon's).
-pub const DEFAULT_ADDRESS: &str = "/run/containerd/containerd.sock";
-/// Default containerd namespace for everything runner creates.
-pub const DEFAULT_NAMESPACE: &str = "runner";
-/// Default state directory.
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/runner";
+use crate::service::{Connect, Context, ServiceError};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -41,6 +45,132 @@ pub struct Global {
     /// Log filter (tracing syntax), e.g. `debug` or `runner=trace`.
     #[arg(long, global = true, env = "RUNNER_LOG", default_value = "warn")]
     pub log: String,
+    /// The runner binary supervisors and output loggers run (default: this one).
+    #[arg(long, global = true, hide = true)]
+    pub runner_exe: Option<PathBuf>,
+}
+
+impl Global {
+    /// The configuration, built once here: nothing below `cli` sees clap.
+    pub fn config(&self) -> Config {
+        Config {
+            address: self.address.clone(),
+            namespace: self.namespace.clone(),
+            log: self.log.clone(),
+            runner_exe: self.runner_exe.clone(),
+            ..Config::new(&self.state_dir)
+        }
+    }
+}
+
+/// What `main` does after the command line was handled.
+pub enum Outcome {
+    /// Exit with this code.
+    Exit(i32),
+    /// Serve the HTTP API with this configuration.
+    Serve(Box<ServeConfig>),
+}
+
+impl Cli {
+    /// Run the verb (all but `serve`, which is returned to `main`).
+    pub async fn run(self) -> Outcome {
+        match self.dispatch().await {
+            Ok(outcome) => outcome,
+            Err(e) => Outcome::Exit(fail(&e)),
+        }
+    }
+
+    async fn dispatch(self) -> Result<Outcome, ServiceError> {
+        let g = &self.global;
+        let code = match self.command {
+            Verb::Validate(file) => jobs::validate(&context(g, file.env_dir.clone())?, &file)?,
+            Verb::Spec { file, job } => jobs::spec(&context(g, file.env_dir.clone())?, &file, job.as_deref())?,
+            Verb::Apply {
+                file,
+                output,
+                backend,
+                max_output_bytes,
+                detach,
+            } => {
+                let mut config = g.config();
+                config.env_dir = file.env_dir.clone();
+                config.output_limit = max_output_bytes;
+                jobs::apply(&cli_context(config)?, &file, output, backend, detach).await?
+            }
+            Verb::Get {
+                what: GetWhat::Jobs { name, selector, output },
+            } => jobs::get(&context(g, None)?, name.as_deref(), selector.as_deref(), output).await?,
+            Verb::Describe {
+                what: OneJob::Job { name },
+            } => jobs::describe(&context(g, None)?, &name).await?,
+            Verb::Logs {
+                name,
+                follow,
+                attempt,
+                index,
+            } => jobs::logs(&context(g, None)?, &name, follow, attempt, index).await?,
+            Verb::Wait { name, timeout } => jobs::wait(&context(g, None)?, &name, timeout).await?,
+            Verb::Delete {
+                what: OneJob::Job { name },
+            } => jobs::delete(&context(g, None)?, &name).await?,
+            Verb::Supervise { name, adopt } => jobs::supervise(&context(g, None)?, &name, adopt).await?,
+            Verb::Serve {
+                listen,
+                socket,
+                token_file,
+                env_dir,
+                session_ttl,
+            } => {
+                let mut config = g.config();
+                config.env_dir = env_dir;
+                if let Some(message) = config.namespace_error() {
+                    return Err(ServiceError::field("namespace", message));
+                }
+                return Ok(Outcome::Serve(Box::new(ServeConfig {
+                    config,
+                    listen,
+                    socket,
+                    token_file,
+                    session_ttl,
+                })));
+            }
+            Verb::Image { verb } => images::run(&context(g, None)?, verb).await?,
+            Verb::Daemon { verb } => daemon::run(&g.config(), verb).await?,
+            Verb::Gc => daemon::gc(&context(g, None)?).await?,
+        };
+        Ok(Outcome::Exit(code))
+    }
+}
+
+/// A context for one CLI call: it may start the private containerd, and says so.
+fn context(global: &Global, env_dir: Option<PathBuf>) -> Result<Context, ServiceError> {
+    let mut config = global.config();
+    config.env_dir = env_dir;
+    cli_context(config)
+}
+
+fn cli_context(config: Config) -> Result<Context, ServiceError> {
+    Ok(
+        Context::new(config, Connect::StartIfNeeded)?.on_daemon_start(std::sync::Arc::new(|started| {
+            eprintln!(
+                "runner: no containerd at {}; started a private one (pid {}, socket {}; `runner daemon stop` stops it)",
+                crate::config::DEFAULT_ADDRESS,
+                started.pid,
+                started.socket.display()
+            );
+        })),
+    )
+}
+
+/// Report a failure of the runner itself on stderr; its exit code (always 2).
+pub fn fail(e: &ServiceError) -> i32 {
+    eprintln!("runner: {e}");
+    2
+}
+
+/// How long to wait, as `60s` or `5m`.
+fn duration(text: &str) -> Result<Duration, humantime::DurationError> {
+    humantime::parse_duration(text)
 }
 
 #[derive(Subcommand, Debug)]
@@ -66,7 +196,7 @@ pub enum Verb {
         #[arg(long)]
         backend: Option<Backend>,
         /// Bytes of stdout and of stderr kept per job (head and tail; the rest is counted).
-        #[arg(long, default_value_t = crate::runtime::output::DEFAULT_OUTPUT_LIMIT)]
+        #[arg(long, default_value_t = DEFAULT_OUTPUT_LIMIT)]
         max_output_bytes: usize,
         /// Return at once; a supervisor process carries the jobs to their end.
         #[arg(short = 'd', long)]
@@ -99,7 +229,7 @@ pub enum Verb {
     Wait {
         name: String,
         /// Give up after this long (e.g. 60s, 5m).
-        #[arg(long, value_parser = humantime::parse_duration)]
+        #[arg(long, value_parser = duration)]
         timeout: Option<std::time::Duration>,
     },
     /// Delete a job: stop what runs, remove its containers, its record and its logs.
@@ -111,8 +241,6 @@ pub enum Verb {
     #[command(hide = true)]
     Supervise {
         name: String,
-        #[arg(long, default_value_t = crate::runtime::output::DEFAULT_OUTPUT_LIMIT)]
-        max_output_bytes: usize,
         /// Pick up a job whose supervisor died (re-adopt its containers).
         #[arg(long)]
         adopt: bool,
@@ -132,7 +260,7 @@ pub enum Verb {
         #[arg(long)]
         env_dir: Option<PathBuf>,
         /// Idle sessions are ended after this long.
-        #[arg(long, value_parser = humantime::parse_duration, default_value = "30m")]
+        #[arg(long, value_parser = duration, default_value = "30m")]
         session_ttl: std::time::Duration,
     },
     /// Manage images in containerd.
@@ -229,4 +357,18 @@ pub enum OutputFormat {
     Json,
     Yaml,
     Wide,
+}
+
+/// What `runner serve` tells its operator: the address on stdout (scripts read it), the
+/// rest on stderr.
+pub fn serve_event(event: crate::config::ServeEvent) {
+    match event {
+        crate::config::ServeEvent::Listening(address) => {
+            println!("listening on {address}");
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+        }
+        crate::config::ServeEvent::ContainerdUnavailable(reason) => {
+            eprintln!("runner: containerd is not available ({reason}); only host-backend sessions and jobs will work");
+        }
+    }
 }

@@ -1,0 +1,202 @@
+//! Session handlers: HTTP in, a service call, HTTP out.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::types::{CreateSession, Exec, PathQuery, Python, PythonOutput, PythonValue, Shell};
+use super::{AppResult, AppState, parse_json};
+use crate::confined::{ListEntry, UnpackReport};
+use crate::runtime::ExecResult;
+use crate::service::ServiceError;
+use crate::service::sessions::{SessionView, ShellOutput};
+
+type Id = UrlPath<String>;
+
+pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> AppResult<Response> {
+    let request = parse_json::<CreateSession>(&body)?.into_request()?;
+    let view = state.sessions.create(request).await?;
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+pub async fn list(State(state): State<Arc<AppState>>) -> Json<Vec<SessionView>> {
+    Json(state.sessions.list())
+}
+
+pub async fn get(State(state): State<Arc<AppState>>, UrlPath(id): Id) -> AppResult<Json<SessionView>> {
+    Ok(Json(state.sessions.get(&id)?))
+}
+
+pub async fn delete(State(state): State<Arc<AppState>>, UrlPath(id): Id) -> AppResult<StatusCode> {
+    state.sessions.delete(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn exec(State(state): State<Arc<AppState>>, UrlPath(id): Id, body: Bytes) -> AppResult<Json<ExecResult>> {
+    let session = state.sessions.lease(&id)?;
+    let request = parse_json::<Exec>(&body)?.into_request()?;
+    Ok(Json(session.exec(request).await?))
+}
+
+/// NDJSON: one event object per line (`stdout`, `stderr`, then `exit`) as they happen.
+pub async fn exec_stream(State(state): State<Arc<AppState>>, UrlPath(id): Id, body: Bytes) -> AppResult<Response> {
+    let session = state.sessions.lease(&id)?;
+    let request = parse_json::<Exec>(&body)?.into_request()?;
+    let mut events = session.stream(request).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    tokio::spawn(async move {
+        // The lease lives as long as the stream: a streaming session is in use.
+        let _session = session;
+        while let Some(event) = events.recv().await {
+            let mut line = serde_json::to_vec(&event).unwrap_or_default();
+            line.push(b'\n');
+            if tx.send(Ok(Bytes::from(line))).await.is_err() {
+                break;
+            }
+        }
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
+    )
+        .into_response())
+}
+
+pub async fn shell(State(state): State<Arc<AppState>>, UrlPath(id): Id, body: Bytes) -> AppResult<Json<ShellOutput>> {
+    let session = state.sessions.lease(&id)?;
+    let request = parse_json::<Shell>(&body)?.into_request()?;
+    Ok(Json(session.shell(request).await?))
+}
+
+pub async fn python(State(state): State<Arc<AppState>>, UrlPath(id): Id, body: Bytes) -> AppResult<Json<PythonOutput>> {
+    let session = state.sessions.lease(&id)?;
+    let request: Python = parse_json(&body)?;
+    match session.python_exec(&request.code, request.timeout()?).await? {
+        serde_json::Value::Object(map) => Ok(Json(PythonOutput(map))),
+        other => Err(ServiceError::rejected(format!("the Python driver answered {other}")).into()),
+    }
+}
+
+pub async fn python_vars(State(state): State<Arc<AppState>>, UrlPath(id): Id) -> AppResult<Json<serde_json::Value>> {
+    let session = state.sessions.lease(&id)?;
+    Ok(Json(session.python_vars().await?))
+}
+
+pub async fn python_var(
+    State(state): State<Arc<AppState>>,
+    UrlPath((id, name)): UrlPath<(String, String)>,
+) -> AppResult<Json<PythonValue>> {
+    let session = state.sessions.lease(&id)?;
+    Ok(Json(PythonValue {
+        value: session.python_var(&name).await?,
+    }))
+}
+
+pub async fn read_file(
+    State(state): State<Arc<AppState>>,
+    UrlPath(id): Id,
+    Query(q): Query<PathQuery>,
+) -> AppResult<Response> {
+    let session = state.sessions.lease(&id)?;
+    let file = session.read_file(&q.required()?).await?;
+    // Streamed: a file the sandbox made may be huge (or sparse).
+    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+pub async fn write_file(
+    State(state): State<Arc<AppState>>,
+    UrlPath(id): Id,
+    Query(q): Query<PathQuery>,
+    body: Bytes,
+) -> AppResult<StatusCode> {
+    let session = state.sessions.lease(&id)?;
+    session.write_file(&q.required()?, body).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn make_dir(
+    State(state): State<Arc<AppState>>,
+    UrlPath(id): Id,
+    Query(q): Query<PathQuery>,
+) -> AppResult<StatusCode> {
+    let session = state.sessions.lease(&id)?;
+    session.make_dir(&q.required()?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn list_files(
+    State(state): State<Arc<AppState>>,
+    UrlPath(id): Id,
+    Query(q): Query<PathQuery>,
+) -> AppResult<Response> {
+    let session = state.sessions.lease(&id)?;
+    let listing = session.list_files(&q.path.unwrap_or_default()).await?;
+    let entries: Vec<ListEntry> = listing.entries;
+    let mut response = Json(entries).into_response();
+    if listing.truncated {
+        response
+            .headers_mut()
+            .insert("x-runner-truncated", HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
+
+pub async fn upload(
+    State(state): State<Arc<AppState>>,
+    UrlPath(id): Id,
+    Query(q): Query<PathQuery>,
+    body: Bytes,
+) -> AppResult<Json<UnpackReport>> {
+    let session = state.sessions.lease(&id)?;
+    Ok(Json(session.upload(&q.path.unwrap_or_default(), body).await?))
+}
+
+/// A tar of a workspace directory (or one file), streamed as it is written. The path is
+/// resolved first, so a bad one is an error status rather than a cut stream.
+pub async fn download(
+    State(state): State<Arc<AppState>>,
+    UrlPath(id): Id,
+    Query(q): Query<PathQuery>,
+) -> AppResult<Response> {
+    let session = state.sessions.lease(&id)?;
+    let download = session.download(&q.path.unwrap_or_default()).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
+    tokio::task::spawn_blocking(move || {
+        let mut out = ChannelWriter(tx.clone());
+        if let Err(e) = download.write_to(&mut out) {
+            // The status is sent; the client sees a cut stream, and we say why in the log.
+            tracing::warn!(error = %e, "tar download stopped");
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-tar")],
+        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
+    )
+        .into_response())
+}
+
+/// A blocking writer feeding a response body.
+struct ChannelWriter(tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>);
+
+impl std::io::Write for ChannelWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .blocking_send(Ok(Bytes::copy_from_slice(buf)))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away"))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,58 @@
+//! `runner daemon start|stop|status` and `runner gc`.
+
+use super::DaemonVerb;
+use crate::config::Config;
+use crate::service::{Context, ServiceError, daemon, gc};
+
+pub async fn run(config: &Config, verb: DaemonVerb) -> Result<i32, ServiceError> {
+    match verb {
+        DaemonVerb::Start => {
+            let started = daemon::start(config).await?;
+            println!(
+                "containerd running (pid {}) at {}",
+                started.pid,
+                started.socket.display()
+            );
+            Ok(0)
+        }
+        DaemonVerb::Stop => {
+            match daemon::stop(config).await? {
+                Some(pid) => println!("stopped containerd (pid {pid})"),
+                None => println!("no private containerd was running"),
+            }
+            Ok(0)
+        }
+        DaemonVerb::Status => match daemon::status(config) {
+            Some(started) => {
+                println!("running (pid {}) at {}", started.pid, started.socket.display());
+                Ok(0)
+            }
+            None => {
+                println!("stopped");
+                Ok(1)
+            }
+        },
+    }
+}
+
+pub async fn gc(ctx: &Context) -> Result<i32, ServiceError> {
+    let report = gc::collect(ctx, true).await?;
+    println!(
+        "removed {} containers, {} snapshots, {} leases, {} run directories, {} cgroups",
+        report.containers.len(),
+        report.snapshots.len(),
+        report.leases.len(),
+        report.run_dirs.len(),
+        report.cgroups.len()
+    );
+    for c in &report.containers {
+        println!("container/{c}");
+    }
+    for c in &report.kept {
+        println!("kept container/{c}: a job attempt whose runner died, re-adopted by its job's store");
+    }
+    for j in &report.adopted {
+        println!("job/{j}: its supervisor died; a new one re-adopts it");
+    }
+    Ok(0)
+}

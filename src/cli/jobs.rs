@@ -1,0 +1,255 @@
+//! The Job verbs: validate, spec, apply, get, describe, logs, wait, delete, supervise.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::output::{self, age, print_human, print_objects, print_value, print_wide, reason_text, worst};
+use super::{FileArgs, OutputFormat};
+use crate::job::{JobObject, Phase};
+use crate::manifest::Backend;
+use crate::service::jobs::{self, LogChunk, Submission, Waited};
+use crate::service::{Context, ServiceError};
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// Run blocking planning (manifest files, host paths) off the async workers.
+async fn submission(ctx: &Context, file: &FileArgs, backend: Option<Backend>) -> Result<Submission, ServiceError> {
+    let (ctx, path) = (ctx.clone(), file.file.clone());
+    Context::blocking(move || Submission::from_file(&ctx, &path, None, backend)).await
+}
+
+pub fn validate(ctx: &Context, file: &FileArgs) -> Result<i32, ServiceError> {
+    let sub = Submission::from_file(ctx, &file.file, None, None)?;
+    println!(
+        "{}: valid ({} environment{}, {} job{})",
+        file.file.display(),
+        sub.environments,
+        plural(sub.environments),
+        sub.plans.len(),
+        plural(sub.plans.len()),
+    );
+    Ok(0)
+}
+
+pub fn spec(ctx: &Context, file: &FileArgs, job: Option<&str>) -> Result<i32, ServiceError> {
+    let spec = jobs::spec_of(ctx, &file.file, None, job)?;
+    print_value(&spec, Some(OutputFormat::Json))?;
+    Ok(0)
+}
+
+pub async fn apply(
+    ctx: &Context,
+    file: &FileArgs,
+    format: Option<OutputFormat>,
+    backend: Option<Backend>,
+    detach: bool,
+) -> Result<i32, ServiceError> {
+    let sub = submission(ctx, file, backend).await?;
+    if detach {
+        for name in jobs::start_detached(ctx, &sub).await? {
+            println!("job.runner/{name} created");
+        }
+        return Ok(0);
+    }
+    let cancel = CancellationToken::new();
+    let stopped_by = Arc::new(OnceLock::new());
+    {
+        let (cancel, stopped_by) = (cancel.clone(), stopped_by.clone());
+        tokio::spawn(async move {
+            let _ = stopped_by.set(crate::signals::shutdown().await);
+            cancel.cancel();
+        });
+    }
+    let mut code = 0;
+    let objects = jobs::run_foreground(ctx, &sub, cancel, |plan, object: &JobObject| {
+        code = worst(code, object.status.exit_code());
+        if format.is_none() {
+            print_human(&plan.job().name, &object.status);
+        }
+    })
+    .await?;
+    match format {
+        None => {}
+        Some(OutputFormat::Wide) => print_wide(&objects),
+        Some(format) => print_objects(&objects, format)?,
+    }
+    // Stopped by a signal: exit as a process ended by it would (130 for Ctrl-C, 143 for SIGTERM).
+    Ok(stopped_by.get().map_or(code, |s| s.exit_code()))
+}
+
+pub async fn get(
+    ctx: &Context,
+    name: Option<&str>,
+    selector: Option<&str>,
+    format: Option<OutputFormat>,
+) -> Result<i32, ServiceError> {
+    if let Some(name) = name {
+        let object = jobs::get(ctx, name).await?;
+        match format {
+            Some(OutputFormat::Json) | Some(OutputFormat::Yaml) => print_value(&object, format)?,
+            _ => print_wide(&[object]),
+        }
+        return Ok(0);
+    }
+    let selector = jobs::parse_selector(selector)?;
+    let rows = jobs::list(ctx, &selector).await?;
+    match format {
+        Some(OutputFormat::Json) | Some(OutputFormat::Yaml) => {
+            let objects: Vec<&JobObject> = rows.iter().map(|r| &r.object).collect();
+            print_value(
+                &serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects}),
+                format,
+            )?;
+        }
+        _ => {
+            let wide = format == Some(OutputFormat::Wide);
+            print!(
+                "{:<28} {:<10} {:<22} {:<12} {:<6}",
+                "NAME", "STATUS", "REASON", "COMPLETIONS", "AGE"
+            );
+            println!("{}", if wide { " ACTIVE FAILED COMMAND" } else { "" });
+            for row in &rows {
+                let (o, s) = (&row.object, &row.object.status);
+                print!(
+                    "{:<28} {:<10} {:<22} {:<12} {:<6}",
+                    o.metadata.name,
+                    format!("{:?}", s.phase),
+                    reason_text(s.reason),
+                    format!("{}/{}", s.succeeded, o.spec.completions),
+                    age(&row.created_at)
+                );
+                if wide {
+                    print!(" {:<6} {:<6} {}", s.active, s.failed, o.spec.command.join(" "));
+                }
+                println!();
+            }
+        }
+    }
+    Ok(0)
+}
+
+pub async fn describe(ctx: &Context, name: &str) -> Result<i32, ServiceError> {
+    let d = jobs::describe(ctx, name).await?;
+    let (o, s) = (&d.object, &d.object.status);
+    println!("Name:         {}", o.metadata.name);
+    let labels: Vec<String> = o.metadata.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    println!(
+        "Labels:       {}",
+        if labels.is_empty() {
+            "<none>".into()
+        } else {
+            labels.join(",")
+        }
+    );
+    println!("Environment:  {}", o.spec.environment);
+    println!("Backend:      {}", o.spec.backend.as_str());
+    println!("Command:      {}", o.spec.command.join(" "));
+    println!("Created:      {}", d.created_at);
+    println!("Start Time:   {}", s.start_time.as_deref().unwrap_or("-"));
+    println!("Completed At: {}", s.completion_time.as_deref().unwrap_or("-"));
+    println!("Phase:        {:?}", s.phase);
+    println!("Reason:       {}", reason_text(s.reason));
+    if let Some(m) = &s.message {
+        println!("Message:      {m}");
+    }
+    println!(
+        "Attempts:     {} active / {} succeeded / {} failed",
+        s.active, s.succeeded, s.failed
+    );
+    if let Some((owner, alive)) = &d.supervisor {
+        println!("Supervisor:   {owner} ({})", if *alive { "running" } else { "gone" });
+    }
+    println!("Conditions:");
+    if s.conditions.is_empty() {
+        println!("  <none>");
+    }
+    for c in &s.conditions {
+        println!(
+            "  {:<9} {:<6} {:<22} {} {}",
+            c.kind, c.status, c.reason, c.last_transition_time, c.message
+        );
+    }
+    println!("Attempt list:");
+    println!(
+        "  {:<6} {:<8} {:<10} {:<20} {:<6} STARTED",
+        "INDEX", "ATTEMPT", "PHASE", "REASON", "EXIT"
+    );
+    for a in &s.attempts {
+        println!(
+            "  {:<6} {:<8} {:<10} {:<20} {:<6} {}",
+            a.index,
+            a.attempt,
+            format!("{:?}", a.phase),
+            reason_text(a.reason),
+            a.exit_code.map_or_else(|| "-".into(), |c| c.to_string()),
+            a.start_time.as_deref().unwrap_or("-")
+        );
+    }
+    println!("Events:");
+    for e in &d.events {
+        println!("  {:<24} {:<8} {:<16} {}", e.time, e.kind, e.reason, e.message);
+    }
+    Ok(0)
+}
+
+pub async fn logs(
+    ctx: &Context,
+    name: &str,
+    follow: bool,
+    attempt: Option<u32>,
+    index: Option<u32>,
+) -> Result<i32, ServiceError> {
+    let mut logs = jobs::Logs::new(ctx, name, follow, attempt, index);
+    while let Some(chunks) = logs.next().await? {
+        for chunk in chunks {
+            match chunk {
+                LogChunk::Stdout(data) => output::write_stream(true, &data),
+                LogChunk::Stderr(data) => output::write_stream(false, &data),
+                LogChunk::Notice(text) => eprintln!("runner: {text}"),
+            }
+        }
+    }
+    Ok(0)
+}
+
+pub async fn wait(ctx: &Context, name: &str, timeout: Option<Duration>) -> Result<i32, ServiceError> {
+    match jobs::wait(ctx, name, timeout).await? {
+        Waited::Finished(status) => {
+            eprintln!("job/{name} {:?} ({})", status.phase, reason_text(status.reason));
+            Ok(if status.phase == Phase::Succeeded { 0 } else { 1 })
+        }
+        Waited::TimedOut(status) => {
+            eprintln!(
+                "job/{name}: still {:?} after {:?}",
+                status.phase,
+                timeout.unwrap_or_default()
+            );
+            Ok(2)
+        }
+    }
+}
+
+pub async fn delete(ctx: &Context, name: &str) -> Result<i32, ServiceError> {
+    jobs::delete(ctx, name).await?;
+    println!("job.runner/{name} deleted");
+    Ok(0)
+}
+
+/// `runner supervise NAME` (what `apply --detach` starts): carry the job to its end; Ctrl-C
+/// or SIGTERM cancels it as it cancels `apply`.
+pub async fn supervise(ctx: &Context, name: &str, adopt: bool) -> Result<i32, ServiceError> {
+    let cancel = CancellationToken::new();
+    {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            crate::signals::shutdown().await;
+            cancel.cancel();
+        });
+    }
+    let status = jobs::supervise(ctx, name, adopt, cancel).await?;
+    Ok(status.exit_code())
+}

@@ -1,0 +1,134 @@
+//! Output formatting: tables, YAML, JSON, the job's own output.
+
+use std::io::Write;
+
+use serde::Serialize;
+
+use super::OutputFormat;
+use crate::job::{JobObject, JobStatus, Reason};
+use crate::service::ServiceError;
+
+/// A reason as its API spelling (`BackoffLimitExceeded`).
+pub fn reason_text(reason: Option<Reason>) -> String {
+    reason
+        .and_then(|r| serde_json::to_value(r).ok())
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default()
+}
+
+/// "42s", "7m", "3h" since an RFC 3339 time.
+pub fn age(created: &str) -> String {
+    let Ok(t) = humantime::parse_rfc3339(created) else {
+        return "?".into();
+    };
+    match t.elapsed().map(|d| d.as_secs()).unwrap_or(0) {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s => format!("{}h", s / 3600),
+    }
+}
+
+fn output_error(what: &'static str) -> impl Fn(Box<dyn std::error::Error + Send + Sync>) -> ServiceError {
+    move |e| ServiceError::internal(what, e)
+}
+
+/// A value as YAML, or else pretty JSON, on stdout.
+pub fn print_value(value: &impl Serialize, format: Option<OutputFormat>) -> Result<(), ServiceError> {
+    let text = match format {
+        Some(OutputFormat::Yaml) => {
+            serde_saphyr::to_string(value).map_err(|e| output_error("encoding YAML")(e.into()))?
+        }
+        _ => serde_json::to_string_pretty(value).map_err(|e| output_error("encoding JSON")(e.into()))? + "\n",
+    };
+    std::io::stdout()
+        .lock()
+        .write_all(text.as_bytes())
+        .map_err(|e| output_error("writing the output")(e.into()))
+}
+
+/// One object as itself; several as a kubectl `List`.
+pub fn print_objects(objects: &[JobObject], format: OutputFormat) -> Result<(), ServiceError> {
+    match objects {
+        [one] => print_value(one, Some(format)),
+        many => print_value(
+            &serde_json::json!({"apiVersion": "v1", "kind": "List", "items": many}),
+            Some(format),
+        ),
+    }
+}
+
+/// `apply -o wide` and `get job NAME`: one row per job.
+pub fn print_wide(objects: &[JobObject]) {
+    println!(
+        "{:<24} {:<10} {:<18} {:>5} {:>10} {:<11} COMMAND",
+        "NAME", "PHASE", "REASON", "EXIT", "DURATION", "BACKEND"
+    );
+    for o in objects {
+        let result = o.status.result.as_ref();
+        println!(
+            "{:<24} {:<10} {:<18} {:>5} {:>10} {:<11} {}",
+            o.metadata.name,
+            format!("{:?}", o.status.phase),
+            reason_text(o.status.reason),
+            result.map_or_else(|| "-".into(), |r| r.status_code().to_string()),
+            result.map_or_else(|| "-".into(), |r| format!("{}ms", r.duration_ms)),
+            o.spec.backend.as_str(),
+            o.spec.command.join(" "),
+        );
+    }
+}
+
+/// Default `apply` output: the job's own stdout and stderr on ours, then one status line on
+/// stderr.
+pub fn print_human(name: &str, status: &JobStatus) {
+    let mut stdout = std::io::stdout().lock();
+    let mut stderr = std::io::stderr().lock();
+    if let Some(r) = &status.result {
+        if let Some(setup) = r.setup.as_ref().filter(|s| !s.succeeded()) {
+            let _ = stdout.write_all(setup.stdout.as_bytes());
+            let _ = stderr.write_all(setup.stderr.as_bytes());
+        }
+        let _ = stdout.write_all(r.stdout.as_bytes());
+        let _ = stdout.flush();
+        let _ = stderr.write_all(r.stderr.as_bytes());
+        if r.stdout_dropped_bytes > 0 || r.stderr_dropped_bytes > 0 {
+            let _ = writeln!(
+                stderr,
+                "runner: output capped: {} stdout and {} stderr bytes dropped",
+                r.stdout_dropped_bytes, r.stderr_dropped_bytes
+            );
+        }
+    }
+    let detail = match (&status.result, &status.message) {
+        (Some(r), _) => format!(" exit={} {}ms", r.status_code(), r.duration_ms),
+        (None, Some(m)) => format!(" {m}"),
+        (None, None) => String::new(),
+    };
+    let _ = writeln!(
+        stderr,
+        "job/{name} {:?} ({}){detail}",
+        status.phase,
+        reason_text(status.reason)
+    );
+}
+
+/// Combine exit codes: a runner failure outranks a job failure, which outranks success.
+pub fn worst(a: i32, b: i32) -> i32 {
+    let rank = |c: i32| match c {
+        0 => 0,
+        1 => 1,
+        2 => 3,
+        _ => 2,
+    };
+    if rank(b) > rank(a) { b } else { a }
+}
+
+/// Write raw bytes to stdout (flushed: a follower's reader sees them now) or stderr.
+pub fn write_stream(stdout: bool, data: &[u8]) {
+    let _ = if stdout {
+        let mut out = std::io::stdout().lock();
+        out.write_all(data).and_then(|()| out.flush())
+    } else {
+        std::io::stderr().write_all(data)
+    };
+}

@@ -1,0 +1,128 @@
+//! The runner's configuration: plain data, built once at the edge (the CLI's flags and
+//! environment, or a library user's code). Nothing below `cli` sees clap.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// containerd's default socket (the system daemon's).
+pub const DEFAULT_ADDRESS: &str = "/run/containerd/containerd.sock";
+/// containerd namespace for everything runner creates.
+pub const DEFAULT_NAMESPACE: &str = "runner";
+/// Where runner keeps its state.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/runner";
+/// Bytes of stdout and of stderr kept per command (head and tail).
+pub const DEFAULT_OUTPUT_LIMIT: usize = 10 << 20;
+/// Idle sessions of `runner serve` end after this long.
+pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
+/// The longest namespace containerd accepts.
+const MAX_NAMESPACE_LEN: usize = 76;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Job store, logs, run directories, the private containerd: never mountable into a job.
+    pub state_dir: PathBuf,
+    /// containerd namespace for everything runner creates.
+    pub namespace: String,
+    /// containerd's socket; `None`: the system daemon at `DEFAULT_ADDRESS`, else runner's own
+    /// private daemon under the state dir.
+    pub address: Option<PathBuf>,
+    /// Environments jobs and sessions may name besides those in their own manifest.
+    pub env_dir: Option<PathBuf>,
+    /// Bytes kept per output stream of a command.
+    pub output_limit: usize,
+    /// The `runner` binary: what detached supervisors run and what the shim runs as a job's
+    /// output logger (default: this executable, which is wrong only when the library is
+    /// embedded in another program).
+    pub runner_exe: Option<PathBuf>,
+    /// The log filter handed to the processes runner starts (supervisors).
+    pub log: String,
+}
+
+impl Config {
+    /// The defaults, with a state directory.
+    pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+        Config {
+            state_dir: state_dir.into(),
+            namespace: DEFAULT_NAMESPACE.to_string(),
+            address: None,
+            env_dir: None,
+            output_limit: DEFAULT_OUTPUT_LIMIT,
+            runner_exe: None,
+            log: "warn".to_string(),
+        }
+    }
+
+    /// Per-job output and results.
+    pub fn logs_dir(&self) -> PathBuf {
+        self.state_dir.join("logs")
+    }
+
+    /// Per-container directories (FIFOs, stdin, the agent's, the logger's output).
+    pub fn run_dir(&self) -> PathBuf {
+        self.state_dir.join("run")
+    }
+
+    /// The `runner` binary to start (supervisors, output loggers).
+    pub fn runner_exe(&self) -> std::io::Result<PathBuf> {
+        match &self.runner_exe {
+            Some(path) => Ok(path.clone()),
+            None => std::env::current_exe(),
+        }
+    }
+
+    /// Why the namespace is not one containerd accepts: alphanumeric words joined by `.`, `_`
+    /// or `-`.
+    pub fn namespace_error(&self) -> Option<String> {
+        let ns = &self.namespace;
+        let ok = !ns.is_empty()
+            && ns.len() <= MAX_NAMESPACE_LEN
+            && ns
+                .split(['.', '_', '-'])
+                .all(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphanumeric()));
+        (!ok).then(|| {
+            format!("namespace {ns:?} is not a valid containerd namespace (letters and digits joined by . _ -)")
+        })
+    }
+}
+
+/// `runner serve`: the configuration and where to listen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServeConfig {
+    pub config: Config,
+    /// A loopback address (default 127.0.0.1:8080; port 0 picks one).
+    pub listen: Option<std::net::SocketAddr>,
+    /// A unix socket instead (created with mode 0600).
+    pub socket: Option<PathBuf>,
+    /// The file holding the bearer token.
+    pub token_file: PathBuf,
+    /// Idle sessions end after this long.
+    pub session_ttl: Duration,
+}
+
+/// What a server tells its operator (the CLI prints it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServeEvent {
+    /// Where it listens: `http://127.0.0.1:PORT` or `unix:PATH`.
+    Listening(String),
+    /// containerd could not be reached at start: only host-backend sessions and jobs work
+    /// until it can.
+    ContainerdUnavailable(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces_are_checked_like_containerd_does() {
+        let mut c = Config::new("/tmp/x");
+        for ok in ["runner", "runner-test-12", "a.b_c"] {
+            c.namespace = ok.into();
+            assert_eq!(c.namespace_error(), None, "{ok}");
+        }
+        for bad in ["", "a..b", "-a", "a b", "ünï"] {
+            c.namespace = bad.into();
+            assert!(c.namespace_error().is_some(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! Garbage collection: what runner processes that are gone left in containerd and under the
+//! state dir. `runner gc`, and every `apply` at start (without cgroups), call it.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{Context, ServiceError, jobs};
+use crate::job::store::DB_FILE;
+use crate::owner::owner_alive;
+use crate::runtime::containerd::{
+    LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_STATE_DIR, RUN_DIR_OWNER,
+};
+
+/// A run directory without an owner mark (made by an older runner) counts as abandoned after this.
+const UNMARKED_RUN_DIR_AGE: Duration = Duration::from_secs(600);
+
+/// What a collection removed, and what it kept for re-adoption.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct GcReport {
+    pub containers: Vec<String>,
+    pub snapshots: Vec<String>,
+    pub leases: Vec<String>,
+    pub run_dirs: Vec<String>,
+    /// Job attempts whose runner died, kept: their job's store re-adopts them.
+    pub kept: Vec<String>,
+    /// Jobs of this store given a new supervisor.
+    pub adopted: Vec<String>,
+    /// Cgroup directories (per hierarchy) of containers that are gone, and their parent.
+    pub cgroups: Vec<String>,
+}
+
+impl GcReport {
+    fn total(&self) -> usize {
+        self.containers.len() + self.snapshots.len() + self.leases.len() + self.run_dirs.len() + self.cgroups.len()
+    }
+}
+
+/// Start-up reconciliation: collect without cgroups, logging what happened.
+pub async fn reconcile(ctx: &Context) {
+    match collect(ctx, false).await {
+        Ok(report) if report.total() > 0 || !report.adopted.is_empty() => {
+            tracing::info!(?report, "reconciled what dead runner processes left")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "start-up reconciliation failed"),
+    }
+}
+
+/// Remove every container, snapshot and lease labelled as runner's whose owning runner
+/// process is gone, and run directories of containers that no longer exist — except Job
+/// attempts, which outlive their runner on purpose: this store re-adopts its own, other
+/// stores' are theirs to judge unless that store is gone. With `cgroups`, also the cgroups
+/// runc leaves behind (only on an explicit `runner gc`: start-up reconciliation runs beside
+/// starting containers of the namespace).
+pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceError> {
+    let engine = ctx.engine(ctx.runtime_options()).await?;
+    let client = &engine.client;
+    let managed = format!("labels.\"{LABEL_MANAGED}\"==true");
+    let dead = |labels: &HashMap<String, String>| labels.get(LABEL_OWNER).is_none_or(|o| !owner_alive(o));
+    let ours = engine.state_dir();
+    let adoptable = jobs::adoptable(ctx).await?;
+    let mut report = GcReport::default();
+    let mut orphaned_jobs = BTreeSet::new();
+    for c in client.containers(vec![managed.clone()]).await? {
+        if !dead(&c.labels) {
+            continue;
+        }
+        if c.labels.contains_key(LABEL_ATTEMPT) {
+            let kept = match c.labels.get(LABEL_STATE_DIR).map(PathBuf::from) {
+                Some(dir) if dir != ours => dir.join(DB_FILE).exists(),
+                Some(_) => match c.labels.get(LABEL_JOB) {
+                    Some(job) if adoptable.contains(job) => {
+                        orphaned_jobs.insert(job.clone());
+                        true
+                    }
+                    _ => false,
+                },
+                None => false,
+            };
+            if kept {
+                report.kept.push(c.id.clone());
+                continue;
+            }
+        }
+        if let Err(e) = engine.teardown(&c.id).await {
+            tracing::warn!(container = c.id, error = %e, "gc could not remove a container completely");
+        }
+        report.containers.push(c.id);
+    }
+    // Orphaned attempts of this store get a supervisor that re-adopts them (their result is
+    // recorded, their containers removed when they end).
+    for job in orphaned_jobs {
+        if jobs::adopt_if_orphaned(ctx, &job).await? {
+            report.adopted.push(job);
+        }
+    }
+    let live: HashSet<String> = client
+        .containers(vec![managed.clone()])
+        .await?
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    for s in client.snapshots(vec![managed.clone()]).await? {
+        if !live.contains(&s.name) && dead(&s.labels) {
+            client.snapshot_remove(&s.name).await?;
+            report.snapshots.push(s.name);
+        }
+    }
+    for l in client.leases(vec![managed]).await? {
+        if dead(&l.labels) {
+            client.lease_delete(&l.id).await?;
+            report.leases.push(l.id);
+        }
+    }
+    report.run_dirs = {
+        let run_dir = ctx.config.run_dir();
+        Context::blocking(move || Ok(remove_run_dirs(&run_dir, &live))).await?
+    };
+    // The listing is taken right before the removal: a container created after it reaches
+    // runc's mkdir only after its shim starts (tens of ms later), so no cgroup of a starting
+    // container is removed under it.
+    if cgroups {
+        let existing: HashSet<String> = client.containers(Vec::new()).await?.into_iter().map(|c| c.id).collect();
+        report.cgroups = crate::runtime::cgroupfs::remove_stale(&engine.cgroup_parent(), &existing)
+            .into_iter()
+            .map(|p| p.display().to_string())
+            .collect();
+    }
+    Ok(report)
+}
+
+/// Remove the run directories of containers that do not exist and whose owner is gone: a
+/// directory is filled before its container is created, so only an abandoned one is a
+/// leftover.
+fn remove_run_dirs(run_dir: &std::path::Path, live: &HashSet<String>) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(run_dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if live.contains(&name) {
+            continue;
+        }
+        let abandoned = match std::fs::read_to_string(e.path().join(RUN_DIR_OWNER)) {
+            Ok(owner) => !owner_alive(owner.trim()),
+            Err(_) => e
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > UNMARKED_RUN_DIR_AGE)),
+        };
+        // std's remove_dir_all does not follow symlinks (the agent directory in there was
+        // writable by the sandbox).
+        if abandoned {
+            match std::fs::remove_dir_all(e.path()) {
+                Ok(()) => removed.push(name),
+                Err(err) => {
+                    tracing::warn!(dir = %e.path().display(), error = %err, "gc could not remove a run directory")
+                }
+            }
+        }
+    }
+    removed
+}

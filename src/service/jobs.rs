@@ -1,0 +1,838 @@
+//! Jobs: plan a manifest, submit it (detached or in the foreground), list, get, describe,
+//! logs, wait, delete, adopt jobs whose supervisor died, purge expired ones. Every store call
+//! runs on the blocking pool.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Context, ServiceError};
+use crate::job::store::{EventRecord, JobRecord, SharedStore, StoreError};
+use crate::job::supervisor::{self, JobContext, attempt_file};
+use crate::job::{self, JobObject, JobSpecView, JobStatus, ObjectMeta};
+use crate::manifest::{self, Backend, ManifestSet};
+use crate::owner::{owner_alive, owner_id, process_start_time};
+use crate::runtime::containerd::LABEL_JOB;
+use crate::spec::{self, HostEnv, RunPlan};
+
+/// How often `wait` and `logs -f` look at the store.
+const POLL: Duration = Duration::from_millis(100);
+/// How long `delete` waits for a job's supervisor to stop what runs.
+const DELETE_LIMIT: Duration = Duration::from_secs(60);
+/// The prefix of a record's owner while a process claims the job to re-adopt it.
+const ADOPTING: &str = "adopting:";
+
+/// A manifest read, validated and planned: every job bound to its Environment, host paths
+/// resolved, containerd specs built and checked against the hardened default.
+pub struct Submission {
+    /// The manifest text as read (what is stored is what was validated).
+    pub text: String,
+    pub base_dir: PathBuf,
+    pub file: Option<PathBuf>,
+    pub env_dir: Option<PathBuf>,
+    /// `--backend`: run every job on this backend instead of its Environment's.
+    pub backend: Option<Backend>,
+    pub environments: usize,
+    pub plans: Vec<RunPlan>,
+}
+
+impl Submission {
+    /// A manifest file (`validate`, `apply`), with the config's env dir unless one is given.
+    pub fn from_file(
+        ctx: &Context,
+        file: &Path,
+        env_dir: Option<&Path>,
+        backend: Option<Backend>,
+    ) -> Result<Self, ServiceError> {
+        let env_dir = env_dir.or(ctx.config.env_dir.as_deref());
+        let (set, text) = manifest::load_file_text(file, env_dir)?;
+        Self::planned(
+            ctx,
+            set,
+            text,
+            manifest::base_dir_of(file),
+            Some(file),
+            env_dir,
+            backend,
+        )
+    }
+
+    /// Manifest text (`POST /v1/jobs`): relative paths resolve against `base_dir`.
+    pub fn from_text(ctx: &Context, text: &str, base_dir: &Path) -> Result<Self, ServiceError> {
+        let env_dir = ctx.config.env_dir.as_deref();
+        let set = with_env_dir(manifest::parse_str(text, base_dir, None)?, env_dir)?;
+        Self::planned(ctx, set, text.to_string(), base_dir.to_path_buf(), None, env_dir, None)
+    }
+
+    fn planned(
+        ctx: &Context,
+        set: ManifestSet,
+        text: String,
+        base_dir: PathBuf,
+        file: Option<&Path>,
+        env_dir: Option<&Path>,
+        backend: Option<Backend>,
+    ) -> Result<Self, ServiceError> {
+        let plans = plan_all(&set, &ctx.host, backend)?;
+        Ok(Submission {
+            text,
+            base_dir,
+            file: file.map(Path::to_path_buf),
+            env_dir: env_dir.map(Path::to_path_buf),
+            backend,
+            environments: set.environments.len(),
+            plans,
+        })
+    }
+
+    fn require_jobs(&self) -> Result<(), ServiceError> {
+        if self.plans.is_empty() {
+            let what = self
+                .file
+                .as_ref()
+                .map_or("the manifest".to_string(), |f| f.display().to_string());
+            return Err(ServiceError::field("kind", format!("{what} holds no Job")));
+        }
+        Ok(())
+    }
+}
+
+fn with_env_dir(mut set: ManifestSet, env_dir: Option<&Path>) -> Result<ManifestSet, ServiceError> {
+    if let Some(dir) = env_dir {
+        set.env_dir = manifest::load_env_dir(dir)?;
+        set.env_dir_path = Some(dir.to_path_buf());
+    }
+    Ok(set)
+}
+
+/// Bind and resolve every job; containerd jobs also get their spec built and checked.
+fn plan_all(set: &ManifestSet, host: &HostEnv, backend: Option<Backend>) -> Result<Vec<RunPlan>, ServiceError> {
+    let mut out = Vec::new();
+    for job in &set.jobs {
+        let bound = set.bind(job, backend)?;
+        let plan = spec::resolve(&bound, host)?;
+        if bound.backend == Backend::Containerd {
+            let built = spec::build(&plan, host)?;
+            let violations = spec::hardening::violations(&built);
+            if !violations.is_empty() {
+                return Err(ServiceError::internal(
+                    format!("the spec for job {:?}", job.name),
+                    format!("it is not hardened: {}", violations.join("; ")),
+                ));
+            }
+        }
+        out.push(plan);
+    }
+    Ok(out)
+}
+
+/// The OCI spec containerd would run for one job of a manifest file (`runner spec`). A host
+/// Environment is shown as containerd would run it.
+pub fn spec_of(
+    ctx: &Context,
+    file: &Path,
+    env_dir: Option<&Path>,
+    job_name: Option<&str>,
+) -> Result<serde_json::Value, ServiceError> {
+    let set = manifest::load_file(file, env_dir.or(ctx.config.env_dir.as_deref()))?;
+    let job = match job_name {
+        Some(name) => set
+            .jobs
+            .iter()
+            .find(|j| j.name == name)
+            .ok_or_else(|| ServiceError::field("--job", format!("no job {name:?} in {}", file.display())))?,
+        None => match set.jobs.as_slice() {
+            [only] => only,
+            [] => return Err(ServiceError::field("kind", format!("{} holds no Job", file.display()))),
+            many => {
+                let names: Vec<&str> = many.iter().map(|j| j.name.as_str()).collect();
+                return Err(ServiceError::field(
+                    "--job",
+                    format!(
+                        "{} holds several jobs ({}); choose one",
+                        file.display(),
+                        names.join(", ")
+                    ),
+                ));
+            }
+        },
+    };
+    let bound = set.bind(job, Some(Backend::Containerd))?;
+    let plan = spec::resolve(&bound, &ctx.host)?;
+    let built = spec::build(&plan, &ctx.host)?;
+    spec::to_json(&built).map_err(|e| ServiceError::internal("encoding the spec", e))
+}
+
+async fn store(ctx: &Context) -> Result<SharedStore, ServiceError> {
+    Ok(SharedStore::open(&ctx.config.state_dir).await?)
+}
+
+fn now_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
+}
+
+/// Record the jobs of a submission before running them. A finished job of the same name is
+/// replaced (apply runs it again); a running one is a conflict.
+async fn register(ctx: &Context, store: &SharedStore, sub: &Submission) -> Result<(), ServiceError> {
+    let records: Vec<JobRecord> = sub
+        .plans
+        .iter()
+        .map(|plan| {
+            let job = plan.job();
+            JobRecord {
+                metadata: ObjectMeta::of(job),
+                manifest: sub.text.clone(),
+                base_dir: std::fs::canonicalize(&job.base_dir).unwrap_or_else(|_| job.base_dir.clone()),
+                file: sub.file.as_ref().and_then(|f| f.canonicalize().ok()),
+                env_dir: sub.env_dir.as_ref().and_then(|d| d.canonicalize().ok()),
+                backend: sub.backend,
+                view: JobSpecView::of(plan),
+                status: JobStatus::pending(),
+                output_limit: ctx.config.output_limit,
+                owner: None,
+                delete_requested: false,
+                created_at: job::rfc3339(SystemTime::now()),
+                finished_at: None,
+                ttl_seconds: job.ttl_after_finished.map(|d| d.as_secs()),
+            }
+        })
+        .collect();
+    let conflict = store
+        .call(move |s| {
+            for record in &records {
+                match s.get(record.name()) {
+                    Ok(Some(existing)) => {
+                        let alive = existing.owner.as_deref().is_some_and(owner_alive);
+                        if !existing.status.is_terminal() && alive {
+                            return Ok(Some(record.name().to_string()));
+                        }
+                        s.remove(record.name())?;
+                    }
+                    // An unreadable record of that name is replaced, as a finished one is.
+                    Err(StoreError::Corrupt { .. }) => s.remove(record.name())?,
+                    Ok(None) => {}
+                    Err(e) => return Err(e),
+                }
+                s.insert(record)?;
+            }
+            Ok(None)
+        })
+        .await?;
+    match conflict {
+        Some(name) => Err(ServiceError::Conflict(format!(
+            "job {name:?} is running (wait for it, or delete it: runner delete job {name})"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Submit the jobs of a manifest to run detached: each gets a supervisor process. Their names.
+pub async fn start_detached(ctx: &Context, sub: &Submission) -> Result<Vec<String>, ServiceError> {
+    sub.require_jobs()?;
+    let store = store(ctx).await?;
+    purge_expired(ctx, &store).await;
+    register(ctx, &store, sub).await?;
+    let mut names = Vec::new();
+    for plan in &sub.plans {
+        let name = plan.job().name.clone();
+        spawn_supervisor(ctx, &store, &name, false).await?;
+        names.push(name);
+    }
+    Ok(names)
+}
+
+/// Submit manifest text to run detached (`POST /v1/jobs`).
+pub async fn submit(ctx: &Context, text: &str, base_dir: &Path) -> Result<Vec<String>, ServiceError> {
+    let sub = {
+        let (ctx, text, base_dir) = (ctx.clone(), text.to_string(), base_dir.to_path_buf());
+        Context::blocking(move || Submission::from_text(&ctx, &text, &base_dir)).await?
+    };
+    start_detached(ctx, &sub).await
+}
+
+/// Run the jobs of a submission in this process, one after another, each to its end (or
+/// until `cancel`); `on_done` sees each as it ends. The last status of each.
+pub async fn run_foreground(
+    ctx: &Context,
+    sub: &Submission,
+    cancel: CancellationToken,
+    mut on_done: impl FnMut(&RunPlan, &JobObject),
+) -> Result<Vec<JobObject>, ServiceError> {
+    sub.require_jobs()?;
+    let store = store(ctx).await?;
+    purge_expired(ctx, &store).await;
+    register(ctx, &store, sub).await?;
+    if sub.plans.iter().any(|p| p.bound.backend == Backend::Containerd) {
+        // Connect now (a missing containerd fails before anything runs) and reconcile off the
+        // job's path: it only removes what dead runner processes left, idempotently.
+        ctx.containerd().await?;
+        let ctx = ctx.clone();
+        tokio::spawn(async move { super::gc::reconcile(&ctx).await });
+    }
+    let mut objects = Vec::new();
+    for plan in &sub.plans {
+        let name = plan.job().name.clone();
+        let status = supervise_plan(ctx, &store, plan.clone(), &name, cancel.clone(), false).await?;
+        let object = JobObject::new(ObjectMeta::of(plan.job()), JobSpecView::of(plan), status);
+        on_done(plan, &object);
+        objects.push(object);
+        if cancel.is_cancelled() {
+            break;
+        }
+    }
+    Ok(objects)
+}
+
+/// Carry one stored job to its end in this process.
+async fn supervise_plan(
+    ctx: &Context,
+    store: &SharedStore,
+    plan: RunPlan,
+    name: &str,
+    cancel: CancellationToken,
+    adopt: bool,
+) -> Result<JobStatus, ServiceError> {
+    let output_limit = {
+        let name = name.to_string();
+        store.call(move |s| s.require(&name)).await?.output_limit
+    };
+    let mut options = ctx.runtime_options();
+    options.output_limit = output_limit;
+    let engine = match plan.bound.backend {
+        Backend::Containerd => Some(ctx.engine(options.clone()).await?),
+        Backend::Host => None,
+    };
+    let job_ctx = JobContext {
+        plan,
+        host: ctx.host.clone(),
+        options,
+        engine,
+        state_dir: ctx.config.state_dir.clone(),
+        store: store.clone(),
+    };
+    Ok(supervisor::supervise(job_ctx, name, cancel, adopt).await?)
+}
+
+/// `runner supervise NAME`: carry a stored job to its end (what `apply --detach` and
+/// re-adoption start). With `adopt`, pick up the attempts a dead supervisor left running.
+pub async fn supervise(
+    ctx: &Context,
+    name: &str,
+    adopt: bool,
+    cancel: CancellationToken,
+) -> Result<JobStatus, ServiceError> {
+    let store = store(ctx).await?;
+    let record = {
+        let name = name.to_string();
+        store.call(move |s| s.require(&name)).await?
+    };
+    let plan = {
+        let host = ctx.host.clone();
+        Context::blocking(move || plan_of(&record, &host)).await?
+    };
+    supervise_plan(ctx, &store, plan, name, cancel, adopt).await
+}
+
+/// Rebuild a stored job's plan from its manifest text, env dir and backend override.
+fn plan_of(record: &JobRecord, host: &HostEnv) -> Result<RunPlan, ServiceError> {
+    let set = with_env_dir(
+        manifest::parse_str(&record.manifest, &record.base_dir, record.file.as_deref())?,
+        record.env_dir.as_deref(),
+    )?;
+    let job = set.jobs.iter().find(|j| j.name == record.name()).ok_or_else(|| {
+        ServiceError::internal(
+            format!("job {:?}", record.name()),
+            "its stored manifest no longer holds it",
+        )
+    })?;
+    let bound = set.bind(job, record.backend)?;
+    Ok(spec::resolve(&bound, host)?)
+}
+
+/// Start `runner supervise NAME` detached (its own session, output to the job's log dir) and
+/// record it as the job's owner at once: until it runs, the job would look unsupervised.
+async fn spawn_supervisor(ctx: &Context, store: &SharedStore, name: &str, adopt: bool) -> Result<(), ServiceError> {
+    let config = ctx.config.clone();
+    let job = name.to_string();
+    let pid = Context::blocking(move || {
+        let exe = config
+            .runner_exe()
+            .map_err(|e| ServiceError::internal("finding the runner binary", e))?;
+        let dir = config.logs_dir().join(&job);
+        std::fs::create_dir_all(&dir).map_err(|e| ServiceError::internal("creating the log directory", e))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("supervisor.log"))
+            .map_err(|e| ServiceError::internal("creating the supervisor log", e))?;
+        let log2 = log
+            .try_clone()
+            .map_err(|e| ServiceError::internal("creating the supervisor log", e))?;
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("supervise")
+            .arg(&job)
+            .arg("--state-dir")
+            .arg(&config.state_dir)
+            .arg("--namespace")
+            .arg(&config.namespace)
+            .arg("--log")
+            .arg(&config.log)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2);
+        if let Some(address) = &config.address {
+            cmd.arg("--address").arg(address);
+        }
+        if let Some(exe) = &config.runner_exe {
+            cmd.arg("--runner-exe").arg(exe);
+        }
+        if adopt {
+            cmd.arg("--adopt");
+        }
+        // SAFETY: setsid is async-signal-safe; the child only calls it before exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| ServiceError::internal("starting the supervisor", e))?;
+        // Not waited for: it outlives this process on purpose.
+        Ok(child.id())
+    })
+    .await?;
+    if let Some(start) = process_start_time(pid) {
+        let owner = format!("{pid}:{start}");
+        let name = name.to_string();
+        store
+            .call(move |s| {
+                s.update(&name, |r| {
+                    if r.owner.as_deref().is_none_or(|o| o.starts_with(ADOPTING)) {
+                        r.owner = Some(owner);
+                    }
+                })
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+/// Give a job whose supervisor is gone a new one, which re-adopts its running containers.
+/// Several processes may race: the store transaction that claims the job lets one of them
+/// spawn. Whether this call adopted it.
+pub async fn adopt_if_orphaned(ctx: &Context, name: &str) -> Result<bool, ServiceError> {
+    let store = store(ctx).await?;
+    let claim = format!("{ADOPTING}{}", owner_id());
+    let claimed = {
+        let (name, claim) = (name.to_string(), claim.clone());
+        store
+            .call(move |s| {
+                let record = s.require(&name)?;
+                let orphaned = !record.status.is_terminal()
+                    && !record.delete_requested
+                    && record.owner.as_deref().is_some_and(|o| !owner_alive(o));
+                if !orphaned {
+                    return Ok(false);
+                }
+                let updated = s.update(&name, |r| {
+                    if r.owner == record.owner {
+                        r.owner = Some(claim.clone());
+                    }
+                })?;
+                Ok(updated.owner.as_deref() == Some(claim.as_str()))
+            })
+            .await?
+    };
+    if claimed {
+        tracing::info!(job = name, "the job lost its supervisor; re-adopting it");
+        spawn_supervisor(ctx, &store, name, true).await?;
+    }
+    Ok(claimed)
+}
+
+/// Drop finished jobs whose ttlSecondsAfterFinished has passed (records and logs). Failing to
+/// purge never fails the caller: it is housekeeping, logged.
+async fn purge_expired(ctx: &Context, store: &SharedStore) {
+    let logs = ctx.config.logs_dir();
+    let purged = store
+        .call(move |s| {
+            let now = now_secs();
+            let mut gone = Vec::new();
+            for (name, finished, ttl) in s.expiry()? {
+                if let (Some(done), Some(ttl)) = (finished, ttl)
+                    && done + ttl as i64 <= now
+                {
+                    s.remove(&name)?;
+                    let _ = std::fs::remove_dir_all(logs.join(&name));
+                    gone.push(name);
+                }
+            }
+            Ok(gone)
+        })
+        .await;
+    match purged {
+        Ok(gone) if !gone.is_empty() => tracing::info!(?gone, "removed jobs past ttlSecondsAfterFinished"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "purging expired jobs failed"),
+    }
+}
+
+/// One job as `get jobs` lists it.
+pub struct Listed {
+    pub object: JobObject,
+    pub created_at: String,
+}
+
+/// Label selector `key=value[,key=value]` (equality only).
+pub fn parse_selector(text: Option<&str>) -> Result<Vec<(String, String)>, ServiceError> {
+    let Some(text) = text else { return Ok(Vec::new()) };
+    text.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.split_once('=')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .ok_or_else(|| ServiceError::field("selector", format!("{text:?}: expected key=value[,key=value]")))
+        })
+        .collect()
+}
+
+/// Every job whose labels match the selector.
+pub async fn list(ctx: &Context, selector: &[(String, String)]) -> Result<Vec<Listed>, ServiceError> {
+    let store = store(ctx).await?;
+    purge_expired(ctx, &store).await;
+    let records = store.call(|s| s.list()).await?;
+    Ok(records
+        .into_iter()
+        .filter(|r| selector.iter().all(|(k, v)| r.metadata.labels.get(k) == Some(v)))
+        .map(|r| Listed {
+            object: r.object(),
+            created_at: r.created_at,
+        })
+        .collect())
+}
+
+/// One job with its status. A read: it changes nothing.
+pub async fn get(ctx: &Context, name: &str) -> Result<JobObject, ServiceError> {
+    Ok(record(ctx, name).await?.object())
+}
+
+async fn record(ctx: &Context, name: &str) -> Result<JobRecord, ServiceError> {
+    let name = name.to_string();
+    Ok(store(ctx).await?.call(move |s| s.require(&name)).await?)
+}
+
+/// A job in detail.
+pub struct Described {
+    pub object: JobObject,
+    pub created_at: String,
+    /// The supervising process's owner id, and whether it runs.
+    pub supervisor: Option<(String, bool)>,
+    pub events: Vec<EventRecord>,
+}
+
+pub async fn describe(ctx: &Context, name: &str) -> Result<Described, ServiceError> {
+    let job = name.to_string();
+    let (record, events) = store(ctx)
+        .await?
+        .call(move |s| Ok((s.require(&job)?, s.events(&job)?)))
+        .await?;
+    Ok(Described {
+        object: record.object(),
+        supervisor: record.owner.clone().map(|o| {
+            let alive = owner_alive(&o);
+            (o, alive)
+        }),
+        created_at: record.created_at,
+        events,
+    })
+}
+
+/// How a wait ended.
+pub enum Waited {
+    Finished(JobStatus),
+    /// Still running when the timeout passed.
+    TimedOut(JobStatus),
+}
+
+/// Wait until a job ends. A job whose supervisor died is re-adopted (explicitly: waiting for it
+/// is what needs it to end).
+pub async fn wait(ctx: &Context, name: &str, timeout: Option<Duration>) -> Result<Waited, ServiceError> {
+    let start = Instant::now();
+    loop {
+        let record = record(ctx, name).await?;
+        if record.status.is_terminal() {
+            return Ok(Waited::Finished(record.status));
+        }
+        adopt_if_orphaned(ctx, name).await?;
+        if timeout.is_some_and(|t| start.elapsed() >= t) {
+            return Ok(Waited::TimedOut(record.status));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Stop a job and remove its containers, record and logs.
+pub async fn delete(ctx: &Context, name: &str) -> Result<(), ServiceError> {
+    let store = store(ctx).await?;
+    let requested = {
+        let name = name.to_string();
+        store
+            .call(move |s| s.update(&name, |r| r.delete_requested = true))
+            .await
+    };
+    // A record too damaged to read is still deleted: its backend is then unknown.
+    let (owner, backend) = match requested {
+        Ok(record) => (record.owner, Some(record.view.backend)),
+        Err(StoreError::Corrupt { .. }) => (None, None),
+        Err(e) => return Err(e.into()),
+    };
+    // The supervisor sees the request, stops the attempts (SIGTERM, grace, SIGKILL) and ends.
+    if let Some(owner) = &owner {
+        let start = Instant::now();
+        while owner_alive(owner) && start.elapsed() < DELETE_LIMIT {
+            tokio::time::sleep(POLL).await;
+        }
+    }
+    // Whatever is left (a supervisor that died): the job's containers, removed directly.
+    if backend != Some(Backend::Host) {
+        let engine = match ctx.engine(ctx.runtime_options()).await {
+            Ok(engine) => engine,
+            // Unknown backend and no containerd: nothing of it can be there to remove.
+            Err(ServiceError::Unavailable { .. }) if backend.is_none() => {
+                return remove_record(&store, ctx, name).await;
+            }
+            Err(e) => return Err(e),
+        };
+        let filter = format!("labels.\"{LABEL_JOB}\"=={name}");
+        for c in engine.client.containers(vec![filter]).await? {
+            if let Err(e) = engine.teardown(&c.id).await {
+                tracing::warn!(container = c.id, error = %e, "removing a container of the deleted job");
+            }
+        }
+    }
+    remove_record(&store, ctx, name).await
+}
+
+async fn remove_record(store: &SharedStore, ctx: &Context, name: &str) -> Result<(), ServiceError> {
+    let (job, logs) = (name.to_string(), ctx.config.logs_dir().join(name));
+    store
+        .call(move |s| {
+            s.remove(&job)?;
+            match std::fs::remove_dir_all(&logs) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::Io { path: logs, source: e }),
+                _ => Ok(()),
+            }
+        })
+        .await?;
+    Ok(())
+}
+
+/// Which attempts `logs` shows: index I / attempt N when given, else the last attempt of
+/// every index.
+fn selected(status: &JobStatus, attempt: Option<u32>, index: Option<u32>) -> Vec<(u32, u32)> {
+    let mut out: BTreeMap<u32, u32> = BTreeMap::new();
+    for a in &status.attempts {
+        if index.is_some_and(|i| i != a.index) {
+            continue;
+        }
+        if let Some(n) = attempt {
+            if a.attempt == n {
+                out.insert(a.index, n);
+            }
+            continue;
+        }
+        let e = out.entry(a.index).or_insert(a.attempt);
+        *e = (*e).max(a.attempt);
+    }
+    out.into_iter().collect()
+}
+
+/// A piece of a job's output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogChunk {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    /// Something to tell the reader about the output (a cap cut it).
+    Notice(String),
+}
+
+/// Reads a job's output: each selected attempt once it ended, or — following — as its
+/// logger appends it, until the job ends.
+pub struct Logs {
+    ctx: Context,
+    name: String,
+    follow: bool,
+    attempt: Option<u32>,
+    index: Option<u32>,
+    printed: HashSet<(u32, u32)>,
+    /// How far each running attempt's live output was read (stdout, stderr).
+    streamed: HashMap<(u32, u32), [u64; 2]>,
+    finished: bool,
+}
+
+const STREAMS: [&str; 2] = ["stdout", "stderr"];
+
+impl Logs {
+    pub fn new(ctx: &Context, name: &str, follow: bool, attempt: Option<u32>, index: Option<u32>) -> Self {
+        Logs {
+            ctx: ctx.clone(),
+            name: name.to_string(),
+            follow,
+            attempt,
+            index,
+            printed: HashSet::new(),
+            streamed: HashMap::new(),
+            finished: false,
+        }
+    }
+
+    /// The next output; `None` once there is nothing more. Following, a job whose supervisor
+    /// died is re-adopted, as `wait` does.
+    pub async fn next(&mut self) -> Result<Option<Vec<LogChunk>>, ServiceError> {
+        loop {
+            if self.finished {
+                return Ok(None);
+            }
+            let record = record(&self.ctx, &self.name).await?;
+            if self.follow && !record.status.is_terminal() {
+                adopt_if_orphaned(&self.ctx, &self.name).await?;
+            }
+            let done = record.status.is_terminal() || !record.owner.as_deref().is_some_and(owner_alive);
+            let chunks = self.collect(&record.status)?;
+            if !self.follow || done {
+                self.finished = true;
+            }
+            if !chunks.is_empty() || self.finished {
+                return Ok(Some(chunks));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    fn collect(&mut self, status: &JobStatus) -> Result<Vec<LogChunk>, ServiceError> {
+        let logs_dir = self.ctx.config.logs_dir();
+        let mut out = Vec::new();
+        for (i, n) in selected(status, self.attempt, self.index) {
+            if self.printed.contains(&(i, n)) {
+                continue;
+            }
+            let finished = status
+                .attempts
+                .iter()
+                .any(|a| a.index == i && a.attempt == n && a.completion_time.is_some());
+            let file = |ext: &str| attempt_file(&logs_dir, &self.name, i, n, ext);
+            if !finished {
+                if self.follow {
+                    // Running: what its logger appended since the last look.
+                    let offsets = self.streamed.entry((i, n)).or_default();
+                    for (k, stream) in STREAMS.into_iter().enumerate() {
+                        read_new(&file(&format!("live.{stream}")), &mut offsets[k], k, &mut out)?;
+                    }
+                }
+                continue;
+            }
+            // Ended. Followed while it ran: the rest of its live copy (the host backend has
+            // none: then the stored output). Otherwise the stored output, exactly.
+            let followed = self.streamed.remove(&(i, n));
+            let mut offsets = followed.unwrap_or_default();
+            for (k, stream) in STREAMS.into_iter().enumerate() {
+                let copy = file(&format!("live.{stream}"));
+                let source = if followed.is_some() && (copy.exists() || offsets[k] > 0) {
+                    copy
+                } else {
+                    file(stream)
+                };
+                read_new(&source, &mut offsets[k], k, &mut out)?;
+            }
+            let stored: Option<crate::runtime::ExecResult> = std::fs::read(file("json"))
+                .ok()
+                .and_then(|j| serde_json::from_slice(&j).ok());
+            if let Some(r) =
+                stored.filter(|r| followed.is_some() && r.stdout_dropped_bytes + r.stderr_dropped_bytes > 0)
+            {
+                out.push(LogChunk::Notice(format!(
+                    "attempt {i}-{n} printed more than the output cap; {} stdout and {} stderr bytes are not kept (`runner logs {}` shows the head and tail)",
+                    r.stdout_dropped_bytes, r.stderr_dropped_bytes, self.name
+                )));
+            }
+            self.printed.insert((i, n));
+        }
+        Ok(out)
+    }
+}
+
+/// What `path` holds past `*offset`, as a chunk of `stream` (0 stdout, 1 stderr); a missing
+/// file holds nothing yet.
+fn read_new(path: &Path, offset: &mut u64, stream: usize, out: &mut Vec<LogChunk>) -> Result<(), ServiceError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(ServiceError::internal(format!("reading {}", path.display()), e)),
+    };
+    let mut data = Vec::new();
+    file.seek(SeekFrom::Start(*offset))
+        .and_then(|_| file.read_to_end(&mut data))
+        .map_err(|e| ServiceError::internal(format!("reading {}", path.display()), e))?;
+    if !data.is_empty() {
+        *offset += data.len() as u64;
+        out.push(if stream == 0 {
+            LogChunk::Stdout(data)
+        } else {
+            LogChunk::Stderr(data)
+        });
+    }
+    Ok(())
+}
+
+/// A job's stdout: the last attempt of every index, in index order.
+pub async fn output(ctx: &Context, name: &str) -> Result<String, ServiceError> {
+    let status = record(ctx, name).await?.status;
+    let (logs_dir, name) = (ctx.config.logs_dir(), name.to_string());
+    Context::blocking(move || {
+        let mut out = String::new();
+        for (i, n) in selected(&status, None, None) {
+            let path = attempt_file(&logs_dir, &name, i, n, "stdout");
+            match std::fs::read(&path) {
+                Ok(data) => out.push_str(&String::from_utf8_lossy(&data)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(ServiceError::internal(format!("reading {}", path.display()), e)),
+            }
+        }
+        Ok(out)
+    })
+    .await
+}
+
+/// The jobs of this store that are not finished and not being deleted, by name (gc).
+pub(super) async fn adoptable(ctx: &Context) -> Result<HashSet<String>, ServiceError> {
+    let records = store(ctx).await?.call(|s| s.list()).await?;
+    Ok(records
+        .into_iter()
+        .filter(|r| !r.status.is_terminal() && !r.delete_requested)
+        .map(|r| r.metadata.name)
+        .collect())
+}
+
+/// Give every job of this store whose supervisor died a new one (a long-lived server calls
+/// this now and then; reads never do). The jobs adopted.
+pub async fn adopt_orphans(ctx: &Context) -> Result<Vec<String>, ServiceError> {
+    let mut adopted = Vec::new();
+    for name in adoptable(ctx).await? {
+        if adopt_if_orphaned(ctx, &name).await? {
+            adopted.push(name);
+        }
+    }
+    Ok(adopted)
+}

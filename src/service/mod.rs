@@ -1,0 +1,259 @@
+//! What a user can ask runner for — jobs, live sessions, images, gc, the private containerd —
+//! with no printing and no HTTP. The CLI (`cli`) and the HTTP API (`api`) are two faces of these
+//! calls; each maps `ServiceError` to its exit codes or statuses in one place.
+
+pub mod daemon;
+pub mod gc;
+pub mod images;
+pub mod jobs;
+pub mod sessions;
+
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::confined::ConfinedError;
+use crate::containerd::{Containerd, CtdError};
+use crate::image::ImageError;
+use crate::job::store::StoreError;
+use crate::manifest::ManifestError;
+use crate::runtime::containerd::Engine;
+use crate::runtime::{RuntimeError, RuntimeOptions};
+use crate::spec::{HostEnv, SpecError};
+
+/// Why a service call failed, by whose fault and what the caller can do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The request is wrong (a manifest, a field, a path): the caller can fix it.
+    #[error(transparent)]
+    Invalid(#[from] Invalid),
+    #[error("{kind} {name:?} not found")]
+    NotFound { kind: &'static str, name: String },
+    /// The request contradicts the current state (a job of that name runs).
+    #[error("{0}")]
+    Conflict(String),
+    /// Something the request needs is not reachable now (containerd): retrying may work.
+    #[error("{what} is unavailable: {reason}")]
+    Unavailable { what: &'static str, reason: String },
+    /// The runner failed at its own work.
+    #[error("{context}: {source}")]
+    Internal {
+        context: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// The ways a request can be wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum Invalid {
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// One field of a request.
+    #[error("{field}: {message}")]
+    Field { field: String, message: String },
+    /// A path in a sandbox's workspace.
+    #[error(transparent)]
+    Path(ConfinedError),
+    /// The sandbox could not do what was asked (its setup failed, a program is missing, the
+    /// command failed under `check: raise`): well-formed, but not doable as asked.
+    #[error("{0}")]
+    Rejected(String),
+    /// The session's backend cannot do this.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A command failed under `check: raise`: what it did, for the caller to see.
+    #[error("command failed with exit code {}", .0.exit_code.map_or("none".to_string(), |c| c.to_string()))]
+    Failed(Box<sessions::ShellOutput>),
+}
+
+impl ServiceError {
+    pub fn internal(context: impl Into<String>, source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        ServiceError::Internal {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+
+    pub fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ServiceError::Invalid(Invalid::Field {
+            field: field.into(),
+            message: message.into(),
+        })
+    }
+
+    pub fn rejected(message: impl Into<String>) -> Self {
+        ServiceError::Invalid(Invalid::Rejected(message.into()))
+    }
+}
+
+impl From<ManifestError> for ServiceError {
+    fn from(e: ManifestError) -> Self {
+        ServiceError::Invalid(Invalid::Manifest(e))
+    }
+}
+
+impl From<SpecError> for ServiceError {
+    fn from(e: SpecError) -> Self {
+        ServiceError::Invalid(Invalid::Spec(e))
+    }
+}
+
+impl From<StoreError> for ServiceError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound(name) => ServiceError::NotFound { kind: "job", name },
+            StoreError::Exists(name) => ServiceError::Conflict(format!("job {name:?} already exists")),
+            other => ServiceError::internal("the job store", other),
+        }
+    }
+}
+
+impl From<CtdError> for ServiceError {
+    fn from(e: CtdError) -> Self {
+        if e.is_unavailable() {
+            ServiceError::Unavailable {
+                what: "containerd",
+                reason: e.to_string(),
+            }
+        } else {
+            ServiceError::internal("containerd", e)
+        }
+    }
+}
+
+impl From<ImageError> for ServiceError {
+    fn from(e: ImageError) -> Self {
+        match e {
+            ImageError::Containerd(e) => e.into(),
+            ImageError::NotFound(name) => ServiceError::NotFound { kind: "image", name },
+            e @ (ImageError::Format(_) | ImageError::Name(_) | ImageError::DiffIdMismatch { .. }) => {
+                ServiceError::field("image", e.to_string())
+            }
+            e @ ImageError::Io { .. } => ServiceError::internal("the image", e),
+        }
+    }
+}
+
+impl From<RuntimeError> for ServiceError {
+    fn from(e: RuntimeError) -> Self {
+        match e {
+            RuntimeError::EmptyCommand => ServiceError::field("command", "must not be empty"),
+            RuntimeError::Refused(message) => ServiceError::field("request", message),
+            e @ RuntimeError::Start { .. } => ServiceError::rejected(e.to_string()),
+            RuntimeError::CleanedUp => ServiceError::NotFound {
+                kind: "session",
+                name: "(ended)".into(),
+            },
+            RuntimeError::Unavailable(what) => ServiceError::Unavailable {
+                what,
+                reason: format!("backend {what} is not connected"),
+            },
+            RuntimeError::Containerd(e) => e.into(),
+            RuntimeError::Image(e) => e.into(),
+            e @ (RuntimeError::Io { .. } | RuntimeError::Internal(_)) => ServiceError::internal("the runtime", e),
+        }
+    }
+}
+
+impl From<ConfinedError> for ServiceError {
+    fn from(e: ConfinedError) -> Self {
+        match e {
+            ConfinedError::NotFound { path } => ServiceError::NotFound {
+                kind: "path",
+                name: path,
+            },
+            e @ ConfinedError::Unsupported { .. } => ServiceError::Invalid(Invalid::Unsupported(e.to_string())),
+            e if e.is_client_error() => ServiceError::Invalid(Invalid::Path(e)),
+            e => ServiceError::internal("the workspace", e),
+        }
+    }
+}
+
+/// Whether a call that needs containerd may start runner's private one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Connect {
+    /// The CLI: the address given, else the system daemon at the default address, else the
+    /// private daemon under the state dir, started when it is not running.
+    StartIfNeeded,
+    /// A long-lived server: connect to what runs; never start a daemon behind a request.
+    Existing,
+}
+
+/// Told when a call started runner's private containerd (the CLI says so on stderr).
+pub type DaemonNotice = Arc<dyn Fn(&daemon::Started) + Send + Sync>;
+
+/// What every service call needs: the configuration, the host's facts, and containerd once
+/// connected (lazily: host-backend work never touches it).
+#[derive(Clone)]
+pub struct Context {
+    pub config: Arc<Config>,
+    pub host: HostEnv,
+    connect: Connect,
+    client: Arc<tokio::sync::OnceCell<Containerd>>,
+    on_daemon_start: Option<DaemonNotice>,
+}
+
+impl Context {
+    pub fn new(config: Config, connect: Connect) -> Result<Self, ServiceError> {
+        if let Some(message) = config.namespace_error() {
+            return Err(ServiceError::field("namespace", message));
+        }
+        Ok(Context {
+            host: HostEnv::detect(&config.state_dir),
+            config: Arc::new(config),
+            connect,
+            client: Arc::new(tokio::sync::OnceCell::new()),
+            on_daemon_start: None,
+        })
+    }
+
+    /// Call `notice` when a call starts the private containerd.
+    pub fn on_daemon_start(mut self, notice: DaemonNotice) -> Self {
+        self.on_daemon_start = Some(notice);
+        self
+    }
+
+    /// containerd, connected on first use (per the connect policy).
+    pub async fn containerd(&self) -> Result<Containerd, ServiceError> {
+        self.client
+            .get_or_try_init(|| async {
+                let (client, started) = daemon::connect(&self.config, self.connect).await?;
+                if let (Some(started), Some(notice)) = (&started, &self.on_daemon_start) {
+                    notice(started);
+                }
+                Ok::<_, ServiceError>(client)
+            })
+            .await
+            .cloned()
+    }
+
+    /// The containerd backend with these runtime options.
+    pub async fn engine(&self, options: RuntimeOptions) -> Result<Engine, ServiceError> {
+        Ok(Engine::new(
+            self.containerd().await?,
+            &self.config.state_dir,
+            self.host.clone(),
+            options,
+        ))
+    }
+
+    /// Runtime options from the configuration.
+    pub fn runtime_options(&self) -> RuntimeOptions {
+        RuntimeOptions {
+            output_limit: self.config.output_limit,
+            logger_binary: self.config.runner_exe.clone(),
+            ..RuntimeOptions::default()
+        }
+    }
+
+    /// Run blocking work (the filesystem, SQLite, fork/exec) off the async workers.
+    pub async fn blocking<T: Send + 'static>(
+        f: impl FnOnce() -> Result<T, ServiceError> + Send + 'static,
+    ) -> Result<T, ServiceError> {
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| ServiceError::internal("a worker thread", e))?
+    }
+}

@@ -1,0 +1,492 @@
+//! Live sessions: a sandbox that stays up for many calls — commands, a stateful shell, a
+//! persistent Python interpreter, files in its workspace. `SessionManager` owns them; a call
+//! holds a `Lease`, and a leased session is never reaped as idle.
+
+mod files;
+mod python;
+mod shell;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+pub use files::Download;
+pub use shell::{Check, ShellOutput, ShellRequest};
+
+use super::{Context, ServiceError};
+use crate::confined::Owner;
+use crate::manifest::{self, Backend};
+use crate::runtime::host::HostRuntime;
+use crate::runtime::{ExecRequest, ExecResult, Runtime, RuntimeEvent};
+use crate::spec;
+
+/// The default name of a session's inline Environment.
+const INLINE_ENV: &str = "session-env";
+
+/// The Environment a session runs in.
+#[derive(Clone, Debug)]
+pub enum EnvironmentRef {
+    /// One of the config's env dir.
+    Name(String),
+    /// An Environment's `spec` object.
+    Spec(serde_json::Map<String, Value>),
+    /// A whole Environment document (apiVersion, kind, metadata, spec), as in a manifest.
+    Document(serde_json::Map<String, Value>),
+}
+
+impl EnvironmentRef {
+    /// From JSON: a name, a whole document (it has `kind` or `apiVersion`), or a spec object.
+    pub fn from_json(value: Value) -> Result<Self, ServiceError> {
+        match value {
+            Value::String(name) => Ok(EnvironmentRef::Name(name)),
+            Value::Object(doc) if doc.contains_key("kind") || doc.contains_key("apiVersion") => {
+                Ok(EnvironmentRef::Document(doc))
+            }
+            Value::Object(spec) => Ok(EnvironmentRef::Spec(spec)),
+            _ => Err(ServiceError::field(
+                "environment",
+                "an Environment (a whole document, or its spec object) or the name of one",
+            )),
+        }
+    }
+
+    /// The Environment's name and, unless it is named, its document.
+    fn document(&self) -> Result<(String, Option<Value>), ServiceError> {
+        match self {
+            EnvironmentRef::Name(name) => Ok((name.clone(), None)),
+            EnvironmentRef::Spec(spec) => Ok((
+                INLINE_ENV.to_string(),
+                Some(serde_json::json!({
+                    "apiVersion": manifest::API_VERSION, "kind": "Environment",
+                    "metadata": {"name": INLINE_ENV}, "spec": spec,
+                })),
+            )),
+            EnvironmentRef::Document(doc) => environment_document(doc),
+        }
+    }
+}
+
+/// A whole Environment document, checked for what the manifest parser cannot see here (its
+/// kind and version), with errors named `environment.*`.
+fn environment_document(doc: &serde_json::Map<String, Value>) -> Result<(String, Option<Value>), ServiceError> {
+    const FIELDS: [&str; 4] = ["apiVersion", "kind", "metadata", "spec"];
+    let got = |v: Option<&Value>| v.map_or("nothing".to_string(), |v| v.to_string());
+    if let Some(unknown) = doc.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(ServiceError::field(
+            format!("environment.{unknown}"),
+            "unknown field (an Environment document has apiVersion, kind, metadata, spec)",
+        ));
+    }
+    match doc.get("apiVersion") {
+        Some(Value::String(v)) if v == manifest::API_VERSION => {}
+        other => {
+            return Err(ServiceError::field(
+                "environment.apiVersion",
+                format!("expected {:?}, got {}", manifest::API_VERSION, got(other)),
+            ));
+        }
+    }
+    match doc.get("kind") {
+        Some(Value::String(k)) if k == "Environment" => {}
+        other => {
+            return Err(ServiceError::field(
+                "environment.kind",
+                format!("expected \"Environment\", got {}", got(other)),
+            ));
+        }
+    }
+    if !doc.get("spec").is_some_and(Value::is_object) {
+        return Err(ServiceError::field("environment.spec", "an object is required"));
+    }
+    let name = match doc.get("metadata") {
+        None => INLINE_ENV.to_string(),
+        Some(Value::Object(meta)) => match meta.get("name") {
+            None => INLINE_ENV.to_string(),
+            Some(Value::String(n)) => n.clone(),
+            Some(other) => {
+                return Err(ServiceError::field(
+                    "environment.metadata.name",
+                    format!("a string is required, got {other}"),
+                ));
+            }
+        },
+        Some(other) => {
+            return Err(ServiceError::field(
+                "environment.metadata",
+                format!("an object is required, got {other}"),
+            ));
+        }
+    };
+    let mut doc = Value::Object(doc.clone());
+    doc["metadata"]["name"] = name.clone().into();
+    Ok((name, Some(doc)))
+}
+
+/// What a new session needs.
+#[derive(Clone, Debug)]
+pub struct NewSession {
+    pub environment: EnvironmentRef,
+    /// A host directory to work in (default: a fresh scratch directory, removed with the
+    /// session).
+    pub workspace: Option<String>,
+    /// As a Job's `staticAssets` and `mounts` (manifest syntax).
+    pub static_assets: Vec<Value>,
+    pub mounts: Vec<Value>,
+    /// Run on this backend instead of the Environment's.
+    pub backend: Option<Backend>,
+}
+
+impl NewSession {
+    pub fn new(environment: EnvironmentRef) -> Self {
+        NewSession {
+            environment,
+            workspace: None,
+            static_assets: Vec::new(),
+            mounts: Vec::new(),
+            backend: None,
+        }
+    }
+}
+
+/// A session as callers see it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionView {
+    pub id: String,
+    pub backend: Backend,
+    pub workspace: PathBuf,
+    pub created: String,
+    pub idle_seconds: u64,
+    /// Calls in progress.
+    pub active_calls: usize,
+}
+
+/// One live sandbox and what lives in it between calls.
+pub struct Session {
+    pub id: String,
+    runtime: Arc<dyn Runtime>,
+    workspace: PathBuf,
+    /// Who owns what the file operations create in the workspace: the sandbox's user.
+    owner: Option<Owner>,
+    _scratch: Option<tempfile::TempDir>,
+    /// A host session's private directory for its shells' state.
+    host_shell_dir: Option<tempfile::TempDir>,
+    backend: Backend,
+    created: String,
+    last_used: Mutex<Instant>,
+    /// Calls holding a lease on the session.
+    in_use: AtomicUsize,
+    python: tokio::sync::Mutex<Option<python::Driver>>,
+    /// The shell interpreter of the image (bash when present), found on first use.
+    shell_bin: tokio::sync::OnceCell<String>,
+}
+
+impl Session {
+    fn view(&self) -> SessionView {
+        SessionView {
+            id: self.id.clone(),
+            backend: self.backend,
+            workspace: self.workspace.clone(),
+            created: self.created.clone(),
+            idle_seconds: self.idle().as_secs(),
+            active_calls: self.in_use.load(Ordering::SeqCst),
+        }
+    }
+
+    fn idle(&self) -> Duration {
+        if self.in_use.load(Ordering::SeqCst) > 0 {
+            return Duration::ZERO;
+        }
+        self.last_used.lock().expect("session lock").elapsed()
+    }
+
+    fn shell_dir(&self) -> String {
+        match &self.host_shell_dir {
+            Some(dir) => dir.path().to_string_lossy().into_owned(),
+            None => shell::SANDBOX_SHELL_DIR.to_string(),
+        }
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    pub fn workspace(&self) -> &Path {
+        &self.workspace
+    }
+
+    /// Run a command to its end (or its timeout).
+    pub async fn exec(&self, request: ExecRequest) -> Result<ExecResult, ServiceError> {
+        check_request(&request)?;
+        Ok(self.runtime.execute(request).await?)
+    }
+
+    /// Start a command; its output as it happens, `Exit` last. Streams take no stdin.
+    pub async fn stream(&self, request: ExecRequest) -> Result<mpsc::Receiver<RuntimeEvent>, ServiceError> {
+        check_request(&request)?;
+        if request.stdin.is_some() {
+            return Err(ServiceError::field("stdin", "streaming takes no stdin (use exec)"));
+        }
+        if !request.env.is_empty() || request.cwd.is_some() {
+            return Err(ServiceError::field("env", "streaming takes no env or cwd (use exec)"));
+        }
+        Ok(self.runtime.stream(request.argv, request.timeout).await?)
+    }
+}
+
+fn check_request(request: &ExecRequest) -> Result<(), ServiceError> {
+    if request.argv.is_empty() || request.argv[0].is_empty() {
+        return Err(ServiceError::field("command", "must not be empty"));
+    }
+    if let Some(cwd) = &request.cwd {
+        manifest::paths::check_lexical(cwd).map_err(|e| ServiceError::field("cwd", e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// A session held by a call: while any lease lives, the session is not idle.
+pub struct Lease(Arc<Session>);
+
+impl std::ops::Deref for Lease {
+    type Target = Session;
+    fn deref(&self) -> &Session {
+        &self.0
+    }
+}
+
+impl Clone for Lease {
+    fn clone(&self) -> Self {
+        self.0.in_use.fetch_add(1, Ordering::SeqCst);
+        Lease(self.0.clone())
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // Idle time counts from the end of the last call.
+        *self.0.last_used.lock().expect("session lock") = Instant::now();
+        self.0.in_use.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Every session of a process (`runner serve`, or a library user).
+pub struct SessionManager {
+    ctx: Context,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    idle_ttl: Duration,
+    /// What relative paths in a session's mounts and assets resolve against.
+    base_dir: PathBuf,
+}
+
+impl SessionManager {
+    pub fn new(ctx: Context, idle_ttl: Duration) -> Self {
+        SessionManager {
+            ctx,
+            sessions: Mutex::new(HashMap::new()),
+            idle_ttl,
+            base_dir: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+        }
+    }
+
+    pub fn idle_ttl(&self) -> Duration {
+        self.idle_ttl
+    }
+
+    /// Start a sandbox; its setup must succeed.
+    pub async fn create(&self, request: NewSession) -> Result<SessionView, ServiceError> {
+        let id = format!("s-{}", crate::owner::unique_tag());
+        let (env_name, env_doc) = request.environment.document()?;
+        let scratch = match &request.workspace {
+            Some(_) => None,
+            None => {
+                let dir = tempfile::Builder::new()
+                    .prefix("runner-session-")
+                    .tempdir()
+                    .map_err(|e| ServiceError::internal("creating a scratch workspace", e))?;
+                // Sandboxes may run as any uid: their scratch workspace is theirs to write.
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+                    .map_err(|e| ServiceError::internal("opening the scratch workspace", e))?;
+                Some(dir)
+            }
+        };
+        let workspace = match (&request.workspace, &scratch) {
+            (Some(w), _) => w.clone(),
+            (None, Some(t)) => t.path().to_string_lossy().into_owned(),
+            (None, None) => unreachable!("a scratch workspace exists when none is given"),
+        };
+        let job_doc = serde_json::json!({
+            "apiVersion": manifest::API_VERSION, "kind": "Job",
+            "metadata": {"name": id},
+            "spec": {
+                "environment": env_name, "workspace": workspace,
+                "staticAssets": request.static_assets, "mounts": request.mounts, "command": "true",
+            },
+        });
+        let text = match env_doc {
+            Some(env) => format!("{env}\n---\n{job_doc}\n"),
+            None => format!("{job_doc}\n"),
+        };
+        let plan = {
+            let (ctx, base_dir, backend) = (self.ctx.clone(), self.base_dir.clone(), request.backend);
+            Context::blocking(move || {
+                let mut set = manifest::parse_str(&text, &base_dir, None)?;
+                if let Some(dir) = &ctx.config.env_dir {
+                    set.env_dir = manifest::load_env_dir(dir)?;
+                    set.env_dir_path = Some(dir.clone());
+                }
+                let job = set
+                    .jobs
+                    .first()
+                    .cloned()
+                    .ok_or_else(|| ServiceError::internal("a session", "its job document vanished"))?;
+                let bound = set.bind(&job, backend)?;
+                Ok(spec::resolve(&bound, &ctx.host)?)
+            })
+            .await?
+        };
+        let backend = plan.bound.backend;
+        let owner = match (backend, spec::container_user(plan.env(), &self.ctx.host)) {
+            (Backend::Containerd, (uid, gid)) if (uid, gid) != (0, 0) => Some(Owner { uid, gid }),
+            _ => None,
+        };
+        let mut options = self.ctx.runtime_options();
+        options.tools = vec![python::DRIVER];
+        let runtime: Arc<dyn Runtime> = match backend {
+            Backend::Containerd => Arc::new(self.ctx.engine(options).await?.spawn_live(&plan).await?),
+            Backend::Host => Arc::new(HostRuntime::spawn(&plan, &self.ctx.host, &options).await?),
+        };
+        if let Some(setup) = runtime.setup().filter(|s| !s.succeeded()) {
+            let detail = serde_json::to_string(setup).unwrap_or_default();
+            if let Err(e) = runtime.cleanup().await {
+                tracing::warn!(session = id, error = %e, "cleaning up after a failed setup");
+            }
+            return Err(ServiceError::rejected(format!("setup failed: {detail}")));
+        }
+        let host_shell_dir = match backend {
+            Backend::Host => Some(
+                tempfile::Builder::new()
+                    .prefix("runner-shell-")
+                    .tempdir()
+                    .map_err(|e| ServiceError::internal("creating the shell state directory", e))?,
+            ),
+            Backend::Containerd => None,
+        };
+        let session = Arc::new(Session {
+            id: id.clone(),
+            runtime,
+            workspace: PathBuf::from(&workspace),
+            owner,
+            _scratch: scratch,
+            host_shell_dir,
+            backend,
+            created: crate::job::rfc3339(std::time::SystemTime::now()),
+            last_used: Mutex::new(Instant::now()),
+            in_use: AtomicUsize::new(0),
+            python: tokio::sync::Mutex::new(None),
+            shell_bin: tokio::sync::OnceCell::new(),
+        });
+        let view = session.view();
+        self.sessions.lock().expect("sessions lock").insert(id, session);
+        Ok(view)
+    }
+
+    /// Every session, by id.
+    pub fn list(&self) -> Vec<SessionView> {
+        let mut out: Vec<SessionView> = self
+            .sessions
+            .lock()
+            .expect("sessions lock")
+            .values()
+            .map(|s| s.view())
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    pub fn get(&self, id: &str) -> Result<SessionView, ServiceError> {
+        Ok(self.find(id)?.view())
+    }
+
+    fn find(&self, id: &str) -> Result<Arc<Session>, ServiceError> {
+        self.sessions
+            .lock()
+            .expect("sessions lock")
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ServiceError::NotFound {
+                kind: "session",
+                name: id.to_string(),
+            })
+    }
+
+    /// Hold a session for a call: it is not reaped while the lease lives.
+    pub fn lease(&self, id: &str) -> Result<Lease, ServiceError> {
+        // Taken under the map's lock, so the reaper (which removes under it) sees the lease.
+        let sessions = self.sessions.lock().expect("sessions lock");
+        let session = sessions.get(id).cloned().ok_or_else(|| ServiceError::NotFound {
+            kind: "session",
+            name: id.to_string(),
+        })?;
+        session.in_use.fetch_add(1, Ordering::SeqCst);
+        Ok(Lease(session))
+    }
+
+    /// End a session and remove everything it owned.
+    pub async fn delete(&self, id: &str) -> Result<(), ServiceError> {
+        let session =
+            self.sessions
+                .lock()
+                .expect("sessions lock")
+                .remove(id)
+                .ok_or_else(|| ServiceError::NotFound {
+                    kind: "session",
+                    name: id.to_string(),
+                })?;
+        Ok(session.runtime.cleanup().await?)
+    }
+
+    /// End the sessions idle for longer than the TTL (none with a call in progress); their ids.
+    pub async fn reap_idle(&self) -> Vec<String> {
+        let expired: Vec<Arc<Session>> = {
+            let mut sessions = self.sessions.lock().expect("sessions lock");
+            let ids: Vec<String> = sessions
+                .iter()
+                .filter(|(_, s)| s.in_use.load(Ordering::SeqCst) == 0 && s.idle() > self.idle_ttl)
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.iter().filter_map(|id| sessions.remove(id)).collect()
+        };
+        let mut ended = Vec::new();
+        for s in expired {
+            tracing::info!(session = s.id, "idle session expired");
+            if let Err(e) = s.runtime.cleanup().await {
+                tracing::warn!(session = s.id, error = %e, "cleaning up an idle session");
+            }
+            ended.push(s.id.clone());
+        }
+        ended
+    }
+
+    /// End every session (shutdown).
+    pub async fn close_all(&self) {
+        let all: Vec<Arc<Session>> = self
+            .sessions
+            .lock()
+            .expect("sessions lock")
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
+        for s in all {
+            if let Err(e) = s.runtime.cleanup().await {
+                tracing::warn!(session = s.id, error = %e, "cleaning up a session at shutdown");
+            }
+        }
+    }
+}

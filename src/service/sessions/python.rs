@@ -1,0 +1,196 @@
+//! The persistent Python interpreter of a session: `driver.py`, shipped read-only into every
+//! live sandbox, started on first use and driven over a unix socket the host listens on.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixListener;
+
+use super::Session;
+use super::shell::DEFAULT_CALL_TIMEOUT;
+use crate::runtime::{ExecRequest, Sandbox, Tool};
+use crate::service::{Invalid, ServiceError};
+
+/// The driver, as shipped into sandboxes.
+pub(super) const DRIVER: Tool = Tool {
+    name: "driver.py",
+    contents: include_bytes!("driver.py"),
+};
+/// How long the driver may take to start and connect.
+const START_LIMIT: Duration = Duration::from_secs(15);
+/// After SIGINT, how long interrupted code may take to give up.
+const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
+/// The socket's name in the shared directory.
+const SOCKET: &str = "py.sock";
+
+pub(super) struct Driver {
+    reader: BufReader<tokio::net::unix::OwnedReadHalf>,
+    writer: tokio::net::unix::OwnedWriteHalf,
+    /// The driver's PID inside the sandbox.
+    pid: i32,
+}
+
+fn unsupported() -> ServiceError {
+    ServiceError::Invalid(Invalid::Unsupported(
+        "the Python session needs the containerd backend".into(),
+    ))
+}
+
+impl Session {
+    fn sandbox(&self) -> Result<&dyn Sandbox, ServiceError> {
+        self.runtime.sandbox().ok_or_else(unsupported)
+    }
+
+    /// Run code in the session's interpreter: `output`, `stderr`, `vars`, `error` (and
+    /// `timedOut`, `oomKilled` when so).
+    pub async fn python_exec(&self, code: &str, timeout: Option<Duration>) -> Result<Value, ServiceError> {
+        self.python_call(
+            serde_json::json!({"op": "exec", "code": code}),
+            timeout.unwrap_or(DEFAULT_CALL_TIMEOUT),
+        )
+        .await
+    }
+
+    /// The interpreter's variables: name, type, summary.
+    pub async fn python_vars(&self) -> Result<Value, ServiceError> {
+        let v = self
+            .python_call(serde_json::json!({"op": "vars"}), DEFAULT_CALL_TIMEOUT)
+            .await?;
+        Ok(v["vars"].clone())
+    }
+
+    /// One variable's value (JSON when serializable, else `{"repr": ...}`).
+    pub async fn python_var(&self, name: &str) -> Result<Value, ServiceError> {
+        let v = self
+            .python_call(serde_json::json!({"op": "var", "name": name}), DEFAULT_CALL_TIMEOUT)
+            .await?;
+        if v.get("error").is_some() {
+            return Err(ServiceError::NotFound {
+                kind: "variable",
+                name: name.to_string(),
+            });
+        }
+        Ok(v["value"].clone())
+    }
+
+    async fn start_python(&self) -> Result<Driver, ServiceError> {
+        let sandbox = self.sandbox()?;
+        let shared = sandbox.shared_dir();
+        let sock = shared.join(SOCKET);
+        // We listen; the driver connects: a socket path in a sandbox-writable directory is never
+        // something the host connects to. The socket is made and chmod-ed in the sandbox's
+        // host-only directory, then renamed into the shared one: a chmod by path in the shared
+        // directory would follow a symlink the sandbox swapped in.
+        let private = shared
+            .parent()
+            .ok_or_else(|| ServiceError::internal("the Python socket", "the shared directory has no parent"))?
+            .join(SOCKET);
+        let _ = std::fs::remove_file(&private);
+        let listener =
+            UnixListener::bind(&private).map_err(|e| ServiceError::internal("binding the Python socket", e))?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o777))
+                .map_err(|e| ServiceError::internal("opening the Python socket", e))?;
+        }
+        std::fs::rename(&private, &sock).map_err(|e| {
+            let _ = std::fs::remove_file(&private);
+            ServiceError::rejected(format!("cannot place the Python socket in the sandbox: {e}"))
+        })?;
+        let start = format!(
+            "if command -v python3 >/dev/null 2>&1; then nohup python3 {}/{} {}/{SOCKET} >/dev/null 2>&1 & else echo 'python3 is not in this image' >&2; exit 127; fi",
+            sandbox.tools_mount(),
+            DRIVER.name,
+            sandbox.shared_mount(),
+        );
+        let r = self
+            .runtime
+            .execute(ExecRequest {
+                argv: vec!["/bin/sh".into(), "-c".into(), start],
+                timeout: Some(START_LIMIT),
+                ..Default::default()
+            })
+            .await?;
+        if r.exit_code != Some(0) {
+            return Err(ServiceError::rejected(format!(
+                "cannot start Python: {}",
+                r.stderr.trim()
+            )));
+        }
+        let (stream, _) = tokio::time::timeout(START_LIMIT, listener.accept())
+            .await
+            .map_err(|_| ServiceError::rejected("the Python driver did not start"))?
+            .map_err(|e| ServiceError::internal("accepting the Python driver", e))?;
+        drop(listener);
+        let _ = std::fs::remove_file(&sock);
+        let (read, writer) = stream.into_split();
+        let mut reader = BufReader::new(read);
+        let mut hello = String::new();
+        tokio::time::timeout(START_LIMIT, reader.read_line(&mut hello))
+            .await
+            .map_err(|_| ServiceError::rejected("the Python driver did not answer"))?
+            .map_err(|e| ServiceError::internal("reading the Python driver", e))?;
+        let pid = serde_json::from_str::<Value>(&hello)
+            .ok()
+            .and_then(|v| v["hello"].as_i64())
+            .ok_or_else(|| ServiceError::rejected("the Python driver said something unexpected"))?
+            as i32;
+        Ok(Driver { reader, writer, pid })
+    }
+
+    /// One request to the interpreter (started on first use). On timeout the code gets
+    /// SIGINT (KeyboardInterrupt); if it does not give up, the interpreter is restarted.
+    async fn python_call(&self, request: Value, timeout: Duration) -> Result<Value, ServiceError> {
+        let sandbox = self.sandbox()?;
+        let mut guard = self.python.lock().await;
+        if guard.is_none() {
+            *guard = Some(self.start_python().await?);
+        }
+        let driver = guard.as_mut().expect("driver just started");
+        let oom_before = sandbox.oom_kills().unwrap_or(0);
+        let mut line = serde_json::to_vec(&request).map_err(|e| ServiceError::internal("encoding a request", e))?;
+        line.push(b'\n');
+        if driver.writer.write_all(&line).await.is_err() {
+            *guard = None;
+            return Err(ServiceError::rejected(
+                "the Python interpreter died; it restarts on the next call",
+            ));
+        }
+        let mut answer = String::new();
+        let read = tokio::time::timeout(timeout, driver.reader.read_line(&mut answer)).await;
+        let timed_out = read.is_err();
+        if timed_out {
+            sandbox.signal(driver.pid, nix::sys::signal::Signal::SIGINT);
+            answer.clear();
+            if tokio::time::timeout(INTERRUPT_GRACE, driver.reader.read_line(&mut answer))
+                .await
+                .is_err()
+            {
+                sandbox.signal(driver.pid, nix::sys::signal::Signal::SIGKILL);
+                *guard = None;
+                return Ok(serde_json::json!({
+                    "output": "", "stderr": "", "timedOut": true,
+                    "error": "TimeoutError: the code ignored the interrupt; the interpreter was restarted (its state is lost)",
+                }));
+            }
+        }
+        if answer.is_empty() {
+            // The interpreter died under the code (EOF): most often the memory limit.
+            *guard = None;
+            let oom = sandbox.oom_kills().is_some_and(|n| n > oom_before);
+            let error = if oom {
+                "MemoryError: the interpreter was killed at the memory limit; it restarts (empty) on the next call"
+            } else {
+                "the interpreter died; it restarts (empty) on the next call"
+            };
+            return Ok(serde_json::json!({"output": "", "stderr": "", "error": error, "oomKilled": oom}));
+        }
+        let mut value: Value = serde_json::from_str(&answer)
+            .map_err(|_| ServiceError::rejected("the Python interpreter gave no answer"))?;
+        if timed_out && let Some(obj) = value.as_object_mut() {
+            obj.insert("timedOut".into(), Value::Bool(true));
+        }
+        Ok(value)
+    }
+}

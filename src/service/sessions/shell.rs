@@ -1,0 +1,126 @@
+//! The stateful shell: named shells whose cwd, exported variables and (with bash) functions
+//! persist between calls.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::Session;
+use crate::runtime::ExecRequest;
+use crate::service::{Invalid, ServiceError};
+
+/// Default per-call limit when a request sets none.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Where a sandbox keeps its shells' state (a host session gets a private directory instead:
+/// host sessions share the host's /tmp).
+pub(super) const SANDBOX_SHELL_DIR: &str = "/tmp/.runner-shell";
+
+/// The shell's state lives in a file in the sandbox; each call sources it, runs the command
+/// (stdin from /dev/null, stderr into the output), and saves it again. A command that times
+/// out is killed with its process group and leaves the state as it was: the shell stays
+/// usable. bash when the image has it (functions persist), else sh.
+const SHELL_SCRIPT: &str = r#"runner_f="$RUNNER_SHELL_DIR/$RUNNER_SHELL_NAME.sh"
+runner_cmd=$RUNNER_SHELL_CMD
+mkdir -p "$RUNNER_SHELL_DIR" 2>/dev/null
+unset RUNNER_SHELL_CMD RUNNER_SHELL_NAME RUNNER_SHELL_DIR
+if [ -f "$runner_f" ]; then . "$runner_f" >/dev/null 2>&1; fi
+eval "$runner_cmd" </dev/null 2>&1
+runner_rc=$?
+{
+  export -p
+  if [ -n "$BASH_VERSION" ]; then declare -f; fi
+  printf 'cd %s\n' "'$(pwd | sed "s/'/'\\\\''/g")'"
+} >"$runner_f.tmp" 2>/dev/null && mv "$runner_f.tmp" "$runner_f"
+exit $runner_rc"#;
+
+/// What to do when the command fails.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Check {
+    /// Answer with its output and exit code.
+    #[default]
+    Ignore,
+    /// Fail the call (`Invalid::Failed`, carrying the output).
+    Raise,
+}
+
+impl std::str::FromStr for Check {
+    type Err = ServiceError;
+    fn from_str(s: &str) -> Result<Self, ServiceError> {
+        match s {
+            "ignore" => Ok(Check::Ignore),
+            "raise" => Ok(Check::Raise),
+            other => Err(ServiceError::field("check", format!("{other:?} (ignore or raise)"))),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ShellRequest {
+    pub command: String,
+    pub timeout: Option<Duration>,
+    pub check: Check,
+    /// Several named shells per session; default `default`.
+    pub name: Option<String>,
+}
+
+/// What a shell command did: stdout and stderr interleaved as a terminal shows them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShellOutput {
+    pub output: String,
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+}
+
+impl Session {
+    /// Run a command in one of the session's shells.
+    pub async fn shell(&self, request: ShellRequest) -> Result<ShellOutput, ServiceError> {
+        let name = request.name.unwrap_or_else(|| "default".into());
+        if name.is_empty()
+            || name.len() > 63
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(ServiceError::field("name", "letters, digits, '-' and '_' (at most 63)"));
+        }
+        let interpreter = self
+            .shell_bin
+            .get_or_try_init(|| async {
+                let probe = ExecRequest {
+                    argv: vec!["/bin/sh".into(), "-c".into(), "command -v bash || echo /bin/sh".into()],
+                    timeout: Some(Duration::from_secs(10)),
+                    ..Default::default()
+                };
+                let r = self.runtime.execute(probe).await?;
+                Ok::<String, ServiceError>(r.stdout.lines().next().unwrap_or("/bin/sh").trim().to_string())
+            })
+            .await?
+            .clone();
+        let r = self
+            .runtime
+            .execute(ExecRequest {
+                argv: vec![interpreter, "-c".into(), SHELL_SCRIPT.into()],
+                stdin: None,
+                timeout: Some(request.timeout.unwrap_or(DEFAULT_CALL_TIMEOUT)),
+                env: BTreeMap::from([
+                    ("RUNNER_SHELL_CMD".to_string(), request.command),
+                    ("RUNNER_SHELL_NAME".to_string(), name),
+                    ("RUNNER_SHELL_DIR".to_string(), self.shell_dir()),
+                ]),
+                cwd: None,
+            })
+            .await?;
+        let output = ShellOutput {
+            output: r.stdout,
+            exit_code: r.exit_code,
+            timed_out: r.timed_out,
+        };
+        if request.check == Check::Raise && (output.exit_code != Some(0) || output.timed_out) {
+            return Err(ServiceError::Invalid(Invalid::Failed(Box::new(output))));
+        }
+        Ok(output)
+    }
+}

@@ -1,0 +1,481 @@
+//! The HTTP API in-process: `router()` on the host backend, no socket, no containerd (part of
+//! the ordinary `cargo test`). Auth, the status of every kind of failure, path escapes, jobs,
+//! and the OpenAPI document against what is served. Also the session logic called from the
+//! library, without HTTP.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use runner::api::{AppState, router};
+use runner::config::Config;
+use runner::service::sessions::{Check, EnvironmentRef, NewSession, SessionManager, ShellRequest};
+use runner::service::{Connect, Context, Invalid, ServiceError};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+const TOKEN: &str = "api-test-token-0123456789";
+
+struct Api {
+    app: axum::Router,
+    state: Arc<AppState>,
+    dir: tempfile::TempDir,
+}
+
+/// A server state over a fresh state dir. containerd is a socket that does not exist: the
+/// host backend works, anything needing containerd is unavailable.
+fn api() -> Api {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::new(dir.path().join("state"));
+    config.address = Some(dir.path().join("no-containerd.sock"));
+    config.namespace = "api-test".into();
+    // Detached jobs run `runner supervise`: this test binary is not runner.
+    config.runner_exe = Some(env!("CARGO_BIN_EXE_runner").into());
+    let ctx = Context::new(config, Connect::Existing).unwrap();
+    let state = Arc::new(AppState::new(TOKEN.as_bytes().to_vec(), ctx, Duration::from_secs(600)));
+    Api {
+        app: router(state.clone()),
+        state,
+        dir,
+    }
+}
+
+impl Api {
+    async fn send(&self, method: &str, path: &str, token: Option<&str>, body: Body) -> (StatusCode, Vec<u8>) {
+        let mut request = Request::builder().method(method).uri(path);
+        if let Some(t) = token {
+            request = request.header("authorization", format!("Bearer {t}"));
+        }
+        let response = self.app.clone().oneshot(request.body(body).unwrap()).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 64 << 20).await.unwrap();
+        (status, bytes.to_vec())
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
+        let (status, bytes) = self.send(method, path, Some(TOKEN), body).await;
+        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    async fn session(&self, workspace: &Path) -> String {
+        let (status, body) = self
+            .call(
+                "POST",
+                "/v1/sessions",
+                Some(json!({"environment": {"backend": "host"}, "workspace": workspace})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body["id"].as_str().unwrap().to_string()
+    }
+}
+
+fn host_manifest(name: &str, command: &str) -> String {
+    format!(
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: h}}\nspec: {{backend: host}}\n---\n\
+         apiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n  environment: h\n  command: {command:?}\n"
+    )
+}
+
+#[tokio::test]
+async fn without_the_token_everything_but_healthz_is_401() {
+    let api = api();
+    assert_eq!(api.send("GET", "/healthz", None, Body::empty()).await.0, StatusCode::OK);
+    for (method, path) in [
+        ("GET", "/v1/sessions"),
+        ("POST", "/v1/sessions"),
+        ("GET", "/v1/jobs"),
+        ("DELETE", "/v1/jobs/x"),
+        ("GET", "/openapi.json"),
+    ] {
+        for token in [None, Some("wrong-token-0123456789"), Some("")] {
+            let (status, body) = api.send(method, path, token, Body::empty()).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {path} {token:?}");
+            assert!(String::from_utf8_lossy(&body).contains("bearer token"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn each_kind_of_failure_has_its_status() {
+    let api = api();
+    let work = tempfile::tempdir().unwrap();
+    let id = api.session(work.path()).await;
+
+    // 400: unreadable JSON, a wrong field, a bad manifest (naming the field).
+    let (status, body) = api
+        .call("POST", &format!("/v1/sessions/{id}/exec"), Some(json!({"nope": 1})))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = api
+        .call("POST", &format!("/v1/sessions/{id}/exec"), Some(json!({"command": []})))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("command"), "{body}");
+    let (status, body) = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/shell"),
+            Some(json!({"command": "true", "name": "a b"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let bad = api
+        .send(
+            "POST",
+            "/v1/jobs",
+            Some(TOKEN),
+            Body::from(
+                "apiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: x}\nspec: {command: 7, nonsense: 1}\n",
+            ),
+        )
+        .await;
+    assert_eq!(bad.0, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&bad.1));
+    let (status, body) = api
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"environment": {"apiVersion": "runner/v1alpha1", "kind": "Job", "spec": {}}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().starts_with("environment.kind"),
+        "{body}"
+    );
+
+    // 404: a session, a job, a route that does not exist.
+    for path in [
+        "/v1/sessions/s-nope",
+        "/v1/jobs/nope",
+        "/v1/jobs/nope/logs",
+        "/v1/nothing",
+    ] {
+        let (status, body) = api.call("GET", path, None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+    }
+    assert_eq!(api.call("DELETE", "/v1/jobs/nope", None).await.0, StatusCode::NOT_FOUND);
+
+    // 413: a declared length over the cap is refused before the body is read.
+    let request = Request::builder()
+        .method("PUT")
+        .uri(format!("/v1/sessions/{id}/files?path=big"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-length", (65u64 << 20).to_string())
+        .body(Body::from("small"))
+        .unwrap();
+    let response = api.app.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+
+    // 422: a command that fails under check: raise; the body still carries its output.
+    let (status, body) = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/shell"),
+            Some(json!({"command": "echo out; exit 3", "check": "raise"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["exitCode"], 3);
+    assert_eq!(body["output"], "out\n");
+    assert!(body["error"].as_str().unwrap().contains("exit code 3"), "{body}");
+    // ... and a session whose setup fails.
+    let (status, body) = api
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"environment": {"backend": "host", "setup": {"commands": ["exit 9"]}}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+
+    // 501: the persistent Python interpreter needs a sandbox.
+    let (status, body) = api
+        .call("POST", &format!("/v1/sessions/{id}/python"), Some(json!({"code": "1"})))
+        .await;
+    assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{body}");
+
+    // 503: containerd is unreachable (never started behind a request).
+    let (status, body) = api
+        .call(
+            "POST",
+            "/v1/sessions",
+            Some(json!({"environment": {"image": "local/busybox:latest"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("containerd"), "{body}");
+    assert!(
+        !api.dir.path().join("state/containerd").exists(),
+        "a request started a containerd"
+    );
+}
+
+#[tokio::test]
+async fn exec_shell_and_files_on_the_host_backend() {
+    let api = api();
+    let work = tempfile::tempdir().unwrap();
+    let id = api.session(work.path()).await;
+    let (status, r) = api
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/exec"),
+            Some(json!({"command": ["sh", "-c", "cat; echo err >&2"], "stdin": "in"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    assert_eq!(
+        (r["exitCode"].clone(), r["stdout"].clone(), r["stderr"].clone()),
+        (json!(0), json!("in"), json!("err\n"))
+    );
+    let shell = |command: &str| json!({"command": command});
+    api.call(
+        "POST",
+        &format!("/v1/sessions/{id}/shell"),
+        Some(shell("export A=1; mkdir -p d; cd d")),
+    )
+    .await;
+    let (_, r) = api
+        .call("POST", &format!("/v1/sessions/{id}/shell"), Some(shell("echo $A; pwd")))
+        .await;
+    assert_eq!(r["output"], format!("1\n{}/d\n", work.path().display()));
+
+    let put = api
+        .send(
+            "PUT",
+            &format!("/v1/sessions/{id}/files?path=a/b/c.txt"),
+            Some(TOKEN),
+            Body::from("hello"),
+        )
+        .await;
+    assert_eq!(put.0, StatusCode::NO_CONTENT);
+    assert_eq!(std::fs::read_to_string(work.path().join("a/b/c.txt")).unwrap(), "hello");
+    let got = api
+        .send(
+            "GET",
+            &format!("/v1/sessions/{id}/files?path=a/b/c.txt"),
+            Some(TOKEN),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!((got.0, got.1), (StatusCode::OK, b"hello".to_vec()));
+    let (status, listing) = api
+        .call("GET", &format!("/v1/sessions/{id}/files/list?path=a/b"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listing[0]["name"], "c.txt");
+    assert_eq!(listing[0]["type"], "file");
+
+    // Escapes: `..`, absolute paths and links out of the workspace are refused, and nothing
+    // outside is read or made.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "host secret").unwrap();
+    std::os::unix::fs::symlink(outside.path(), work.path().join("evil")).unwrap();
+    for path in ["../x", "a/../../x", "evil/secret", "evil/new/file"] {
+        let got = api
+            .send(
+                "GET",
+                &format!("/v1/sessions/{id}/files?path={path}"),
+                Some(TOKEN),
+                Body::empty(),
+            )
+            .await;
+        assert!(
+            got.0 == StatusCode::BAD_REQUEST || got.0 == StatusCode::NOT_FOUND,
+            "{path}: {}",
+            got.0
+        );
+        assert!(!String::from_utf8_lossy(&got.1).contains("host secret"));
+        let put = api
+            .send(
+                "PUT",
+                &format!("/v1/sessions/{id}/files?path={path}"),
+                Some(TOKEN),
+                Body::from("x"),
+            )
+            .await;
+        assert_eq!(
+            put.0,
+            StatusCode::BAD_REQUEST,
+            "{path}: {}",
+            String::from_utf8_lossy(&put.1)
+        );
+    }
+    assert!(!outside.path().join("new").exists());
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 1);
+    // An absolute path names a path of the workspace (as `docker cp` names the container's).
+    let put = api
+        .send(
+            "PUT",
+            &format!("/v1/sessions/{id}/files?path=/abs.txt"),
+            Some(TOKEN),
+            Body::from("in"),
+        )
+        .await;
+    assert_eq!(put.0, StatusCode::NO_CONTENT);
+    assert_eq!(std::fs::read_to_string(work.path().join("abs.txt")).unwrap(), "in");
+
+    assert_eq!(
+        api.call("DELETE", &format!("/v1/sessions/{id}"), None).await.0,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        api.call("GET", &format!("/v1/sessions/{id}"), None).await.0,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_run_detached_and_a_running_one_is_not_applied_again() {
+    let api = api();
+    let submit = |text: String| api.send("POST", "/v1/jobs", Some(TOKEN), Body::from(text));
+    let (status, body) = submit(host_manifest("quick", "echo hi")).await;
+    assert_eq!(status, StatusCode::CREATED, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        serde_json::from_slice::<Value>(&body).unwrap()["created"],
+        json!(["quick"])
+    );
+    let mut phase = Value::Null;
+    for _ in 0..300 {
+        let (status, job) = api.call("GET", "/v1/jobs/quick", None).await;
+        assert_eq!(status, StatusCode::OK, "{job}");
+        phase = job["status"]["phase"].clone();
+        if phase == "Succeeded" || phase == "Failed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(phase, "Succeeded");
+    let logs = api.send("GET", "/v1/jobs/quick/logs", Some(TOKEN), Body::empty()).await;
+    assert_eq!((logs.0, logs.1), (StatusCode::OK, b"hi\n".to_vec()));
+
+    // 409: the same job again while it runs.
+    assert_eq!(submit(host_manifest("slow", "sleep 30")).await.0, StatusCode::CREATED);
+    let (status, body) = submit(host_manifest("slow", "sleep 30")).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{}", String::from_utf8_lossy(&body));
+    let (_, list) = api.call("GET", "/v1/jobs?labelSelector=", None).await;
+    assert_eq!(list.as_array().unwrap().len(), 2, "{list}");
+    let (_, job) = api.call("GET", "/v1/jobs/slow", None).await;
+    assert_eq!(job["spec"]["backend"], "host", "{job}");
+    for name in ["slow", "quick"] {
+        assert_eq!(
+            api.call("DELETE", &format!("/v1/jobs/{name}"), None).await.0,
+            StatusCode::NO_CONTENT
+        );
+        assert_eq!(
+            api.call("GET", &format!("/v1/jobs/{name}"), None).await.0,
+            StatusCode::NOT_FOUND
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_documented_route_is_served_and_every_served_route_documented() {
+    let api = api();
+    let work = tempfile::tempdir().unwrap();
+    let id = api.session(work.path()).await;
+    let (status, doc) = api.call("GET", "/openapi.json", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let paths = doc["paths"].as_object().unwrap();
+    let mut documented = Vec::new();
+    for (path, operations) in paths {
+        for (method, operation) in operations.as_object().unwrap() {
+            documented.push(format!("{} {path}", method.to_uppercase()));
+            // Every body schema the document refers to is in it.
+            let text = operation.to_string();
+            for reference in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+                let name = reference.split('"').next().unwrap();
+                assert!(
+                    doc["components"]["schemas"].get(name).is_some(),
+                    "{path}: {name} undefined"
+                );
+            }
+            let concrete = path.replace("{id}", &id).replace("{name}", "x");
+            let (status, body) = api
+                .call(&method.to_uppercase(), &format!("{concrete}?path=."), None)
+                .await;
+            assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+            assert!(
+                !body["error"].as_str().unwrap_or("").starts_with("no route"),
+                "{method} {path} is documented but not served"
+            );
+        }
+    }
+    // What the router serves, probed by method: any method/path pair not documented is
+    // answered 405 or "no route".
+    for path in paths.keys() {
+        let concrete = path.replace("{id}", &id).replace("{name}", "x");
+        for method in ["GET", "POST", "PUT", "DELETE", "PATCH"] {
+            if documented.contains(&format!("{method} {path}")) {
+                continue;
+            }
+            let (status, _) = api.call(method, &concrete, None).await;
+            assert!(
+                status == StatusCode::METHOD_NOT_ALLOWED || status == StatusCode::NOT_FOUND,
+                "{method} {path} is served ({status}) but not documented"
+            );
+        }
+    }
+    assert!(documented.len() >= 23, "{documented:?}");
+    drop(api.state);
+}
+
+#[tokio::test]
+async fn sessions_are_callable_from_the_library_without_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = Context::new(Config::new(dir.path().join("state")), Connect::Existing).unwrap();
+    let manager = SessionManager::new(ctx, Duration::from_millis(200));
+    let mut spec = serde_json::Map::new();
+    spec.insert("backend".into(), "host".into());
+    let view = manager
+        .create(NewSession::new(EnvironmentRef::Spec(spec)))
+        .await
+        .unwrap();
+    let session = manager.lease(&view.id).unwrap();
+    let first = session
+        .shell(ShellRequest {
+            command: "cd /; X=kept; export X".into(),
+            timeout: None,
+            check: Check::Raise,
+            name: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(first.exit_code, Some(0));
+    let second = session
+        .shell(ShellRequest {
+            command: "echo $X $(pwd)".into(),
+            timeout: None,
+            check: Check::Ignore,
+            name: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(second.output, "kept /\n");
+    let failed = session
+        .shell(ShellRequest {
+            command: "exit 4".into(),
+            timeout: None,
+            check: Check::Raise,
+            name: None,
+        })
+        .await;
+    assert!(
+        matches!(&failed, Err(ServiceError::Invalid(Invalid::Failed(out))) if out.exit_code == Some(4)),
+        "{failed:?}"
+    );
+    session.write_file("f.txt", "data".into()).await.unwrap();
+    assert_eq!(session.list_files("").await.unwrap().entries.len(), 1);
+
+    // Held by a call, a session is not idle, however long the call takes.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(manager.reap_idle().await.is_empty(), "a leased session was reaped");
+    assert_eq!(manager.get(&view.id).unwrap().active_calls, 1);
+    drop(session);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(manager.reap_idle().await, vec![view.id.clone()]);
+    assert!(matches!(manager.lease(&view.id), Err(ServiceError::NotFound { .. })));
+}
