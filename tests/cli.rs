@@ -344,3 +344,52 @@ fn a_detached_host_job_can_be_waited_for_and_deleted() {
     .is_empty()));
     kill_matching("sleep 991");
 }
+
+/// The store keeps the job's resolved view: a job whose host Environment comes from
+/// `--env-dir` is shown as a host job by every later verb (which are not given the env dir),
+/// and `--max-output-bytes` reaches the detached supervisor.
+#[test]
+fn a_detached_env_dir_job_keeps_its_backend_and_output_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let envs = dir.path().join("envs");
+    std::fs::create_dir(&envs).unwrap();
+    write_manifest(
+        &envs,
+        "host.yaml",
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: from-dir}\nspec:\n  backend: host\n",
+    );
+    let file = write_manifest(
+        dir.path(),
+        "job.yaml",
+        "apiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: viewed}\nspec:\n  environment: from-dir\n  command: \"head -c 5000 /dev/zero | tr '\\\\0' x\"\n",
+    );
+    let out = runner(
+        &[
+            "apply",
+            "-f",
+            file.to_str().unwrap(),
+            "--env-dir",
+            envs.to_str().unwrap(),
+            "--max-output-bytes",
+            "1000",
+            "--detach",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "job.runner/viewed created\n");
+    let waited = runner(&["wait", "viewed", "--timeout", "30s"], dir.path());
+    assert_eq!(
+        waited.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
+    let got = runner(&["get", "job", "viewed", "-o", "json"], dir.path());
+    let object = json_of(&got);
+    assert_eq!(object["spec"]["backend"], "host", "{object}");
+    assert_eq!(object["spec"]["environment"], "from-dir", "{object}");
+    let result = &object["status"]["result"];
+    assert_eq!(result["stdout"].as_str().unwrap().len(), 1000, "{result}");
+    assert_eq!(result["stdoutDroppedBytes"], 4000, "{result}");
+}

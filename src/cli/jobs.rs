@@ -22,8 +22,8 @@ async fn submission(ctx: &Context, file: &FileArgs, backend: Option<Backend>) ->
     Context::blocking(move || Submission::from_file(&ctx, &path, None, backend)).await
 }
 
-pub fn validate(ctx: &Context, file: &FileArgs) -> Result<i32, ServiceError> {
-    let sub = Submission::from_file(ctx, &file.file, None, None)?;
+pub async fn validate(ctx: &Context, file: &FileArgs) -> Result<i32, ServiceError> {
+    let sub = submission(ctx, file, None).await?;
     println!(
         "{}: valid ({} environment{}, {} job{})",
         file.file.display(),
@@ -35,8 +35,9 @@ pub fn validate(ctx: &Context, file: &FileArgs) -> Result<i32, ServiceError> {
     Ok(0)
 }
 
-pub fn spec(ctx: &Context, file: &FileArgs, job: Option<&str>) -> Result<i32, ServiceError> {
-    let spec = jobs::spec_of(ctx, &file.file, None, job)?;
+pub async fn spec(ctx: &Context, file: &FileArgs, job: Option<String>) -> Result<i32, ServiceError> {
+    let (ctx, path) = (ctx.clone(), file.file.clone());
+    let spec = Context::blocking(move || jobs::spec_of(&ctx, &path, None, job.as_deref())).await?;
     print_value(&spec, Some(OutputFormat::Json))?;
     Ok(0)
 }

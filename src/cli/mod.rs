@@ -83,8 +83,8 @@ impl Cli {
     async fn dispatch(self) -> Result<Outcome, ServiceError> {
         let g = &self.global;
         let code = match self.command {
-            Verb::Validate(file) => jobs::validate(&context(g, file.env_dir.clone())?, &file)?,
-            Verb::Spec { file, job } => jobs::spec(&context(g, file.env_dir.clone())?, &file, job.as_deref())?,
+            Verb::Validate(file) => jobs::validate(&context(g, file.env_dir.clone())?, &file).await?,
+            Verb::Spec { file, job } => jobs::spec(&context(g, file.env_dir.clone())?, &file, job).await?,
             Verb::Apply {
                 file,
                 output,
