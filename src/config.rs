@@ -104,6 +104,8 @@ pub struct ServeConfig {
 pub enum ServeEvent {
     /// Where it listens: `http://127.0.0.1:PORT` or `unix:PATH`.
     Listening(String),
+    /// runner's private containerd was started (no other was reachable): its PID and socket.
+    StartedContainerd { pid: u32, socket: PathBuf },
     /// containerd could not be reached at start: only host-backend sessions and jobs work
     /// until it can.
     ContainerdUnavailable(String),

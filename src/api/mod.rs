@@ -377,8 +377,13 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
         }
     };
     // The private containerd may be started now, at start-up; never behind a request.
-    if let Err(e) = daemon::connect(&serve.config, Connect::StartIfNeeded).await {
-        on_event(ServeEvent::ContainerdUnavailable(e.to_string()));
+    match daemon::connect(&serve.config, Connect::StartIfNeeded).await {
+        Ok((_, Some(started))) => on_event(ServeEvent::StartedContainerd {
+            pid: started.pid,
+            socket: started.socket,
+        }),
+        Ok((_, None)) => {}
+        Err(e) => on_event(ServeEvent::ContainerdUnavailable(e.to_string())),
     }
     let ctx = Context::new(serve.config.clone(), Connect::Existing)?;
     let state = Arc::new(AppState::new(token, ctx.clone(), serve.session_ttl));

@@ -7,6 +7,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use tokio_stream::StreamExt;
 
 use super::types::{CreateSession, Exec, PathQuery, Python, PythonOutput, PythonValue, Shell};
 use super::{AppResult, AppState, parse_json};
@@ -103,8 +104,12 @@ pub async fn read_file(
 ) -> AppResult<Response> {
     let session = state.sessions.lease(&id)?;
     let file = session.read_file(&q.required()?).await?;
-    // Streamed: a file the sandbox made may be huge (or sparse).
-    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
+    // Streamed: a file the sandbox made may be huge (or sparse). The stream holds the lease:
+    // the session is in use until the last byte is sent.
+    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file)).map(move |chunk| {
+        let _in_use = &session;
+        chunk
+    });
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
         Body::from_stream(stream),

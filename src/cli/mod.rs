@@ -367,6 +367,13 @@ pub fn serve_event(event: crate::config::ServeEvent) {
             println!("listening on {address}");
             let _ = std::io::Write::flush(&mut std::io::stdout());
         }
+        crate::config::ServeEvent::StartedContainerd { pid, socket } => {
+            eprintln!(
+                "runner: no containerd at {}; started a private one (pid {pid}, socket {}; `runner daemon stop` stops it)",
+                crate::config::DEFAULT_ADDRESS,
+                socket.display()
+            );
+        }
         crate::config::ServeEvent::ContainerdUnavailable(reason) => {
             eprintln!("runner: containerd is not available ({reason}); only host-backend sessions and jobs will work");
         }

@@ -224,7 +224,12 @@ impl Store {
         let mut out = Vec::new();
         for row in rows {
             let (name, text) = row.map_err(self.err())?;
-            out.push(Self::decode(&name, &text)?);
+            // One damaged record must not hide every other job (nor stop gc and re-adoption):
+            // it is named on stderr and left out; `get`, `describe` and `delete` of it say more.
+            match Self::decode(&name, &text) {
+                Ok(record) => out.push(record),
+                Err(e) => tracing::warn!("{e}; left out of the list"),
+            }
         }
         Ok(out)
     }
@@ -315,7 +320,7 @@ impl Store {
 
 /// A record of layout 1 in layout 2: the untyped status decoded, the view resolved by parsing
 /// the stored manifest as the job was submitted (with its env dir and backend override).
-/// `None` when that cannot be done.
+/// `None` when the record is not of layout 1 or its manifest no longer holds the job.
 fn upgrade_v1(text: &str) -> Option<String> {
     let mut old: serde_json::Value = serde_json::from_str(text).ok()?;
     if old.get("view").is_some() {
@@ -328,15 +333,23 @@ fn upgrade_v1(text: &str) -> Option<String> {
     let env_dir = obj.get("env_dir").and_then(|f| f.as_str()).map(PathBuf::from);
     let backend: Option<crate::manifest::Backend> = serde_json::from_value(obj.get("backend")?.clone()).ok()?;
     let mut set = crate::manifest::parse_str(obj.get("manifest")?.as_str()?, &base_dir, file.as_deref()).ok()?;
-    if let Some(dir) = &env_dir {
-        set.env_dir = crate::manifest::load_env_dir(dir).ok()?;
+    // An env dir that is gone leaves its Environments unbound (see below).
+    if let Some(dir) = &env_dir
+        && let Ok(environments) = crate::manifest::load_env_dir(dir)
+    {
+        set.env_dir = environments;
         set.env_dir_path = Some(dir.clone());
     }
     let job = set.jobs.iter().find(|j| j.name == name)?;
-    let bound = set.bind(job, backend).ok()?;
+    // An Environment that no longer binds (its env dir is gone): the backend asked for, else
+    // containerd's, as layout 1 showed it.
+    let resolved = set.bind(job, backend).map(|b| b.backend);
     let view = JobSpecView {
         environment: job.environment.clone(),
-        backend: bound.backend,
+        backend: resolved
+            .ok()
+            .or(backend)
+            .unwrap_or(crate::manifest::Backend::Containerd),
         command: job.command.argv(),
         completions: job.completions,
     };
@@ -435,9 +448,13 @@ mod tests {
             matches!(&err, StoreError::Corrupt { name, .. } if name == "broken"),
             "{err}"
         );
-        assert!(store.list().is_err());
+        // It hides no other job from a listing.
+        store.insert(&record("fine")).unwrap();
+        let listed: Vec<String> = store.list().unwrap().iter().map(|r| r.name().to_string()).collect();
+        assert_eq!(listed, ["fine"]);
         // It can still be removed by name.
         store.remove("broken").unwrap();
+        store.remove("fine").unwrap();
         assert!(store.list().unwrap().is_empty());
     }
 
@@ -464,8 +481,22 @@ mod tests {
             params![v1.to_string()],
         )
         .unwrap();
+        // A second one whose env dir is gone since: upgraded all the same.
+        let mut gone = v1.clone();
+        gone["name"] = "gone".into();
+        gone["manifest"] = v1["manifest"].as_str().unwrap().replace("name: old", "name: gone").into();
+        gone["env_dir"] = dir.path().join("no-such-dir").to_string_lossy().into_owned().into();
+        conn.execute(
+            "INSERT INTO jobs (name, record) VALUES ('gone', ?1)",
+            params![gone.to_string()],
+        )
+        .unwrap();
         drop(conn);
         let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.list().unwrap().len(), 2);
+        let r = store.require("gone").unwrap();
+        assert_eq!(r.view.backend, crate::manifest::Backend::Containerd);
+        assert_eq!(r.view.environment, "trusted");
         let r = store.require("old").unwrap();
         // The env-dir Environment's backend, not containerd.
         assert_eq!(r.view.backend, crate::manifest::Backend::Host);

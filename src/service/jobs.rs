@@ -455,7 +455,7 @@ pub async fn adopt_if_orphaned(ctx: &Context, name: &str) -> Result<bool, Servic
             .await?
     };
     if claimed {
-        tracing::info!(job = name, "the job lost its supervisor; re-adopting it");
+        tracing::warn!("job {name:?} lost its supervisor; re-adopting it");
         spawn_supervisor(ctx, &store, name, true).await?;
     }
     Ok(claimed)
@@ -705,8 +705,9 @@ impl Logs {
                 return Ok(None);
             }
             let record = record(&self.ctx, &self.name).await?;
-            if self.follow && !record.status.is_terminal() {
-                adopt_if_orphaned(&self.ctx, &self.name).await?;
+            if self.follow && !record.status.is_terminal() && adopt_if_orphaned(&self.ctx, &self.name).await? {
+                // A new supervisor owns it now: look again rather than end with the dead one.
+                continue;
             }
             let done = record.status.is_terminal() || !record.owner.as_deref().is_some_and(owner_alive);
             let chunks = self.collect(&record.status)?;

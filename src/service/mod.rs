@@ -105,6 +105,8 @@ impl From<StoreError> for ServiceError {
         match e {
             StoreError::NotFound(name) => ServiceError::NotFound { kind: "job", name },
             StoreError::Exists(name) => ServiceError::Conflict(format!("job {name:?} already exists")),
+            // Actionable by the caller (delete the job), so not hidden as an internal error.
+            e @ StoreError::Corrupt { .. } => ServiceError::Conflict(e.to_string()),
             other => ServiceError::internal("the job store", other),
         }
     }
@@ -151,6 +153,11 @@ impl From<RuntimeError> for ServiceError {
                 reason: format!("backend {what} is not connected"),
             },
             RuntimeError::Containerd(e) => e.into(),
+            // The Environment names an image that is not there: the request's to fix.
+            RuntimeError::Image(ImageError::NotFound(name)) => ServiceError::field(
+                "environment.image",
+                format!("image {name:?} is not present (runner image import)"),
+            ),
             RuntimeError::Image(e) => e.into(),
             e @ (RuntimeError::Io { .. } | RuntimeError::Internal(_)) => ServiceError::internal("the runtime", e),
         }

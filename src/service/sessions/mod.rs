@@ -233,8 +233,11 @@ impl Session {
         if request.stdin.is_some() {
             return Err(ServiceError::field("stdin", "streaming takes no stdin (use exec)"));
         }
-        if !request.env.is_empty() || request.cwd.is_some() {
-            return Err(ServiceError::field("env", "streaming takes no env or cwd (use exec)"));
+        if !request.env.is_empty() {
+            return Err(ServiceError::field("env", "streaming takes no env (use exec)"));
+        }
+        if request.cwd.is_some() {
+            return Err(ServiceError::field("cwd", "streaming takes no cwd (use exec)"));
         }
         Ok(self.runtime.stream(request.argv, request.timeout).await?)
     }
