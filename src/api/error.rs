@@ -68,3 +68,67 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::sessions::ShellOutput;
+
+    async fn answer(e: ServiceError) -> (StatusCode, serde_json::Value) {
+        let response = ApiError::from(e).into_response();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn every_kind_of_service_error_has_its_status_and_internals_stay_inside() {
+        let cases = [
+            (ServiceError::field("spec.command", "must not be empty"), 400),
+            (ServiceError::rejected("setup failed"), 422),
+            (
+                ServiceError::Invalid(Invalid::Unsupported("no Python here".into())),
+                501,
+            ),
+            (
+                ServiceError::NotFound {
+                    kind: "job",
+                    name: "x".into(),
+                },
+                404,
+            ),
+            (ServiceError::Conflict("job \"x\" is running".into()), 409),
+            (
+                ServiceError::Unavailable {
+                    what: "containerd",
+                    reason: "connection refused".into(),
+                },
+                503,
+            ),
+        ];
+        for (error, status) in cases {
+            let message = error.to_string();
+            let (got, body) = answer(error).await;
+            assert_eq!(got.as_u16(), status, "{message}");
+            assert_eq!(body["error"], message);
+        }
+        let (got, body) = answer(ServiceError::internal(
+            "the job store at /var/lib/secret",
+            "disk I/O error",
+        ))
+        .await;
+        assert_eq!(got, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(body, serde_json::json!({"error": "internal error"}));
+        let failed = ShellOutput {
+            output: "out\n".into(),
+            exit_code: Some(2),
+            timed_out: false,
+        };
+        let (got, body) = answer(ServiceError::Invalid(Invalid::Failed(Box::new(failed)))).await;
+        assert_eq!(got, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(
+            (body["output"].clone(), body["exitCode"].clone()),
+            ("out\n".into(), 2.into())
+        );
+    }
+}

@@ -484,7 +484,11 @@ mod tests {
         // A second one whose env dir is gone since: upgraded all the same.
         let mut gone = v1.clone();
         gone["name"] = "gone".into();
-        gone["manifest"] = v1["manifest"].as_str().unwrap().replace("name: old", "name: gone").into();
+        gone["manifest"] = v1["manifest"]
+            .as_str()
+            .unwrap()
+            .replace("name: old", "name: gone")
+            .into();
         gone["env_dir"] = dir.path().join("no-such-dir").to_string_lossy().into_owned().into();
         conn.execute(
             "INSERT INTO jobs (name, record) VALUES ('gone', ?1)",
