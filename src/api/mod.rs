@@ -22,7 +22,7 @@ use axum::routing::{MethodFilter, MethodRouter, on};
 use axum::{Json, Router};
 
 pub use error::ApiError;
-use openapi::Doc;
+pub(crate) use openapi::Doc;
 
 use crate::config::{ServeConfig, ServeEvent};
 use crate::service::sessions::{SessionManager, SessionView, ShellOutput};
@@ -35,7 +35,7 @@ const MAX_JSON_BYTES: usize = 4 << 20;
 /// Shortest bearer token accepted.
 const MIN_TOKEN_LEN: usize = 16;
 
-type AppResult<T> = Result<T, ApiError>;
+pub(crate) type AppResult<T> = Result<T, ApiError>;
 
 /// What every handler sees.
 pub struct AppState {
@@ -59,12 +59,12 @@ impl AppState {
 }
 
 /// One route: what the document says of it, and what serves it.
-struct Route {
+pub(crate) struct Route {
     doc: Doc,
     handler: MethodRouter<Arc<AppState>>,
 }
 
-fn route<H, T>(doc: Doc, handler: H) -> Route
+pub(crate) fn route<H, T>(doc: Doc, handler: H) -> Route
 where
     H: Handler<T, Arc<AppState>>,
     T: 'static,
@@ -345,7 +345,7 @@ async fn limit_body(request: Request, next: Next) -> Response {
 }
 
 /// A JSON body, within the JSON size cap.
-fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> AppResult<T> {
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> AppResult<T> {
     if body.len() > MAX_JSON_BYTES {
         return Err(ApiError::TooLarge);
     }
