@@ -97,6 +97,8 @@ pub struct ServeConfig {
     pub token_file: PathBuf,
     /// Idle sessions end after this long.
     pub session_ttl: Duration,
+    /// Also serve the metrics, without the token, on this loopback address.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// What a server tells its operator (the CLI prints it).
@@ -104,6 +106,8 @@ pub struct ServeConfig {
 pub enum ServeEvent {
     /// Where it listens: `http://127.0.0.1:PORT` or `unix:PATH`.
     Listening(String),
+    /// Where the token-free metrics are served (`--metrics-listen`).
+    Metrics(String),
     /// runner's private containerd was started (no other was reachable): its PID and socket.
     StartedContainerd { pid: u32, socket: PathBuf },
     /// containerd could not be reached at start: only host-backend sessions and jobs work

@@ -10,6 +10,7 @@ pub mod fuzzing;
 pub mod image;
 pub mod job;
 pub mod manifest;
+pub mod metrics;
 pub mod owner;
 pub mod runtime;
 pub mod service;

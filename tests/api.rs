@@ -479,3 +479,48 @@ async fn sessions_are_callable_from_the_library_without_http() {
     assert_eq!(manager.reap_idle().await, vec![view.id.clone()]);
     assert!(matches!(manager.lease(&view.id), Err(ServiceError::NotFound { .. })));
 }
+
+#[tokio::test]
+async fn metrics_count_requests_by_route_sessions_jobs_and_errors() {
+    let api = api();
+    let work = tempfile::tempdir().unwrap();
+    let id = api.session(work.path()).await;
+    for _ in 0..3 {
+        let (status, _) = api
+            .call(
+                "POST",
+                &format!("/v1/sessions/{id}/exec"),
+                Some(json!({"command": "true"})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!(api.call("GET", "/v1/jobs/missing", None).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        api.send("GET", "/metrics", None, Body::empty()).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let (status, body) = api.send("GET", "/metrics", Some(TOKEN), Body::empty()).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = String::from_utf8(body).unwrap();
+    // By route template, never by concrete id.
+    let exec =
+        "runner_http_request_duration_seconds_count{route=\"/v1/sessions/{id}/exec\",method=\"POST\",status=\"200\"}";
+    let count: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(exec))
+        .unwrap_or_else(|| panic!("no {exec} in\n{text}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(count >= 3, "{count}");
+    assert!(!text.contains(&id), "a session id became a label");
+    assert!(text.contains("runner_sessions_live{backend=\"host\"} 1\n"), "{text}");
+    assert!(text.contains("runner_jobs{phase=\"Running\"} 0\n"), "{text}");
+    assert!(text.contains("runner_errors_total{kind=\"not_found\"}"), "{text}");
+    assert!(text.contains("runner_errors_total{kind=\"unauthorized\"}"), "{text}");
+    assert!(
+        text.contains("# TYPE runner_http_request_duration_seconds histogram"),
+        "{text}"
+    );
+}

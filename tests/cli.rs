@@ -393,3 +393,74 @@ fn a_detached_env_dir_job_keeps_its_backend_and_output_limit() {
     assert_eq!(result["stdout"].as_str().unwrap().len(), 1000, "{result}");
     assert_eq!(result["stdoutDroppedBytes"], 4000, "{result}");
 }
+
+/// `serve --metrics-listen` serves the metrics without the token on a second address, and
+/// `--log-format json` logs one JSON object per request; SIGTERM ends it with exit 0.
+#[test]
+fn serve_exposes_metrics_and_logs_requests_as_json() {
+    use std::io::{BufRead, Read};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("token"), "metrics-test-token-0123456789\n").unwrap();
+    let mut child = std::process::Command::new(runner_bin())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+        ])
+        .arg("--token-file")
+        .arg(dir.path().join("token"))
+        .env("RUNNER_STATE_DIR", dir.path().join("state"))
+        .env("CONTAINERD_ADDRESS", dir.path().join("none.sock"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("listening line")
+        .to_string();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let metrics = loop {
+        let mut line = String::new();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "no metrics line");
+        if let Some(m) = line.trim().strip_prefix("runner: metrics on ") {
+            break m.to_string();
+        }
+    };
+    let status = ureq::get(&format!("{url}/v1/sessions"))
+        .set("Authorization", "Bearer metrics-test-token-0123456789")
+        .call()
+        .unwrap()
+        .status();
+    assert_eq!(status, 200);
+    let text = ureq::get(&metrics).call().unwrap().into_string().unwrap();
+    assert!(
+        text.contains(
+            "runner_http_request_duration_seconds_count{route=\"/v1/sessions\",method=\"GET\",status=\"200\"} 1"
+        ),
+        "{text}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    let access: serde_json::Value = rest
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["target"] == "runner::access")
+        .unwrap_or_else(|| panic!("no JSON access line in {rest}"));
+    assert_eq!(access["fields"]["route"], "/v1/sessions");
+    assert_eq!(access["fields"]["status"], 200);
+}

@@ -12,6 +12,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("owner", 0),
     ("confined", 0),
     ("signals", 0),
+    ("metrics", 0),
     ("manifest", 1),
     ("spec", 2),
     ("fuzzing", 3),

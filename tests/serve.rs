@@ -325,6 +325,65 @@ fn the_persistent_python_session() {
     assert!(String::from_utf8_lossy(&left.stdout).starts_with("removed 0 containers"));
 }
 
+/// Reference 003's acceptance list through its own routes and shapes (`/sandbox/…`), as a
+/// client of that reference would call them after changing only its base URL.
+#[test]
+#[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
+fn reference_003_acceptance_through_its_own_routes() {
+    let s = server();
+    let id = session(
+        &s,
+        r#"{"image": "local/python:3.11", "resources": {"memory": "256Mi"}}"#,
+    );
+    let base = format!("{}/v1/sessions/{id}/sandbox", s.url);
+    // AC-2: exactly {output, stderr, vars}.
+    let r = ok_json("POST", &format!("{base}/exec"), Some(r#"{"code": "x = 42"}"#));
+    assert_eq!(r, serde_json::json!({"output": "", "stderr": "", "vars": ["x"]}));
+    // AC-3, AC-4.
+    let vars = ok_json("GET", &format!("{base}/vars"), None);
+    assert_eq!(vars, serde_json::json!([{"name": "x", "type": "int", "summary": "42"}]));
+    assert_eq!(
+        ok_json("GET", &format!("{base}/var/x"), None),
+        serde_json::json!({"value": 42})
+    );
+    // AC-5: state persists.
+    ok_json("POST", &format!("{base}/exec"), Some(r#"{"code": "x = 1"}"#));
+    let r = ok_json("POST", &format!("{base}/exec"), Some(r#"{"code": "print(x)"}"#));
+    assert_eq!(r["output"], "1\n");
+    // AC-6: DNS does not resolve.
+    let r = ok_json(
+        "POST",
+        &format!("{base}/exec"),
+        Some(
+            r#"{"code": "import socket\ntry:\n    socket.gethostbyname('example.com'); print('resolved')\nexcept OSError:\n    print('blocked')"}"#,
+        ),
+    );
+    assert_eq!(r["output"], "blocked\n");
+    // AC-7: an allocation over the limit fails gracefully.
+    let r = ok_json(
+        "POST",
+        &format!("{base}/exec"),
+        Some(r#"{"code": "big = b'x' * (1024 ** 3)"}"#),
+    );
+    assert!(r["error"].as_str().unwrap_or_default().contains("Memory"), "{r}");
+    // AC-8: `timeout` (seconds) stops the code and returns an error.
+    let start = Instant::now();
+    let r = ok_json(
+        "POST",
+        &format!("{base}/exec"),
+        Some(r#"{"code": "import time; time.sleep(30)", "timeout": 2}"#),
+    );
+    assert!(start.elapsed() < Duration::from_secs(6));
+    assert!(r["error"].as_str().unwrap_or_default().contains("Timeout"), "{r}");
+    let r = ok_json(
+        "POST",
+        &format!("{base}/exec"),
+        Some(r#"{"code": "print('still here')"}"#),
+    );
+    assert_eq!(r["output"], "still here\n");
+    call("DELETE", &format!("{}/v1/sessions/{id}", s.url), Some(TOKEN), None);
+}
+
 #[test]
 #[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
 fn files_round_trip_through_the_workspace() {

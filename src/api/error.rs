@@ -44,9 +44,25 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The kind of failure, as the errors metric counts it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::TooLarge => "too_large",
+            ApiError::BadRequest(_) | ApiError::Service(ServiceError::Invalid(_)) => "invalid",
+            ApiError::NoRoute { .. } | ApiError::Service(ServiceError::NotFound { .. }) => "not_found",
+            ApiError::Service(ServiceError::Conflict(_)) => "conflict",
+            ApiError::Service(ServiceError::Unavailable { .. }) => "unavailable",
+            ApiError::Service(ServiceError::Internal { .. }) => "internal",
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
+        crate::metrics::increment("runner_errors_total", &[("kind", self.kind())]);
         let body = match &self {
             ApiError::Service(e @ ServiceError::Internal { .. }) => {
                 tracing::error!(error = %e, "request failed");

@@ -5,6 +5,7 @@
 pub mod error;
 mod jobs;
 mod openapi;
+mod sandbox;
 mod sessions;
 pub mod types;
 
@@ -81,7 +82,7 @@ fn routes() -> Vec<Route> {
     use types::*;
     let (get, post, put, delete) = (Method::GET, Method::POST, Method::PUT, Method::DELETE);
     let files = "a path relative to the workspace";
-    vec![
+    let mut table = vec![
         route(
             Doc::new(get.clone(), "/healthz", "liveness (no token)")
                 .public()
@@ -91,6 +92,11 @@ fn routes() -> Vec<Route> {
         route(
             Doc::new(get.clone(), "/openapi.json", "this document").returns::<serde_json::Value>(200),
             openapi_document,
+        ),
+        route(
+            Doc::new(get.clone(), "/metrics", "Prometheus metrics (text format 0.0.4)")
+                .returns_raw(200, "text/plain; version=0.0.4"),
+            metrics,
         ),
         route(
             Doc::new(post.clone(), "/v1/sessions", "start a session (its setup must succeed)")
@@ -260,7 +266,9 @@ fn routes() -> Vec<Route> {
             .returns_raw(200, "text/plain"),
             jobs::logs,
         ),
-    ]
+    ];
+    table.extend(sandbox::routes());
+    table
 }
 
 /// The OpenAPI document of this API.
@@ -284,9 +292,80 @@ pub fn router(state: Arc<AppState>) -> Router {
     public
         .merge(private)
         .fallback(no_route)
+        .layer(middleware::from_fn(observe_request))
         .layer(middleware::from_fn(limit_body))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// The metric of request latencies.
+const REQUEST_SECONDS: &str = "runner_http_request_duration_seconds";
+
+/// One latency observation and one structured log line (target `runner::access`) per request,
+/// by route template (never the concrete path: ids would make unbounded label sets).
+async fn observe_request(request: Request, next: Next) -> Response {
+    let began = std::time::Instant::now();
+    let method = request.method().clone();
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "(none)".to_string(), |p| p.as_str().to_string());
+    let response = next.run(request).await;
+    let took = began.elapsed();
+    let status = response.status().as_u16().to_string();
+    crate::metrics::observe(
+        REQUEST_SECONDS,
+        &[("route", &route), ("method", method.as_str()), ("status", &status)],
+        took,
+    );
+    tracing::info!(
+        target: "runner::access",
+        method = %method,
+        route,
+        status = response.status().as_u16(),
+        ms = took.as_secs_f64() * 1e3,
+        "request"
+    );
+    response
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> AppResult<Response> {
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        render_metrics(&state).await?,
+    )
+        .into_response())
+}
+
+/// The recorded metrics and the gauges of this moment (sessions, jobs by phase).
+async fn render_metrics(state: &AppState) -> Result<String, ServiceError> {
+    let sessions = state.sessions.list();
+    let mut by_backend: std::collections::BTreeMap<&'static str, f64> = Default::default();
+    for s in &sessions {
+        *by_backend.entry(s.backend.as_str()).or_default() += 1.0;
+    }
+    let mut phases: std::collections::BTreeMap<String, f64> = ["Pending", "Running", "Succeeded", "Failed"]
+        .into_iter()
+        .map(|p| (p.to_string(), 0.0))
+        .collect();
+    for job in job_service::list(&state.ctx, &[]).await? {
+        *phases.entry(format!("{:?}", job.object.status.phase)).or_default() += 1.0;
+    }
+    Ok(crate::metrics::render(&[
+        crate::metrics::Gauge {
+            name: "runner_sessions_live",
+            help: "sessions open now, by backend",
+            values: by_backend
+                .into_iter()
+                .map(|(b, n)| (vec![("backend", b.to_string())], n))
+                .collect(),
+        },
+        crate::metrics::Gauge {
+            name: "runner_jobs",
+            help: "jobs in the store, by phase",
+            values: phases.into_iter().map(|(p, n)| (vec![("phase", p)], n)).collect(),
+        },
+    ]))
 }
 
 async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {
@@ -408,6 +487,10 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
         let ctx = ctx.clone();
         tokio::spawn(async move { gc::reconcile(&ctx).await });
     }
+    let metrics_server = match serve.metrics_listen {
+        Some(addr) => Some(serve_metrics(addr, state.clone(), &on_event).await?),
+        None => None,
+    };
     let shutdown = async {
         crate::signals::shutdown().await;
     };
@@ -429,8 +512,41 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
         }
     };
     housekeeping.abort();
+    if let Some(task) = metrics_server {
+        task.abort();
+    }
     state.sessions.close_all().await;
     served.map_err(io("serving"))
+}
+
+/// `--metrics-listen`: GET /metrics alone, without the token, on a loopback address.
+async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    state: Arc<AppState>,
+    on_event: &impl Fn(ServeEvent),
+) -> Result<tokio::task::JoinHandle<()>, ServiceError> {
+    if !addr.ip().is_loopback() {
+        return Err(ServiceError::field(
+            "--metrics-listen",
+            format!("{addr}: only loopback addresses"),
+        ));
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| ServiceError::field("--metrics-listen", format!("{addr}: {e}")))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| ServiceError::internal("reading the metrics address", e))?;
+    on_event(ServeEvent::Metrics(format!("http://{local}/metrics")));
+    let app = Router::new()
+        .route("/metrics", axum::routing::get(metrics))
+        .fallback(no_route)
+        .with_state(state);
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "the metrics listener stopped");
+        }
+    }))
 }
 
 /// A unix socket only its owner can connect to. Connecting needs write permission, which

@@ -42,12 +42,44 @@ pub struct Global {
     /// Where runner keeps its state (never mountable into a job).
     #[arg(long, global = true, env = "RUNNER_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
-    /// Log filter (tracing syntax), e.g. `debug` or `runner=trace`.
-    #[arg(long, global = true, env = "RUNNER_LOG", default_value = "warn")]
-    pub log: String,
+    /// Log filter (tracing syntax), e.g. `debug` or `runner=trace` [default: warn; for
+    /// `serve`, warn and one line per request].
+    #[arg(long, global = true, env = "RUNNER_LOG")]
+    pub log: Option<String>,
+    /// Log lines as text or as JSON objects.
+    #[arg(long, global = true, env = "RUNNER_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
     /// The runner binary supervisors and output loggers run (default: this one).
     #[arg(long, global = true, hide = true)]
     pub runner_exe: Option<PathBuf>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Cli {
+    /// Start logging to stderr with the filter and format asked for.
+    pub fn init_logging(&self) {
+        let default = match self.command {
+            Verb::Serve { .. } => "warn,runner::access=info",
+            _ => "warn",
+        };
+        let filter = self.global.log.as_deref().unwrap_or(default);
+        let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|e| {
+            eprintln!("runner: --log {filter:?}: {e}; logging warnings only");
+            tracing_subscriber::EnvFilter::new("warn")
+        });
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr);
+        match self.global.log_format {
+            LogFormat::Text => builder.init(),
+            LogFormat::Json => builder.json().init(),
+        }
+    }
 }
 
 impl Global {
@@ -56,7 +88,7 @@ impl Global {
         Config {
             address: self.address.clone(),
             namespace: self.namespace.clone(),
-            log: self.log.clone(),
+            log: self.log.clone().unwrap_or_else(|| "warn".into()),
             runner_exe: self.runner_exe.clone(),
             ..Config::new(&self.state_dir)
         }
@@ -120,6 +152,7 @@ impl Cli {
                 token_file,
                 env_dir,
                 session_ttl,
+                metrics_listen,
             } => {
                 let mut config = g.config();
                 config.env_dir = env_dir;
@@ -132,6 +165,7 @@ impl Cli {
                     socket,
                     token_file,
                     session_ttl,
+                    metrics_listen,
                 })));
             }
             Verb::Image { verb } => images::run(&context(g, None)?, verb).await?,
@@ -259,6 +293,9 @@ pub enum Verb {
         /// Environments sessions and jobs may name.
         #[arg(long)]
         env_dir: Option<PathBuf>,
+        /// Also serve GET /metrics without the token on this loopback address.
+        #[arg(long)]
+        metrics_listen: Option<std::net::SocketAddr>,
         /// Idle sessions are ended after this long.
         #[arg(long, value_parser = duration, default_value = "30m")]
         session_ttl: std::time::Duration,
@@ -367,6 +404,7 @@ pub fn serve_event(event: crate::config::ServeEvent) {
             println!("listening on {address}");
             let _ = std::io::Write::flush(&mut std::io::stdout());
         }
+        crate::config::ServeEvent::Metrics(address) => eprintln!("runner: metrics on {address}"),
         crate::config::ServeEvent::StartedContainerd { pid, socket } => {
             eprintln!(
                 "runner: no containerd at {}; started a private one (pid {pid}, socket {}; `runner daemon stop` stops it)",

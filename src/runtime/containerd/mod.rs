@@ -46,6 +46,8 @@ pub const LABEL_ATTEMPT: &str = "runner.dev/attempt";
 pub const LABEL_STATE_DIR: &str = "runner.dev/state-dir";
 /// Where live containers see the programs runner ships (read-only).
 pub const TOOLS_MOUNT: &str = "/.runner-tools";
+/// The metric of the containerd operations' latencies (create, start, exec).
+const OPERATION_SECONDS: &str = "runner_container_operation_seconds";
 /// What a live container's init runs after setup when commands go through Tasks.Exec.
 const KEEPALIVE: &str = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done";
 /// The file in a container's run directory naming the runner process that made it.
@@ -243,6 +245,7 @@ impl Engine {
             humantime::format_rfc3339_seconds(expire).to_string(),
         );
         self.client.lease_create(&lease, lease_labels).await?;
+        let create_began = Instant::now();
         let created = async {
             let mounts = self
                 .client
@@ -254,6 +257,7 @@ impl Engine {
             Ok::<_, CtdError>(mounts)
         }
         .await;
+        crate::metrics::observe(OPERATION_SECONDS, &[("op", "create")], create_began.elapsed());
         // The container now references its snapshot; the lease only bridged the gap.
         if let Err(e) = self.client.lease_delete(&lease).await {
             tracing::warn!(lease, error = %e, "could not delete the create lease (it expires by itself)");
@@ -424,6 +428,7 @@ impl Engine {
             tokio::spawn(async move { engine.wait(&id, "").await })
         };
         self.client.task_start(id, "").await?;
+        crate::metrics::observe(OPERATION_SECONDS, &[("op", "start")], started.elapsed());
         let deadline = job.timeout.into_iter().chain(job.active_deadline).min();
         let (exit, timed_out, interrupted) = self
             .supervise(
@@ -567,6 +572,7 @@ impl Engine {
             tokio::spawn(async move { engine.wait(&id, "").await })
         };
         self.client.task_start(&id, "").await?;
+        crate::metrics::observe(OPERATION_SECONDS, &[("op", "start")], started.elapsed());
         let mut setup = None;
         if expect_marker {
             let limit = job.timeout.into_iter().chain(job.active_deadline).min();
@@ -1116,12 +1122,16 @@ impl Runtime for LiveContainer {
             return Err(RuntimeError::EmptyCommand);
         }
         let _slot = self.slot.lock().await;
-        if self.agent.is_some() {
-            return self.agent_run(request, None).await;
-        }
-        let timeout = request.timeout;
-        let exec = self.start_exec(&request, None).await?;
-        self.finish_exec(exec, timeout).await
+        let began = Instant::now();
+        let result = if self.agent.is_some() {
+            self.agent_run(request, None).await
+        } else {
+            let timeout = request.timeout;
+            let exec = self.start_exec(&request, None).await?;
+            self.finish_exec(exec, timeout).await
+        };
+        crate::metrics::observe(OPERATION_SECONDS, &[("op", "exec")], began.elapsed());
+        result
     }
 
     async fn stream(
