@@ -51,8 +51,13 @@ mkdir -p "$RUNNER_TEST_IMAGES"
 for format in oci docker rootfs; do
   images/busybox/build.sh "$RUNNER_TEST_IMAGES/busybox-$format.tar" "$format"
 done
-# The Python image (debootstrap the first time on a machine, then cached).
+# The Python images, plain and with IPython (debootstrap the first time on a machine, then
+# cached), built side by side: both mostly wait on the Debian mirror.
+PYTHON_PACKAGES=python3-ipython IMAGE_NAME=local/python-ipython:3.11 \
+  images/python/build.sh "$RUNNER_TEST_IMAGES/python-ipython-oci.tar" oci >"$work/ipython-image.log" 2>&1 &
+ipython_build=$!
 images/python/build.sh "$RUNNER_TEST_IMAGES/python-oci.tar" oci
+wait "$ipython_build" || { cat "$work/ipython-image.log"; echo "FAIL: the IPython image" >&2; exit 1; }
 
 echo "== cargo test (unit + integration, including the containerd suite)"
 cargo test --locked --all-targets -- --include-ignored

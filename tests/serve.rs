@@ -384,6 +384,47 @@ fn reference_003_acceptance_through_its_own_routes() {
     call("DELETE", &format!("{}/v1/sessions/{id}", s.url), Some(TOKEN), None);
 }
 
+/// With IPython in the image, a session's Python is IPython's shell: `_`, magics, a cell's
+/// value as output without a prompt, errors apart from the output; the shapes do not change.
+#[test]
+#[ignore = "needs a private containerd and the IPython image: run scripts/test.sh"]
+fn ipython_runs_the_python_of_an_image_that_has_it() {
+    let s = server();
+    let image = image_dir().join("python-ipython-oci.tar");
+    let out = runner_ctd(&["image", "import", image.to_str().unwrap()], &s.state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = session(&s, r#"{"image": "local/python-ipython:3.11"}"#);
+    let base = format!("{}/v1/sessions/{id}/sandbox", s.url);
+    let r = ok_json("POST", &format!("{base}/exec"), Some(r#"{"code": "x = 41"}"#));
+    assert_eq!(r, serde_json::json!({"output": "", "stderr": "", "vars": ["x"]}));
+    let r = ok_json("POST", &format!("{base}/exec"), Some(r#"{"code": "x + 1"}"#));
+    assert_eq!(r["output"], "42\n");
+    let r = ok_json("POST", &format!("{base}/exec"), Some(r#"{"code": "_ + 1"}"#));
+    assert_eq!(r["output"], "43\n", "IPython's `_`: {r}");
+    let r = ok_json("POST", &format!("{base}/exec"), Some(r#"{"code": "%time y = 2"}"#));
+    assert!(r["output"].as_str().unwrap().contains("Wall time"), "{r}");
+    let vars = ok_json("GET", &format!("{base}/vars"), None);
+    let names: Vec<&str> = vars
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["x", "y"], "IPython's own names stay hidden: {vars}");
+    let r = ok_json("POST", &format!("{base}/exec"), Some(r#"{"code": "1/0"}"#));
+    assert!(r["error"].as_str().unwrap().contains("ZeroDivisionError"), "{r}");
+    assert_eq!(r["output"], "");
+    let r = ok_json(
+        "POST",
+        &format!("{base}/exec"),
+        Some(r#"{"code": "import time; time.sleep(30)", "timeout": 1}"#),
+    );
+    assert!(r["error"].as_str().unwrap_or_default().contains("Timeout"), "{r}");
+    let r = ok_json("POST", &format!("{base}/exec"), Some(r#"{"code": "print(x)"}"#));
+    assert_eq!(r["output"], "41\n");
+    call("DELETE", &format!("{}/v1/sessions/{id}", s.url), Some(TOKEN), None);
+}
+
 #[test]
 #[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
 fn files_round_trip_through_the_workspace() {

@@ -72,8 +72,10 @@ impl Cli {
             eprintln!("runner: --log {filter:?}: {e}; logging warnings only");
             tracing_subscriber::EnvFilter::new("warn")
         });
+        use std::io::IsTerminal;
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_ansi(std::io::stderr().is_terminal())
             .with_writer(std::io::stderr);
         match self.global.log_format {
             LogFormat::Text => builder.init(),
