@@ -3,7 +3,7 @@
 # apt-get entirely when everything is already there.
 set -euo pipefail
 
-PACKAGES=(containerd runc protobuf-compiler containernetworking-plugins busybox-static iproute2 debootstrap procps)
+PACKAGES=(containerd runc protobuf-compiler containernetworking-plugins busybox-static iproute2 debootstrap procps python3 python3-venv)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
