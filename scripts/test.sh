@@ -26,11 +26,17 @@ work=$(mktemp -d /tmp/runner-test.XXXXXX)
 export QUICKSTART_TARGET="$root/target/quickstart"
 CARGO_TARGET_DIR="$QUICKSTART_TARGET" cargo build --release --locked >"$work/release-build.log" 2>&1 &
 release_build=$!
+# The Python faces need no containerd: they run beside the rest, on a copy of the binary
+# (cargo test may relink target/debug/runner).
+cp "$runner" "$work/runner-for-python"
+tests/swerex/run.sh "$work/runner-for-python" >"$work/swerex.log" 2>&1 &
+swerex_test=$!
 export RUNNER_STATE_DIR="$work/state"
 export CONTAINERD_NAMESPACE="runner-test-$$"
 quickstart_state="$work/quickstart-state"
 cleanup() {
   kill "$release_build" 2>/dev/null || true
+  kill "$swerex_test" 2>/dev/null || true
   # Whatever a failed test left running (its owner, the test process, is gone) goes first.
   "$runner" gc >/dev/null 2>&1 || true
   "$runner" daemon stop >/dev/null 2>&1 || true
@@ -84,6 +90,10 @@ if [ "$left" != 0 ]; then
   echo "FAIL: cgroups left behind" >&2
   exit 1
 fi
+
+echo "== SWE-ReX 1.4.0 through RemoteRuntime against its LocalRuntime (tests/swerex/run.sh)"
+wait "$swerex_test" || { cat "$work/swerex.log"; echo "FAIL: SWE-ReX compatibility" >&2; exit 1; }
+tail -5 "$work/swerex.log"
 
 # The README's first command, as a newcomer runs it (release build, its own state dir, the
 # private containerd it starts on first use): it must keep working.

@@ -7,6 +7,7 @@ mod jobs;
 mod openapi;
 mod sandbox;
 mod sessions;
+mod swerex;
 pub mod types;
 
 use std::path::Path;
@@ -268,6 +269,7 @@ fn routes() -> Vec<Route> {
         ),
     ];
     table.extend(sandbox::routes());
+    table.extend(swerex::routes());
     table
 }
 
@@ -392,14 +394,19 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-/// 401 before anything else is looked at; the token is compared in constant time.
+/// 401 before anything else is looked at; the token is compared in constant time. The
+/// SWE-ReX routes also take it as SWE-ReX's client sends it, in `X-API-Key`.
 async fn authenticate(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    let given = request
-        .headers()
+    let headers = request.headers();
+    let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let api_key = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .filter(|_| swerex::takes_api_key(request.uri().path()));
+    let given = bearer.or(api_key).unwrap_or("");
     if state.token.is_empty() || !same(given.as_bytes(), &state.token) {
         return ApiError::Unauthorized.into_response();
     }

@@ -17,6 +17,9 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 /// host sessions share the host's /tmp).
 pub(super) const SANDBOX_SHELL_DIR: &str = "/tmp/.runner-shell";
 
+/// `$runner_f` (the state file's path) is visible to the command: the SWE-ReX face
+/// (`api/swerex.rs`) keeps its plain variables beside it.
+///
 /// The shell's state lives in a file in the sandbox; each call sources it, runs the command
 /// (stdin from /dev/null, stderr into the output), and saves it again. A command that times
 /// out is killed with its process group and leaves the state as it was: the shell stays
