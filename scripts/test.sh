@@ -31,12 +31,15 @@ release_build=$!
 cp "$runner" "$work/runner-for-python"
 tests/swerex/run.sh "$work/runner-for-python" >"$work/swerex.log" 2>&1 &
 swerex_test=$!
+clients/python/run-tests.sh "$work/runner-for-python" >"$work/pyclient.log" 2>&1 &
+pyclient_test=$!
 export RUNNER_STATE_DIR="$work/state"
 export CONTAINERD_NAMESPACE="runner-test-$$"
 quickstart_state="$work/quickstart-state"
 cleanup() {
   kill "$release_build" 2>/dev/null || true
   kill "$swerex_test" 2>/dev/null || true
+  kill "$pyclient_test" 2>/dev/null || true
   # Whatever a failed test left running (its owner, the test process, is gone) goes first.
   "$runner" gc >/dev/null 2>&1 || true
   "$runner" daemon stop >/dev/null 2>&1 || true
@@ -94,6 +97,9 @@ fi
 echo "== SWE-ReX 1.4.0 through RemoteRuntime against its LocalRuntime (tests/swerex/run.sh)"
 wait "$swerex_test" || { cat "$work/swerex.log"; echo "FAIL: SWE-ReX compatibility" >&2; exit 1; }
 tail -5 "$work/swerex.log"
+echo "== the Python client's tests (clients/python/run-tests.sh)"
+wait "$pyclient_test" || { cat "$work/pyclient.log"; echo "FAIL: the Python client" >&2; exit 1; }
+tail -3 "$work/pyclient.log"
 
 # The README's first command, as a newcomer runs it (release build, its own state dir, the
 # private containerd it starts on first use): it must keep working.

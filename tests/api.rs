@@ -73,6 +73,26 @@ impl Api {
     }
 }
 
+/// PIDs of this process's children that are zombies.
+fn zombie_children() -> Vec<i32> {
+    let me = std::process::id().to_string();
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...: comm may hold spaces, so split after its ')'.
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.first() == Some(&"Z") && fields.get(1) == Some(&me.as_str()) {
+            out.push(head.split_whitespace().next().unwrap_or("0").parse().unwrap_or(0));
+        }
+    }
+    out
+}
+
 fn host_manifest(name: &str, command: &str) -> String {
     format!(
         "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: h}}\nspec: {{backend: host}}\n---\n\
@@ -351,6 +371,17 @@ async fn jobs_run_detached_and_a_running_one_is_not_applied_again() {
     assert_eq!(phase, "Succeeded");
     let logs = api.send("GET", "/v1/jobs/quick/logs", Some(TOKEN), Body::empty()).await;
     assert_eq!((logs.0, logs.1), (StatusCode::OK, b"hi\n".to_vec()));
+    // Its supervisor (our child) is reaped: a zombie would pile up in a long-lived server and
+    // look like a live supervisor.
+    let mut zombies = zombie_children();
+    for _ in 0..50 {
+        if zombies.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        zombies = zombie_children();
+    }
+    assert!(zombies.is_empty(), "zombie children: {zombies:?}");
 
     // 409: the same job again while it runs.
     assert_eq!(submit(host_manifest("slow", "sleep 30")).await.0, StatusCode::CREATED);
@@ -523,4 +554,48 @@ async fn metrics_count_requests_by_route_sessions_jobs_and_errors() {
         text.contains("# TYPE runner_http_request_duration_seconds histogram"),
         "{text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_stream_stops_its_command_and_frees_the_session() {
+    let api = api();
+    let work = tempfile::tempdir().unwrap();
+    let id = api.session(work.path()).await;
+    let request = Request::builder()
+        .method("POST")
+        .uri(format!("/v1/sessions/{id}/exec/stream"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(Body::from(json!({"command": "sleep 60"}).to_string()))
+        .unwrap();
+    let response = api.app.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    // The client goes away without reading.
+    drop(response);
+    // The session runs one command at a time: the next one must not wait for `sleep 60`.
+    let next = tokio::time::timeout(
+        Duration::from_secs(20),
+        api.call(
+            "POST",
+            &format!("/v1/sessions/{id}/exec"),
+            Some(json!({"command": "echo free"})),
+        ),
+    )
+    .await
+    .expect("the dropped stream's command still holds the session");
+    assert_eq!(next.1["stdout"], "free\n", "{}", next.1);
+}
+
+#[tokio::test]
+async fn a_containerd_job_is_refused_while_containerd_is_unreachable() {
+    let api = api();
+    let manifest = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: c}\nspec: {image: local/busybox:latest}\n---\n\
+                    apiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: never}\nspec: {environment: c, command: \"true\"}\n";
+    let (status, body) = api.send("POST", "/v1/jobs", Some(TOKEN), Body::from(manifest)).await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert_eq!(api.call("GET", "/v1/jobs/never", None).await.0, StatusCode::NOT_FOUND);
 }

@@ -51,12 +51,29 @@ pub async fn exec_stream(State(state): State<Arc<AppState>>, UrlPath(id): Id, bo
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     tokio::spawn(async move {
         // The lease lives as long as the stream: a streaming session is in use.
-        let _session = session;
-        while let Some(event) = events.recv().await {
-            let mut line = serde_json::to_vec(&event).unwrap_or_default();
-            line.push(b'\n');
-            if tx.send(Ok(Bytes::from(line))).await.is_err() {
-                break;
+        let mut ended = false;
+        loop {
+            tokio::select! {
+                biased;
+                event = events.recv() => {
+                    let Some(event) = event else { break };
+                    ended |= matches!(event, crate::runtime::RuntimeEvent::Exit { .. });
+                    let mut line = serde_json::to_vec(&event).unwrap_or_default();
+                    line.push(b'\n');
+                    if tx.send(Ok(Bytes::from(line))).await.is_err() {
+                        break;
+                    }
+                }
+                // The client went away: nobody reads the command's output, and the session
+                // runs one command at a time, so the command is stopped rather than left to
+                // hold it until its timeout.
+                // (Never after its exit: what runs then is another call's command.)
+                () = tx.closed(), if !ended => {
+                    if let Err(e) = session.kill().await {
+                        tracing::warn!(error = %e, "stopping a command whose stream was dropped");
+                    }
+                    break;
+                }
             }
         }
     });

@@ -236,6 +236,10 @@ async fn register(ctx: &Context, store: &SharedStore, sub: &Submission) -> Resul
 /// Submit the jobs of a manifest to run detached: each gets a supervisor process. Their names.
 pub async fn start_detached(ctx: &Context, sub: &Submission) -> Result<Vec<String>, ServiceError> {
     sub.require_jobs()?;
+    if sub.plans.iter().any(|p| p.bound.backend == Backend::Containerd) {
+        // Refused now (503 over HTTP) rather than accepted into a job that can never start.
+        ctx.containerd().await?;
+    }
     let store = store(ctx).await?;
     purge_expired(ctx, &store).await;
     register(ctx, &store, sub).await?;
@@ -405,11 +409,20 @@ async fn spawn_supervisor(ctx: &Context, store: &SharedStore, name: &str, adopt:
                 Ok(())
             });
         }
-        let child = cmd
+        let mut child = cmd
             .spawn()
             .map_err(|e| ServiceError::internal("starting the supervisor", e))?;
-        // Not waited for: it outlives this process on purpose.
-        Ok(child.id())
+        let pid = child.id();
+        // It outlives a CLI on purpose (init reaps it then). A long-lived server reaps it
+        // itself: a zombie would pile up, and would look like a live supervisor (same PID and
+        // start time) so its job would never be re-adopted.
+        std::thread::Builder::new()
+            .name(format!("reap-{pid}"))
+            .spawn(move || {
+                let _ = child.wait();
+            })
+            .map_err(|e| ServiceError::internal("starting the supervisor's reaper", e))?;
+        Ok(pid)
     })
     .await?;
     if let Some(start) = process_start_time(pid) {
@@ -592,9 +605,13 @@ pub async fn delete(ctx: &Context, name: &str) -> Result<(), ServiceError> {
             .await
     };
     // A record too damaged to read is still deleted: its backend is then unknown.
-    let (owner, backend) = match requested {
-        Ok(record) => (record.owner, Some(record.view.backend)),
-        Err(StoreError::Corrupt { .. }) => (None, None),
+    let (owner, backend, ran) = match requested {
+        Ok(record) => (
+            record.owner,
+            Some(record.view.backend),
+            !record.status.attempts.is_empty(),
+        ),
+        Err(StoreError::Corrupt { .. }) => (None, None, true),
         Err(e) => return Err(e.into()),
     };
     // The supervisor sees the request, stops the attempts (SIGTERM, grace, SIGKILL) and ends.
@@ -608,8 +625,9 @@ pub async fn delete(ctx: &Context, name: &str) -> Result<(), ServiceError> {
     if backend != Some(Backend::Host) {
         let engine = match ctx.engine(ctx.runtime_options()).await {
             Ok(engine) => engine,
-            // Unknown backend and no containerd: nothing of it can be there to remove.
-            Err(ServiceError::Unavailable { .. }) if backend.is_none() => {
+            // No containerd, and the job never started an attempt (or its backend is
+            // unknown): nothing of it can be there to remove.
+            Err(ServiceError::Unavailable { .. }) if backend.is_none() || !ran => {
                 return remove_record(&store, ctx, name).await;
             }
             Err(e) => return Err(e),

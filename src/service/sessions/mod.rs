@@ -227,6 +227,11 @@ impl Session {
         Ok(self.runtime.execute(request).await?)
     }
 
+    /// Stop the running command (and its process tree), if one runs.
+    pub async fn kill(&self) -> Result<(), ServiceError> {
+        Ok(self.runtime.kill().await?)
+    }
+
     /// Start a command; its output as it happens, `Exit` last. Streams take no stdin.
     pub async fn stream(&self, request: ExecRequest) -> Result<mpsc::Receiver<RuntimeEvent>, ServiceError> {
         check_request(&request)?;
