@@ -599,3 +599,32 @@ async fn a_containerd_job_is_refused_while_containerd_is_unreachable() {
     );
     assert_eq!(api.call("GET", "/v1/jobs/never", None).await.0, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn a_bad_session_request_names_its_own_field() {
+    let api = api();
+    for (body, field) in [
+        (
+            json!({"environment": {"backend": "host", "noSuchField": 1}}),
+            "environment.noSuchField",
+        ),
+        (
+            json!({"environment": {"backend": "host", "resources": {"memory": "lots"}}}),
+            "environment.resources.memory",
+        ),
+        (
+            json!({"environment": {"apiVersion": "runner/v1alpha1", "kind": "Environment", "metadata": {"name": "e"}, "spec": {"backend": "host", "bogus": true}}}),
+            "environment.spec.bogus",
+        ),
+        (
+            json!({"environment": {"backend": "host"}, "staticAssets": [{"nope": 1}]}),
+            "staticAssets[0]",
+        ),
+    ] {
+        let (status, answer) = api.call("POST", "/v1/sessions", Some(body.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        let error = answer["error"].as_str().unwrap();
+        assert!(error.starts_with(field), "{body}: {error}");
+        assert!(!error.contains("document") && !error.contains("\"s-"), "{body}: {error}");
+    }
+}

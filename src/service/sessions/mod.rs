@@ -128,6 +128,19 @@ fn environment_document(doc: &serde_json::Map<String, Value>) -> Result<(String,
     Ok((name, Some(doc)))
 }
 
+/// A manifest error in a document the session built from the request, as an error of the
+/// request's field: `spec.` (the document's) becomes `prefix`.
+fn request_field(e: manifest::ManifestError, spec: &str, prefix: &str) -> ServiceError {
+    let path = &e.origin.path;
+    let field = match path.strip_prefix(spec) {
+        Some(rest) => format!("{prefix}{rest}"),
+        None if path.is_empty() => prefix.trim_end_matches('.').to_string(),
+        None => format!("{}{path}", prefix.trim_end_matches("spec.")),
+    };
+    let field = if field.is_empty() { "request".to_string() } else { field };
+    ServiceError::field(field, e.kind.to_string())
+}
+
 /// What a new session needs.
 #[derive(Clone, Debug)]
 pub struct NewSession {
@@ -337,10 +350,28 @@ impl SessionManager {
                 "staticAssets": request.static_assets, "mounts": request.mounts, "command": "true",
             },
         });
-        let text = match env_doc {
+        // Each document is checked alone first, so an error names the request's own field
+        // (`environment.resources.memory`, `staticAssets[0].path`), not a position in text
+        // the caller never wrote.
+        let env_prefix = match &request.environment {
+            EnvironmentRef::Spec(_) => Some("environment."),
+            EnvironmentRef::Document(_) => Some("environment.spec."),
+            EnvironmentRef::Name(_) => None,
+        };
+        if let (Some(env), Some(prefix)) = (&env_doc, env_prefix) {
+            manifest::parse_str(&format!("{env}\n"), &self.base_dir, None)
+                .map_err(|e| request_field(e, "spec.", prefix))?;
+        }
+        let text = match &env_doc {
             Some(env) => format!("{env}\n---\n{job_doc}\n"),
             None => format!("{job_doc}\n"),
         };
+        if let Err(e) = manifest::parse_str(&format!("{job_doc}\n"), &self.base_dir, None) {
+            // The Job document alone may only lack its (inline) Environment.
+            if env_doc.is_none() || !e.to_string().contains("environment") {
+                return Err(request_field(e, "spec.", ""));
+            }
+        }
         let plan = {
             let (ctx, base_dir, backend) = (self.ctx.clone(), self.base_dir.clone(), request.backend);
             Context::blocking(move || {
@@ -354,7 +385,7 @@ impl SessionManager {
                     .first()
                     .cloned()
                     .ok_or_else(|| ServiceError::internal("a session", "its job document vanished"))?;
-                let bound = set.bind(&job, backend)?;
+                let bound = set.bind(&job, backend).map_err(|e| request_field(e, "spec.", ""))?;
                 Ok(spec::resolve(&bound, &ctx.host)?)
             })
             .await?
