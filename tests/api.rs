@@ -262,6 +262,17 @@ async fn exec_shell_and_files_on_the_host_backend() {
         .call("POST", &format!("/v1/sessions/{id}/shell"), Some(shell("echo $A; pwd")))
         .await;
     assert_eq!(r["output"], format!("1\n{}/d\n", work.path().display()));
+    // A directory whose name holds a quote is kept as well.
+    api.call(
+        "POST",
+        &format!("/v1/sessions/{id}/shell"),
+        Some(shell("mkdir -p \"it's\" && cd \"it's\"")),
+    )
+    .await;
+    let (_, r) = api
+        .call("POST", &format!("/v1/sessions/{id}/shell"), Some(shell("pwd")))
+        .await;
+    assert_eq!(r["output"], format!("{}/d/it's\n", work.path().display()));
 
     let put = api
         .send(
@@ -625,6 +636,9 @@ async fn a_bad_session_request_names_its_own_field() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
         let error = answer["error"].as_str().unwrap();
         assert!(error.starts_with(field), "{body}: {error}");
-        assert!(!error.contains("document") && !error.contains("\"s-"), "{body}: {error}");
+        assert!(
+            !error.contains("document") && !error.contains("\"s-"),
+            "{body}: {error}"
+        );
     }
 }

@@ -23,10 +23,11 @@ pub(super) const SANDBOX_SHELL_DIR: &str = "/tmp/.runner-shell";
 /// The shell's state lives in a file in the sandbox; each call sources it, runs the command
 /// (stdin from /dev/null, stderr into the output), and saves it again. A command that times
 /// out is killed with its process group and leaves the state as it was: the shell stays
-/// usable. bash when the image has it (functions persist), else sh.
+/// usable. bash when the image has it (functions persist), else sh. The common path forks
+/// only `mv` (the state file is replaced atomically): no mkdir, no sed.
 const SHELL_SCRIPT: &str = r#"runner_f="$RUNNER_SHELL_DIR/$RUNNER_SHELL_NAME.sh"
 runner_cmd=$RUNNER_SHELL_CMD
-mkdir -p "$RUNNER_SHELL_DIR" 2>/dev/null
+[ -d "$RUNNER_SHELL_DIR" ] || mkdir -p "$RUNNER_SHELL_DIR" 2>/dev/null
 unset RUNNER_SHELL_CMD RUNNER_SHELL_NAME RUNNER_SHELL_DIR
 if [ -f "$runner_f" ]; then . "$runner_f" >/dev/null 2>&1; fi
 eval "$runner_cmd" </dev/null 2>&1
@@ -34,7 +35,11 @@ runner_rc=$?
 {
   export -p
   if [ -n "$BASH_VERSION" ]; then declare -f; fi
-  printf 'cd %s\n' "'$(pwd | sed "s/'/'\\\\''/g")'"
+  runner_p=${PWD:-$(pwd)}
+  case $runner_p in
+    *\'*) printf 'cd %s\n' "'$(printf '%s' "$runner_p" | sed "s/'/'\\\\''/g")'" ;;
+    *) printf "cd '%s'\n" "$runner_p" ;;
+  esac
 } >"$runner_f.tmp" 2>/dev/null && mv "$runner_f.tmp" "$runner_f"
 exit $runner_rc"#;
 
