@@ -462,6 +462,10 @@ async fn every_documented_route_is_served_and_every_served_route_documented() {
         }
     }
     assert!(documented.len() >= 23, "{documented:?}");
+    // A compatibility face documents its own failure shapes, not ours.
+    let swerex = &paths["/v1/sessions/{id}/swerex/run_in_session"]["post"]["responses"];
+    assert!(swerex.get("511").is_some() && swerex.get("401").is_some(), "{swerex}");
+    assert!(swerex.get("409").is_none(), "{swerex}");
     drop(api.state);
 }
 

@@ -31,6 +31,9 @@ pub struct Doc {
     pub response: Option<Body>,
     /// Query parameters: name, description, required.
     pub query: Vec<(&'static str, &'static str, bool)>,
+    /// Failure statuses of a route that does not answer in our error shape (a compatibility
+    /// face): status, description, and the body's schema. `None`: ours (`ErrorBody`).
+    pub failures: Option<(&'static [(&'static str, &'static str)], SchemaFn)>,
 }
 
 impl Doc {
@@ -44,7 +47,14 @@ impl Doc {
             status: 200,
             response: None,
             query: Vec::new(),
+            failures: None,
         }
+    }
+
+    /// Failures answered in another protocol's shape (besides our 401, which comes first).
+    pub fn fails_as<T: JsonSchema>(mut self, failures: &'static [(&'static str, &'static str)]) -> Self {
+        self.failures = Some((failures, schema_of::<T>));
+        self
     }
 
     /// No token needed.
@@ -107,7 +117,18 @@ pub fn document(routes: &[Doc]) -> Value {
             ok["content"] = content(body, &mut generator);
         }
         responses.insert(route.status.to_string(), ok);
-        let failures: &[(&str, &str)] = if route.public {
+        if let Some((failures, schema)) = route.failures {
+            let unauthorized = json!({"description": "missing or wrong bearer token", "content": {"application/json": {"schema": error}}});
+            responses.insert("401".into(), unauthorized);
+            let schema = schema(&mut generator);
+            for (status, description) in failures {
+                responses.insert(
+                    status.to_string(),
+                    json!({"description": description, "content": {"application/json": {"schema": schema}}}),
+                );
+            }
+        }
+        let failures: &[(&str, &str)] = if route.public || route.failures.is_some() {
             &[]
         } else {
             &[

@@ -257,9 +257,19 @@ struct Empty {}
 // ---------------------------------------------------------------------------------------------
 // Routes.
 
+/// How the SWE-ReX routes fail, as SWE-ReX's server does.
+const FAILURES: &[(&str, &str)] = &[
+    ("404", "no such runner session (`{\"detail\": ...}`)"),
+    ("422", "the body is not SWE-ReX's model (FastAPI's validation `detail`)"),
+    (
+        "511",
+        "an exception for the client to re-raise: `{\"swerexception\": {message, class_path, traceback, extra_info}}`",
+    ),
+];
+
 pub(super) fn routes() -> Vec<Route> {
     let (get, post) = (Method::GET, Method::POST);
-    vec![
+    let mut table = vec![
         route(
             Doc::new(
                 get,
@@ -348,7 +358,11 @@ pub(super) fn routes() -> Vec<Route> {
             .returns::<Empty>(200),
             close,
         ),
-    ]
+    ];
+    for route in &mut table {
+        route.doc = route.doc.clone().fails_as::<serde_json::Map<String, Value>>(FAILURES);
+    }
+    table
 }
 
 /// Whether a request path is one of these routes (`/v1/sessions/{id}/swerex/...`), where
