@@ -177,6 +177,15 @@ fn exec_and_the_stateful_shell() {
         (r["exitCode"].as_i64(), r["stdout"].as_str(), r["stderr"].as_str()),
         (Some(5), Some("out\n"), Some("err\n"))
     );
+    // The containerd operations behind it are timed in /metrics.
+    let (status, metrics) = call("GET", &format!("{}/metrics", s.url), Some(TOKEN), None);
+    assert_eq!(status, 200);
+    for op in ["create", "start", "exec"] {
+        assert!(
+            metrics.contains(&format!("runner_container_operation_seconds_count{{op=\"{op}\"}}")),
+            "{op}: {metrics}"
+        );
+    }
     ok_json(
         "POST",
         &format!("{base}/shell"),

@@ -16,7 +16,6 @@ use serde::{Deserialize, Serialize};
 
 use super::types::PythonValue;
 use super::{AppResult, AppState, Doc, Route, parse_json, route};
-use crate::service::ServiceError;
 
 /// The reference's default per-call limit.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -78,13 +77,7 @@ async fn exec(
 ) -> AppResult<Json<ExecResponse>> {
     let session = state.sessions.lease(&id)?;
     let request: ExecRequest = parse_json(&body)?;
-    let timeout = match request.timeout {
-        None => DEFAULT_TIMEOUT,
-        Some(s) if s.is_finite() && s > 0.0 && s <= crate::manifest::MAX_TIMEOUT_SECONDS as f64 => {
-            Duration::from_secs_f64(s)
-        }
-        Some(_) => return Err(ServiceError::field("timeout", "seconds, above 0").into()),
-    };
+    let timeout = super::types::seconds("timeout", request.timeout)?.unwrap_or(DEFAULT_TIMEOUT);
     let answer = session.python_exec(&request.code, Some(timeout)).await?;
     let text = |key: &str| answer.get(key).and_then(|v| v.as_str()).unwrap_or_default().to_string();
     Ok(Json(ExecResponse {

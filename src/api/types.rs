@@ -76,14 +76,15 @@ pub struct Exec {
     pub cwd: Option<String>,
 }
 
-fn seconds(v: Option<f64>) -> Result<Option<Duration>, ServiceError> {
+/// A time limit in seconds as a request gives it (`field` names it in the error).
+pub(super) fn seconds(field: &str, v: Option<f64>) -> Result<Option<Duration>, ServiceError> {
     match v {
         None => Ok(None),
         Some(s) if s.is_finite() && s > 0.0 && s <= manifest::MAX_TIMEOUT_SECONDS as f64 => {
             Ok(Some(Duration::from_secs_f64(s)))
         }
         Some(_) => Err(ServiceError::field(
-            "timeoutSeconds",
+            field,
             format!("must be above 0 and at most {}", manifest::MAX_TIMEOUT_SECONDS),
         )),
     }
@@ -99,7 +100,7 @@ impl Exec {
         Ok(ExecRequest {
             argv,
             stdin: self.stdin.map(String::into_bytes),
-            timeout: seconds(self.timeout_seconds)?,
+            timeout: seconds("timeoutSeconds", self.timeout_seconds)?,
             env: self.env,
             cwd: self.cwd,
         })
@@ -129,7 +130,7 @@ impl Shell {
     pub fn into_request(self) -> Result<ShellRequest, ServiceError> {
         Ok(ShellRequest {
             command: self.command,
-            timeout: seconds(self.timeout_seconds)?,
+            timeout: seconds("timeoutSeconds", self.timeout_seconds)?,
             check: match self.check {
                 None | Some(CheckMode::Ignore) => Check::Ignore,
                 Some(CheckMode::Raise) => Check::Raise,
@@ -148,7 +149,7 @@ pub struct Python {
 
 impl Python {
     pub fn timeout(&self) -> Result<Option<Duration>, ServiceError> {
-        seconds(self.timeout_seconds)
+        seconds("timeoutSeconds", self.timeout_seconds)
     }
 }
 

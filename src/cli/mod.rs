@@ -9,7 +9,6 @@ mod jobs;
 mod output;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -204,11 +203,6 @@ pub fn fail(e: &ServiceError) -> i32 {
     2
 }
 
-/// How long to wait, as `60s` or `5m`.
-fn duration(text: &str) -> Result<Duration, humantime::DurationError> {
-    humantime::parse_duration(text)
-}
-
 #[derive(Subcommand, Debug)]
 pub enum Verb {
     /// Check a manifest file: syntax, fields, paths and the spec each job would get.
@@ -265,7 +259,7 @@ pub enum Verb {
     Wait {
         name: String,
         /// Give up after this long (e.g. 60s, 5m).
-        #[arg(long, value_parser = duration)]
+        #[arg(long, value_parser = humantime::parse_duration)]
         timeout: Option<std::time::Duration>,
     },
     /// Delete a job: stop what runs, remove its containers, its record and its logs.
@@ -299,7 +293,7 @@ pub enum Verb {
         #[arg(long)]
         metrics_listen: Option<std::net::SocketAddr>,
         /// Idle sessions are ended after this long.
-        #[arg(long, value_parser = duration, default_value = "30m")]
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "30m")]
         session_ttl: std::time::Duration,
     },
     /// Manage images in containerd.

@@ -8,7 +8,7 @@ use super::{Context, ServiceError};
 use crate::image::{self, ImportOptions, Imported};
 
 /// One image as listed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageRow {
     pub name: String,

@@ -315,10 +315,6 @@ impl SessionManager {
         }
     }
 
-    pub fn idle_ttl(&self) -> Duration {
-        self.idle_ttl
-    }
-
     /// Start a sandbox; its setup must succeed.
     pub async fn create(&self, request: NewSession) -> Result<SessionView, ServiceError> {
         let id = format!("s-{}", crate::owner::unique_tag());
@@ -366,12 +362,9 @@ impl SessionManager {
             Some(env) => format!("{env}\n---\n{job_doc}\n"),
             None => format!("{job_doc}\n"),
         };
-        if let Err(e) = manifest::parse_str(&format!("{job_doc}\n"), &self.base_dir, None) {
-            // The Job document alone may only lack its (inline) Environment.
-            if env_doc.is_none() || !e.to_string().contains("environment") {
-                return Err(request_field(e, "spec.", ""));
-            }
-        }
+        // (Environments are looked up at bind time, so the Job document parses alone.)
+        manifest::parse_str(&format!("{job_doc}\n"), &self.base_dir, None)
+            .map_err(|e| request_field(e, "spec.", ""))?;
         let plan = {
             let (ctx, base_dir, backend) = (self.ctx.clone(), self.base_dir.clone(), request.backend);
             Context::blocking(move || {
