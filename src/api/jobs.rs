@@ -28,6 +28,7 @@ pub struct ListQuery {
 
 pub async fn list(State(state): State<Arc<AppState>>, Query(q): Query<ListQuery>) -> AppResult<Json<Vec<JobObject>>> {
     let selector = jobs::parse_selector(q.label_selector.as_deref())?;
+    jobs::purge(&state.ctx).await?;
     let listed = jobs::list(&state.ctx, &selector).await?;
     Ok(Json(listed.into_iter().map(|l| l.object).collect()))
 }

@@ -97,6 +97,7 @@ pub async fn get(
         return Ok(0);
     }
     let selector = jobs::parse_selector(selector)?;
+    jobs::purge(ctx).await?;
     let rows = jobs::list(ctx, &selector).await?;
     match format {
         Some(OutputFormat::Json) | Some(OutputFormat::Yaml) => {

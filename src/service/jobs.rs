@@ -501,6 +501,12 @@ async fn purge_expired(ctx: &Context, store: &SharedStore) {
     }
 }
 
+/// Drop finished jobs whose ttlSecondsAfterFinished has passed.
+pub async fn purge(ctx: &Context) -> Result<(), ServiceError> {
+    purge_expired(ctx, &store(ctx).await?).await;
+    Ok(())
+}
+
 /// One job as `get jobs` lists it.
 pub struct Listed {
     pub object: JobObject,
@@ -520,10 +526,10 @@ pub fn parse_selector(text: Option<&str>) -> Result<Vec<(String, String)>, Servi
         .collect()
 }
 
-/// Every job whose labels match the selector.
+/// Every job whose labels match the selector. A read: it changes nothing (`purge` drops
+/// expired jobs; `get jobs` and `GET /v1/jobs` call it first, as every submit does).
 pub async fn list(ctx: &Context, selector: &[(String, String)]) -> Result<Vec<Listed>, ServiceError> {
     let store = store(ctx).await?;
-    purge_expired(ctx, &store).await;
     let records = store.call(|s| s.list()).await?;
     Ok(records
         .into_iter()
