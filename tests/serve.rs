@@ -749,3 +749,171 @@ fn a_session_takes_a_whole_environment_document() {
         assert!(body.contains(field), "{bad}: {body}");
     }
 }
+
+/// The resident shell (issue 14): one long-lived shell per named shell, on bash (the python
+/// image) and busybox `sh`. Everything a terminal user expects to persist persists; output is
+/// framed exactly; a timeout stops the command and keeps the shell and its state; a command
+/// that ignores SIGINT gets SIGTERM; one that makes the shell itself deaf is killed with it
+/// and the answer says the state is lost; `exit` ends the shell and the next call gets a new one.
+#[test]
+#[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
+fn the_resident_shell_keeps_state_frames_output_and_survives_timeouts() {
+    let s = server();
+    for (image, bash) in [("local/python:3.11", true), ("local/busybox:latest", false)] {
+        let id = session(&s, &format!(r#"{{"image": "{image}"}}"#));
+        let base = format!("{}/v1/sessions/{id}", s.url);
+        let sh = |command: &str, timeout: u32| {
+            ok_json(
+                "POST",
+                &format!("{base}/shell"),
+                Some(&serde_json::json!({"command": command, "timeoutSeconds": timeout}).to_string()),
+            )
+        };
+        let out = |command: &str| sh(command, 20)["output"].as_str().unwrap().to_string();
+        // State: plain (unexported) variables, functions, aliases, options, the directory.
+        sh(
+            "v=plain; f() { echo \"fn $1\"; }; alias hi='echo aliased'; set -u; cd /tmp",
+            20,
+        );
+        assert_eq!(out("echo $v; f 1; hi; pwd"), "plain\nfn 1\naliased\n/tmp\n", "{image}");
+        assert_eq!(
+            sh("echo $undefined_var", 20)["exitCode"].as_i64().map(|c| c != 0),
+            Some(true)
+        );
+        sh("set +u", 20);
+        if bash {
+            sh("shopt -s extglob; declare -A m=([k]=v)", 20);
+            assert_eq!(out("echo ${m[k]}; shopt -q extglob && echo on"), "v\non\n");
+        }
+        // Framing: text that looks like the protocol, no trailing newline, NUL and invalid
+        // UTF-8, exit codes exactly, stderr interleaved, more than a pipe's buffer.
+        let r = sh(
+            "printf 'N1-1 0\\nS1-1 0\\nR1 5\\nX1 0'; printf '\\000\\377'; echo e >&2; (exit 42)",
+            20,
+        );
+        assert_eq!(r["exitCode"], 42);
+        assert_eq!(r["output"], "N1-1 0\nS1-1 0\nR1 5\nX1 0\u{0}\u{fffd}e\n", "{image}");
+        assert_eq!(sh("false", 20)["exitCode"], 1);
+        assert_eq!(
+            out("i=0; while [ $i -lt 20000 ]; do echo line$i; i=$((i+1)); done | wc -l").trim(),
+            "20000"
+        );
+        let big = out("i=0; while [ $i -lt 20000 ]; do echo 0123456789; i=$((i+1)); done");
+        assert_eq!(big.len(), 220_000, "{image}: all of it, framed at its end");
+        // A quote, a heredoc, a syntax error: each is one call.
+        assert_eq!(out("echo \"it's\"; cat <<EOF\nhere\nEOF"), "it's\nhere\n");
+        let r = sh("echo (", 20);
+        assert!(r["exitCode"].as_i64().unwrap() != 0, "{image}: {r}");
+        assert_eq!(out("echo still $v"), "still plain\n");
+        // Timeouts: an external command, then a loop of builtins in the shell itself. The
+        // state and a background job live on.
+        sh("sleep 300 & echo $! >/tmp/bg", 20);
+        let start = Instant::now();
+        let r = sh("sleep 30", 1);
+        assert!(start.elapsed() < Duration::from_secs(5), "{image}");
+        assert_eq!(r["timedOut"], true);
+        let r = sh("while :; do :; done", 1);
+        assert_eq!(r["timedOut"], true, "{image}: {r}");
+        assert_eq!(
+            out("echo $v; kill -0 $(cat /tmp/bg) && echo bg alive"),
+            "plain\nbg alive\n",
+            "{image}"
+        );
+        // A child that ignores SIGINT gets SIGTERM; the shell keeps its state.
+        let r = sh("sh -c 'trap \"\" INT; sleep 30'", 1);
+        assert_eq!(r["timedOut"], true);
+        assert_eq!(out("echo $v"), "plain\n", "{image}");
+        // Named shells are separate processes and run at once.
+        let other = std::thread::scope(|scope| {
+            let slow = scope.spawn(|| sh("sleep 2; echo slow", 20));
+            std::thread::sleep(Duration::from_millis(300));
+            let start = Instant::now();
+            let r = ok_json(
+                "POST",
+                &format!("{base}/shell"),
+                Some(r#"{"command": "echo ${v:-unset}", "name": "other"}"#),
+            );
+            assert!(
+                start.elapsed() < Duration::from_secs(1),
+                "{image}: the other shell waited"
+            );
+            assert_eq!(slow.join().unwrap()["output"], "slow\n");
+            r
+        });
+        assert_eq!(other["output"], "unset\n");
+        // A shell deaf to SIGINT (and, being interactive, to SIGTERM) is killed: said so.
+        let r = sh("trap '' INT; while :; do :; done", 1);
+        assert_eq!(r["timedOut"], true);
+        assert!(r["output"].as_str().unwrap().contains("state is lost"), "{image}: {r}");
+        assert_eq!(out("echo ${v:-fresh}"), "fresh\n", "{image}");
+        // exit: its status, then a fresh shell.
+        sh("v=again", 20);
+        let r = sh("echo bye; exit 3", 20);
+        assert_eq!(
+            (
+                r["exitCode"].as_i64(),
+                r["output"].as_str().map(|o| o.starts_with("bye\n"))
+            ),
+            (Some(3), Some(true)),
+            "{image}: {r}"
+        );
+        assert_eq!(out("echo ${v:-fresh}"), "fresh\n", "{image}");
+        ok_json("DELETE", &base, None);
+    }
+}
+
+/// SWE-ReX's routes on a containerd session run in the resident shell: every shell variable
+/// persists (as in SWE-ReX's own bash), the wrapper leaves none of its own, a timeout is
+/// SWE-ReX's CommandTimeoutError and the session stays usable, and closing a bash session
+/// ends its shell process.
+#[test]
+#[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
+fn swerex_bash_sessions_in_a_sandbox_are_resident_shells() {
+    let s = server();
+    let id = session(&s, r#"{"image": "local/python:3.11"}"#);
+    let base = format!("{}/v1/sessions/{id}", s.url);
+    let rx = |route: &str, body: serde_json::Value| {
+        call(
+            "POST",
+            &format!("{base}/swerex/{route}"),
+            Some(TOKEN),
+            Some(&body.to_string()),
+        )
+    };
+    // check=ignore: SWE-ReX asks for no exit code, so `$?` carries over to the next command.
+    let run = |command: &str| {
+        let (status, text) = rx(
+            "run_in_session",
+            serde_json::json!({"action_type": "bash", "session": "s", "command": command, "check": "ignore"}),
+        );
+        assert_eq!(status, 200, "{command}: {text}");
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()
+    };
+    assert_eq!(rx("create_session", serde_json::json!({"session": "s"})).0, 200);
+    run("x=41; y=$((x+1)); false");
+    let r = run("echo $? $y; set | grep '^__rx_'");
+    assert_eq!(r["output"], "1 42\n", "{r}");
+    let (status, text) = rx(
+        "run_in_session",
+        serde_json::json!({"action_type": "bash", "session": "s", "command": "sleep 30", "timeout": 1}),
+    );
+    assert_eq!(status, 511, "{text}");
+    assert!(text.contains("CommandTimeoutError"), "{text}");
+    assert_eq!(run("echo $y")["output"], "42\n");
+    let shells = |what: &str| {
+        let r = ok_json(
+            "POST",
+            &format!("{base}/exec"),
+            Some(
+                &serde_json::json!({"command": ["sh", "-c",
+                    "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <$f; echo; done | grep -c '^/usr/bin/bash --norc --noprofile -i' || true"]})
+                .to_string(),
+            ),
+        );
+        assert_eq!(r["exitCode"], 0, "{what}: {r}");
+        r["stdout"].as_str().unwrap().trim().parse::<u32>().unwrap()
+    };
+    assert_eq!(shells("open"), 1);
+    assert_eq!(rx("close_session", serde_json::json!({"session": "s"})).0, 200);
+    assert_eq!(shells("closed"), 0, "closing the bash session ends its shell");
+}

@@ -59,12 +59,14 @@ const BAD_SYNTAX: &str = "swerex.exceptions.BashIncorrectSyntaxError";
 /// the command should start with `$?` at N, as after a failure under `check="ignore"`, where
 /// SWE-ReX does not reset it by asking for the exit code). Like SWE-ReX, it first checks the
 /// syntax with `bash -n`, and runs nothing when that fails (reported after `SYNTAX_MARK`, with
-/// bash's exit code and messages). Our shell keeps exported variables, functions and the
-/// directory; SWE-ReX's keeps every shell variable, so they are kept here too (`declare -p`),
-/// next to the shell's state file (`$runner_f`), and restored before the command (read-only
-/// and special ones are refused or ignored by bash, silently). No process is forked but the
-/// syntax check. Without bash (an image with only `sh`) the command just runs; the script
-/// stays POSIX (the here-string is only parsed by bash).
+/// bash's exit code and messages). A sandbox's shell is resident and keeps every shell
+/// variable, as SWE-ReX's does. A host session's shell runs per call and keeps exported
+/// variables, functions and the directory; there every other shell variable is kept too
+/// (`declare -p`), next to the shell's state file (`$runner_f`, unset in a resident shell), and
+/// restored before the command (read-only and special ones are refused or ignored by bash,
+/// silently). No process is forked but the syntax check. Without bash (an image with only
+/// `sh`) the command just runs; the script stays POSIX (the here-string is only parsed by bash).
+/// The wrapper's own variables are unset again, so the shell shows only the user's.
 const WRAPPER: &str = r#"__rx_s=${runner_f:+$runner_f.swerex}
 __rx_n=0
 if [ -n "${BASH_VERSION:-}" ] && command -v bash >/dev/null 2>&1; then
@@ -75,14 +77,15 @@ if [ -n "${BASH_VERSION:-}" ] && command -v bash >/dev/null 2>&1; then
 fi
 if [ "$__rx_n" != 0 ]; then
   printf '\036RUNNER-SWEREX-SYNTAX %s\n%s' "$__rx_n" "${__rx_e%x}"
+  unset __rx_n __rx_t __rx_e __rx_s
 else
   unset __rx_n __rx_t __rx_e
   if [ -n "$__rx_s" ] && [ -f "$__rx_s" ]; then . "$__rx_s" >/dev/null 2>&1; fi
-  eval "unset __rx_c __rx_q; ${__rx_q:+(exit $__rx_q); }$__rx_c
+  eval "unset __rx_c __rx_q __rx_s; ${__rx_q:+(exit $__rx_q); }$__rx_c
 "
   __rx_r=$?
-  if [ -n "$__rx_s" ] && [ -n "${BASH_VERSION:-}" ]; then declare -p >"$__rx_s" 2>/dev/null; fi
-  __rx_x() { unset -f __rx_x; return "$1"; }
+  if [ -n "${runner_f:-}" ] && [ -n "${BASH_VERSION:-}" ]; then declare -p >"$runner_f.swerex" 2>/dev/null; fi
+  __rx_x() { unset -f __rx_x; unset __rx_r; return "$1"; }
   __rx_x "$__rx_r"
 fi"#;
 
@@ -774,15 +777,15 @@ async fn run_bash(
 
 async fn close_session(State(state): St, UrlPath(id): Id, headers: HeaderMap, body: Bytes) -> Response {
     answer(&state, &id, &headers, async {
-        lease(&state, &id)?;
+        let session = lease(&state, &id)?;
         let request: CloseBashSessionRequest = parse(&body, MAX_JSON_BYTES)?;
-        // The shell's state stays in the sandbox's shell directory; no name is reused.
-        with_runtime(&state, &id, |r| r.shells.remove(&request.session)).ok_or_else(|| {
+        let shell = with_runtime(&state, &id, |r| r.shells.remove(&request.session)).ok_or_else(|| {
             SxError::exception(
                 SESSION_MISSING,
                 format!("session {} does not exist", py_repr(&request.session)),
             )
         })?;
+        session.close_shell(&shell.name).await;
         to_json(CloseBashSessionResponse {
             session_type: Bash::Bash,
         })
@@ -792,8 +795,11 @@ async fn close_session(State(state): St, UrlPath(id): Id, headers: HeaderMap, bo
 
 async fn close(State(state): St, UrlPath(id): Id, headers: HeaderMap) -> Response {
     answer(&state, &id, &headers, async {
-        lease(&state, &id)?;
-        with_runtime(&state, &id, |r| r.shells.clear());
+        let session = lease(&state, &id)?;
+        let shells = with_runtime(&state, &id, |r| std::mem::take(&mut r.shells));
+        for shell in shells.into_values() {
+            session.close_shell(&shell.name).await;
+        }
         to_json(Empty {})
     })
     .await

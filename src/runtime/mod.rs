@@ -202,6 +202,17 @@ pub trait Sandbox: Send + Sync {
     fn tools_mount(&self) -> &'static str;
     /// Signal a process given by its PID inside the sandbox; whether it was signalled.
     fn signal(&self, pid: i32, signal: nix::sys::signal::Signal) -> bool;
+    /// Signal the process group a process given by its PID inside the sandbox leads (just
+    /// the process when it leads none); whether it was signalled.
+    fn signal_group(&self, pid: i32, signal: nix::sys::signal::Signal) -> bool;
+    /// Make a FIFO called `name` in `shared_dir` (replacing what had that name), owned by the
+    /// sandbox's user, and open it for the host: read-only, or read-write when `write` (a
+    /// read-write end never blocks and never sees EOF). Non-blocking, checked to be the FIFO.
+    fn fifo(&self, name: &str, write: bool) -> Result<std::os::fd::OwnedFd, RuntimeError>;
+    /// Open again a FIFO `fifo` made, checked again.
+    fn reopen_fifo(&self, name: &str, write: bool) -> Result<std::os::fd::OwnedFd, RuntimeError>;
+    /// Remove a file `fifo` made.
+    fn unlink(&self, name: &str);
     /// Processes the kernel OOM-killed in the sandbox so far.
     fn oom_kills(&self) -> Option<u64>;
 }

@@ -8,8 +8,11 @@
 //! the host makes `req-N/` holding `cmd.sh` (the command, shell-quoted), FIFOs `out`, `err`
 //! and `done`, and `in` (a file) when there is stdin, then writes `req-N` to the `ctl` FIFO.
 //! The agent runs `cmd.sh` in a new session (setsid when the image has it) with those stdio,
-//! writes the command's PID (in the container's namespace) to `pid`, waits, and writes the
-//! status to `done`.
+//! waits, and writes the status to `done`; `cmd.sh` first writes its own PID (in the
+//! container's namespace) to `pid`. The command runs in the agent's foreground, not as an
+//! asynchronous list: sh starts those with SIGINT and SIGQUIT ignored, and the ignoring would
+//! be inherited by everything the command starts (a resident shell's commands could then not
+//! be interrupted).
 //!
 //! The directory is writable from the sandbox, so the host treats everything in it as
 //! hostile: files are created with `O_EXCL|O_NOFOLLOW` relative to a directory fd taken at
@@ -44,10 +47,7 @@ while read -r runner_req <&3; do
   (
     if [ -f "$runner_d/in" ]; then exec <"$runner_d/in"; else exec </dev/null; fi
     exec $runner_s /bin/sh "$runner_d/cmd.sh" >"$runner_d/out" 2>"$runner_d/err" 3<&-
-  ) &
-  runner_pid=$!
-  echo "$runner_pid" >"$runner_d/pid"
-  wait "$runner_pid"
+  )
   echo "$?" >"$runner_d/done"
 done"#;
 
@@ -58,14 +58,20 @@ fn io(what: &str) -> impl FnOnce(nix::Error) -> RuntimeError + '_ {
     }
 }
 
+/// The directory of request `n`.
+pub fn request_name(n: u64) -> String {
+    format!("req-{n}")
+}
+
 /// Quote for POSIX sh: single quotes, with `'` written as `'\''`.
 pub fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// The script that runs one command: cwd, environment, then exec of the argv.
-pub fn command_script(argv: &[String], env: &[(String, String)], cwd: Option<&str>) -> String {
-    let mut script = String::new();
+/// The script that runs one command of request `name`: its PID, cwd, environment, then exec
+/// of the argv.
+pub fn command_script(name: &str, argv: &[String], env: &[(String, String)], cwd: Option<&str>) -> String {
+    let mut script = format!("{{ echo $$ >{AGENT_MOUNT}/{name}/pid; }} 2>/dev/null\n");
     if let Some(cwd) = cwd {
         script.push_str(&format!("cd {} || exit 126\n", quote(cwd)));
     }
@@ -111,12 +117,14 @@ fn create_fifo(dir: &impl AsFd, name: &str, uid: u32, gid: u32) -> Result<(), Ru
     .map_err(io("handing an agent FIFO to the container user"))
 }
 
-/// Open a FIFO we created, refusing anything the sandbox swapped in for it.
-fn open_fifo(dir: &impl AsFd, name: &str) -> Result<pipe::Receiver, RuntimeError> {
+/// Open a FIFO we created (non-blocking; read-only, or read-write), refusing anything the
+/// sandbox swapped in for it.
+fn open_fifo_fd(dir: &impl AsFd, name: &str, write: bool) -> Result<OwnedFd, RuntimeError> {
+    let access = if write { OFlag::O_RDWR } else { OFlag::O_RDONLY };
     let fd = openat(
         dir,
         name,
-        OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        access | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
     .map_err(io("opening an agent FIFO"))?;
@@ -124,7 +132,11 @@ fn open_fifo(dir: &impl AsFd, name: &str) -> Result<pipe::Receiver, RuntimeError
     if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFIFO {
         return Err(RuntimeError::Refused(format!("agent file {name} is not a FIFO")));
     }
-    pipe::Receiver::from_owned_fd(fd).map_err(|source| RuntimeError::Io {
+    Ok(fd)
+}
+
+fn open_fifo(dir: &impl AsFd, name: &str) -> Result<pipe::Receiver, RuntimeError> {
+    pipe::Receiver::from_owned_fd(open_fifo_fd(dir, name, false)?).map_err(|source| RuntimeError::Io {
         what: "opening an agent FIFO".into(),
         source,
     })
@@ -189,7 +201,7 @@ impl Agent {
 
     /// Prepare request `n` and send it.
     pub fn send(&self, n: u64, script: &str, stdin: Option<&[u8]>) -> Result<Request, RuntimeError> {
-        let name = format!("req-{n}");
+        let name = request_name(n);
         nix::sys::stat::mkdirat(&self.dir_fd, name.as_str(), Mode::from_bits_truncate(0o700))
             .map_err(io("creating an agent request"))?;
         let dir_fd = openat(
@@ -232,6 +244,44 @@ impl Agent {
     /// Remove a finished request's directory (symlink-safe: `remove_dir_all` never follows).
     pub fn remove(&self, name: &str) {
         let _ = std::fs::remove_dir_all(self.dir.join(name));
+    }
+
+    /// Make a FIFO at the top of the directory for a long-lived tool (replacing whatever has
+    /// that name) and open it: see `Sandbox::fifo`.
+    pub fn fifo(&self, name: &str, write: bool) -> Result<OwnedFd, RuntimeError> {
+        check_tool_name(name)?;
+        let _ = nix::unistd::unlinkat(&self.dir_fd, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+        create_fifo(&self.dir_fd, name, self.uid, self.gid)?;
+        open_fifo_fd(&self.dir_fd, name, write)
+    }
+
+    /// Open again a FIFO `fifo` made (it may since have been replaced: it is checked again).
+    pub fn reopen(&self, name: &str, write: bool) -> Result<OwnedFd, RuntimeError> {
+        check_tool_name(name)?;
+        open_fifo_fd(&self.dir_fd, name, write)
+    }
+
+    /// Unlink a top-level entry a tool made (never a directory, never through a symlink).
+    pub fn unlink(&self, name: &str) {
+        if check_tool_name(name).is_ok() {
+            let _ = nix::unistd::unlinkat(&self.dir_fd, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+        }
+    }
+}
+
+/// A tool's file names stay out of the agent's own (`ctl`, `req-N`).
+fn check_tool_name(name: &str) -> Result<(), RuntimeError> {
+    let ok = !name.starts_with("req-")
+        && !name.starts_with('.')
+        && name != "ctl"
+        && (1..=100).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(RuntimeError::Refused(format!("{name:?} is not a tool file name")))
     }
 }
 
@@ -288,6 +338,7 @@ mod tests {
     fn quoting_survives_every_character() {
         assert_eq!(quote("it's"), r"'it'\''s'");
         let script = command_script(
+            "req-7",
             &["printf".into(), "%s|".into(), "a b".into(), "'\"$HOME`x`".into()],
             &[("K".into(), "v'v".into())],
             Some("/work space"),
@@ -298,7 +349,9 @@ mod tests {
             .output()
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), "a b|'\"$HOME`x`|");
-        assert!(script.starts_with("cd '/work space' || exit 126\nK='v'\\''v'; export K\n"));
+        assert!(script.starts_with(
+            "{ echo $$ >/.runner/req-7/pid; } 2>/dev/null\ncd '/work space' || exit 126\nK='v'\\''v'; export K\n"
+        ));
     }
 
     #[test]

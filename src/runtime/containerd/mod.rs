@@ -727,6 +727,12 @@ impl LiveContainer {
 
     /// Signal a process given by its PID inside the container (found on the host through
     /// its PID namespace; nothing outside this container can be hit).
+    fn agent(&self) -> Result<&Agent, RuntimeError> {
+        self.agent
+            .as_deref()
+            .ok_or_else(|| RuntimeError::Internal("the container has no agent".into()))
+    }
+
     pub fn signal_container_pid(&self, ns_pid: i32, signal: Signal) -> bool {
         match agent::host_pid(self.init_pid, ns_pid) {
             Some(host) => nix::sys::signal::kill(nix::unistd::Pid::from_raw(host), signal).is_ok(),
@@ -992,8 +998,8 @@ impl LiveContainer {
             None => None,
         };
         let env: Vec<(String, String)> = request.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        let script = agent::command_script(&request.argv, &env, cwd.as_deref());
         let n = self.sequence.fetch_add(1, Ordering::Relaxed);
+        let script = agent::command_script(&format!("req-{n}"), &request.argv, &env, cwd.as_deref());
         let before = cgroupfs::read(&self.cgroup);
         let started = Instant::now();
         let req = agent.send(n, &script, request.stdin.as_deref())?;
@@ -1098,6 +1104,32 @@ impl crate::runtime::Sandbox for LiveContainer {
 
     fn signal(&self, pid: i32, signal: Signal) -> bool {
         self.signal_container_pid(pid, signal)
+    }
+
+    fn signal_group(&self, pid: i32, signal: Signal) -> bool {
+        let Some(host) = agent::host_pid(self.init_pid, pid) else {
+            return false;
+        };
+        let host = nix::unistd::Pid::from_raw(host);
+        if nix::unistd::getpgid(Some(host)).ok() == Some(host) {
+            nix::sys::signal::killpg(host, signal).is_ok()
+        } else {
+            nix::sys::signal::kill(host, signal).is_ok()
+        }
+    }
+
+    fn fifo(&self, name: &str, write: bool) -> Result<std::os::fd::OwnedFd, RuntimeError> {
+        self.agent()?.fifo(name, write)
+    }
+
+    fn reopen_fifo(&self, name: &str, write: bool) -> Result<std::os::fd::OwnedFd, RuntimeError> {
+        self.agent()?.reopen(name, write)
+    }
+
+    fn unlink(&self, name: &str) {
+        if let Some(agent) = &self.agent {
+            agent.unlink(name);
+        }
     }
 
     fn oom_kills(&self) -> Option<u64> {

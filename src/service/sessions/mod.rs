@@ -4,6 +4,7 @@
 
 mod files;
 mod python;
+mod resident;
 mod shell;
 
 use std::collections::HashMap;
@@ -196,8 +197,13 @@ pub struct Session {
     /// Calls holding a lease on the session.
     in_use: AtomicUsize,
     python: tokio::sync::Mutex<Option<python::Driver>>,
-    /// The shell interpreter of the image (bash when present), found on first use.
+    /// The shell interpreter of the image (bash when present), found on first use (host
+    /// sessions, whose shells run per call).
     shell_bin: tokio::sync::OnceCell<String>,
+    /// A sandbox's resident shells by name, started on first use.
+    shells: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<resident::Resident>>>>>,
+    /// Bytes of output kept per shell call.
+    output_limit: usize,
 }
 
 impl Session {
@@ -390,6 +396,7 @@ impl SessionManager {
         };
         let mut options = self.ctx.runtime_options();
         options.tools = vec![python::DRIVER];
+        let output_limit = options.output_limit;
         let runtime: Arc<dyn Runtime> = match backend {
             Backend::Containerd => Arc::new(self.ctx.engine(options).await?.spawn_live(&plan).await?),
             Backend::Host => Arc::new(HostRuntime::spawn(&plan, &self.ctx.host, &options).await?),
@@ -423,6 +430,8 @@ impl SessionManager {
             in_use: AtomicUsize::new(0),
             python: tokio::sync::Mutex::new(None),
             shell_bin: tokio::sync::OnceCell::new(),
+            shells: Mutex::new(HashMap::new()),
+            output_limit,
         });
         let view = session.view();
         self.sessions.lock().expect("sessions lock").insert(id, session);

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::Session;
+use super::resident::Resident;
 use crate::runtime::ExecRequest;
 use crate::service::{Invalid, ServiceError};
 
@@ -94,6 +95,28 @@ impl Session {
         {
             return Err(ServiceError::field("name", "letters, digits, '-' and '_' (at most 63)"));
         }
+        if let Some(sandbox) = self.runtime.sandbox() {
+            let slot = self
+                .shells
+                .lock()
+                .expect("shells lock")
+                .entry(name.clone())
+                .or_default()
+                .clone();
+            let mut shell = slot.lock().await;
+            if shell.is_none() {
+                *shell = Some(Resident::start(self.runtime.as_ref(), sandbox, &name).await?);
+            }
+            let resident = shell.as_mut().expect("the shell just started");
+            let timeout = request.timeout.unwrap_or(DEFAULT_CALL_TIMEOUT);
+            let (output, alive) = resident
+                .run(sandbox, &request.command, timeout, self.output_limit)
+                .await?;
+            if !alive {
+                *shell = None;
+            }
+            return checked(output, request.check);
+        }
         let interpreter = self
             .shell_bin
             .get_or_try_init(|| async {
@@ -121,14 +144,38 @@ impl Session {
                 cwd: None,
             })
             .await?;
-        let output = ShellOutput {
-            output: r.stdout,
-            exit_code: r.exit_code,
-            timed_out: r.timed_out,
-        };
-        if request.check == Check::Raise && (output.exit_code != Some(0) || output.timed_out) {
-            return Err(ServiceError::Invalid(Invalid::Failed(Box::new(output))));
-        }
-        Ok(output)
+        checked(
+            ShellOutput {
+                output: r.stdout,
+                exit_code: r.exit_code,
+                timed_out: r.timed_out,
+            },
+            request.check,
+        )
     }
+}
+
+impl Session {
+    /// End a named shell: a resident one is killed with what it started (a later call with the
+    /// name starts a new one); a per-call one forgets its state.
+    pub async fn close_shell(&self, name: &str) {
+        if let Some(sandbox) = self.runtime.sandbox() {
+            let slot = self.shells.lock().expect("shells lock").remove(name);
+            if let Some(slot) = slot
+                && let Some(shell) = slot.lock().await.take()
+            {
+                shell.stop(sandbox);
+            }
+        } else if let Some(dir) = &self.host_shell_dir {
+            let _ = std::fs::remove_file(dir.path().join(format!("{name}.sh")));
+            let _ = std::fs::remove_file(dir.path().join(format!("{name}.sh.swerex")));
+        }
+    }
+}
+
+fn checked(output: ShellOutput, check: Check) -> Result<ShellOutput, ServiceError> {
+    if check == Check::Raise && (output.exit_code != Some(0) || output.timed_out) {
+        return Err(ServiceError::Invalid(Invalid::Failed(Box::new(output))));
+    }
+    Ok(output)
 }

@@ -1,0 +1,384 @@
+//! The resident shell: each named shell of a containerd session is one long-lived interactive
+//! shell in the sandbox (bash when the image has it, else `sh`), fed commands over a FIFO. Its
+//! variables, functions, aliases, options and directory persist because nothing restarts it.
+//!
+//! Channels, all FIFOs in the sandbox's shared directory (`Sandbox::fifo`):
+//! - `sh-NAME.in`: the shell's stdin. The host writes one call as two lines:
+//!   `{ eval '<command>'\n} </dev/null >OUT 2>&1 4>&-` then `printf 'N<tag> %d\n' "$?" >&4`.
+//!   The command is one quoted word, so nothing it contains can break the framing; it runs in
+//!   the shell itself (a group, not a subshell), without the shell's stdin or status FIFO.
+//! - `sh-NAME.N.out`, one per call: everything the command writes (stdout and stderr
+//!   interleaved, as on a terminal), read as bytes until the shell closes it.
+//! - `sh-NAME.st` (the shell's fd 4): status lines `N<tag> <status>`, where the tag is a random
+//!   nonce and the call's number: what a command prints can never end a call, and a line for
+//!   an earlier call is ignored. `X<nonce> <status>` comes from an EXIT trap when the shell
+//!   exits (`exit 3`); EOF means it died.
+//!
+//! The second line is separate so that it runs even when a special builtin's error aborts the
+//! first (an interactive POSIX shell returns to its prompt then, e.g. busybox's `set -Z`).
+//!
+//! Interactive mode is what makes a timeout recoverable: SIGINT to the shell's process group
+//! (the shell leads its own session, started with `setsid`) kills the foreground command and
+//! makes the shell abandon the rest of the command, loops of builtins included, and read the
+//! next line — as Ctrl-C on a terminal does. Background jobs ignore SIGINT and live on. A
+//! command that ignores the interrupt gets SIGTERM (an interactive shell ignores it), and if
+//! the shell is still not back, the whole group is killed and the next call starts a new
+//! shell: the answer says its state was lost.
+//!
+//! The host treats the directory as hostile: FIFOs are made and opened by the runtime relative
+//! to a directory fd and checked (`Sandbox::fifo`); status lines are bounded and parsed
+//! strictly; the sandbox can at worst confuse its own results.
+
+use std::hash::{BuildHasher, Hasher};
+use std::os::fd::OwnedFd;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::pipe;
+
+use super::shell::ShellOutput;
+use crate::runtime::output::Capture;
+use crate::runtime::{ExecRequest, Runtime, Sandbox};
+use crate::service::ServiceError;
+
+/// Starts the shell detached from the launching command (which the agent waits for): `setsid`
+/// forks when its caller leads a group, as the agent's commands do. Without `setsid` the shell
+/// is an asynchronous list, so its commands inherit SIGINT ignored: a timeout then escalates.
+const LAUNCH: &str = r#"runner_in=$1 runner_st=$2
+if runner_i=$(command -v bash); then set -- "$runner_i" --norc --noprofile -i; else set -- /bin/sh -i; fi
+if command -v setsid >/dev/null 2>&1; then exec setsid "$@" <"$runner_in" 4>"$runner_st" >/dev/null 2>&1; fi
+"$@" <"$runner_in" 4>"$runner_st" >/dev/null 2>&1 &"#;
+
+/// How long a new shell may take to say hello.
+const START_LIMIT: Duration = Duration::from_secs(15);
+/// After each step of an interrupt (SIGINT, SIGTERM), how long the shell may take to be back.
+const INTERRUPT_GRACE: Duration = Duration::from_millis(1500);
+/// After the status, how long output may still be held open (by a background job).
+const DRAIN_LIMIT: Duration = Duration::from_millis(200);
+/// Longest status line read.
+const LINE_LIMIT: u64 = 200;
+
+fn fifo_error(e: std::io::Error) -> ServiceError {
+    ServiceError::internal("the shell's FIFOs", e)
+}
+
+fn receiver(fd: OwnedFd) -> Result<pipe::Receiver, ServiceError> {
+    pipe::Receiver::from_owned_fd(fd).map_err(fifo_error)
+}
+
+/// One live shell.
+pub(super) struct Resident {
+    name: String,
+    nonce: u64,
+    /// Its PID inside the sandbox.
+    pid: i32,
+    input: pipe::Sender,
+    status: BufReader<pipe::Receiver>,
+    calls: u64,
+}
+
+/// What a status line says.
+#[derive(Debug, PartialEq, Eq)]
+enum Line {
+    /// The call (`N`) or the resynchronisation after an interrupt (`S`) with this number
+    /// ended with this status.
+    Done { sync: bool, call: u64, status: i32 },
+    /// The shell said hello: its PID.
+    Ready(i32),
+    /// The shell exited with this status.
+    Exited(i32),
+}
+
+fn parse_line(line: &str, nonce: u64) -> Option<Line> {
+    let (kind, rest) = line.trim_end_matches('\n').split_at_checked(1)?;
+    let (tag, value) = rest.split_once(' ')?;
+    let value: i32 = value.parse().ok()?;
+    let (n, call) = match tag.split_once('-') {
+        Some((n, call)) => (n, Some(call.parse::<u64>().ok()?)),
+        None => (tag, None),
+    };
+    if n.parse::<u64>().ok()? != nonce {
+        return None;
+    }
+    match (kind, call) {
+        ("N" | "S", Some(call)) => Some(Line::Done {
+            sync: kind == "S",
+            call,
+            status: value,
+        }),
+        ("R", None) if value > 1 => Some(Line::Ready(value)),
+        ("X", None) => Some(Line::Exited(value)),
+        _ => None,
+    }
+}
+
+/// The next status line that is ours; `None` at EOF (the shell is gone).
+async fn next_line(status: &mut BufReader<pipe::Receiver>, nonce: u64) -> Option<Line> {
+    loop {
+        let mut raw = Vec::new();
+        let n = (&mut *status).take(LINE_LIMIT).read_until(b'\n', &mut raw).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        if let Some(line) = std::str::from_utf8(&raw).ok().and_then(|l| parse_line(l, nonce)) {
+            return Some(line);
+        }
+    }
+}
+
+/// Wait for the end of call `call` (or its resynchronisation when `sync`). `Err(status)`: the
+/// shell exited (with the status when it said so).
+async fn wait_done(
+    status: &mut BufReader<pipe::Receiver>,
+    nonce: u64,
+    call: u64,
+    sync: bool,
+) -> Result<i32, Option<i32>> {
+    loop {
+        match next_line(status, nonce).await {
+            Some(Line::Done {
+                sync: s,
+                call: c,
+                status,
+            }) if c == call && s == sync => return Ok(status),
+            Some(Line::Exited(status)) => return Err(Some(status)),
+            None => return Err(None),
+            Some(_) => continue,
+        }
+    }
+}
+
+/// Quote for POSIX sh.
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+impl Resident {
+    fn file(name: &str, what: &str) -> String {
+        format!("sh-{name}.{what}")
+    }
+
+    /// Start shell `name` in the sandbox.
+    pub(super) async fn start(runtime: &dyn Runtime, sandbox: &dyn Sandbox, name: &str) -> Result<Self, ServiceError> {
+        let nonce = std::collections::hash_map::RandomState::new().build_hasher().finish();
+        let (in_name, st_name) = (Self::file(name, "in"), Self::file(name, "st"));
+        let input = pipe::Sender::from_owned_fd(sandbox.fifo(&in_name, true)?).map_err(fifo_error)?;
+        // Read-write until the shell holds its end: the shell's open does not block, and the
+        // host sees no EOF before it. Then read-only, so that EOF means the shell is gone.
+        let st_rw = receiver(sandbox.fifo(&st_name, true)?)?;
+        let mount = sandbox.shared_mount();
+        let launch = runtime
+            .execute(ExecRequest {
+                argv: vec![
+                    "/bin/sh".into(),
+                    "-c".into(),
+                    LAUNCH.into(),
+                    "runner".into(),
+                    format!("{mount}/{in_name}"),
+                    format!("{mount}/{st_name}"),
+                ],
+                timeout: Some(START_LIMIT),
+                ..Default::default()
+            })
+            .await?;
+        if launch.exit_code != Some(0) {
+            return Err(ServiceError::rejected(format!(
+                "cannot start a shell: {}",
+                launch.stderr.trim()
+            )));
+        }
+        let mut shell = Resident {
+            name: name.to_string(),
+            nonce,
+            pid: 0,
+            input,
+            status: BufReader::new(st_rw),
+            calls: 0,
+        };
+        let hello = format!(
+            "PS1= PS2= PROMPT_COMMAND=; unset HISTFILE MAILCHECK; if [ -n \"${{BASH_VERSION:-}}\" ]; then set +H +o history; fi\n\
+             trap 'printf \"X{nonce} %d\\n\" \"$?\" >{mount}/{st_name}' EXIT\n\
+             printf 'R{nonce} %d\\n' $$ >&4\n"
+        );
+        shell.send(&hello).await?;
+        let pid = match tokio::time::timeout(START_LIMIT, shell.next_line()).await {
+            Ok(Some(Line::Ready(pid))) => pid,
+            _ => return Err(ServiceError::rejected("the shell did not start")),
+        };
+        shell.pid = pid;
+        let st_ro = receiver(sandbox.reopen_fifo(&st_name, false)?)?;
+        shell.status = BufReader::new(st_ro);
+        Ok(shell)
+    }
+
+    /// Kill the shell with everything it started, and remove its FIFOs.
+    pub(super) fn stop(self, sandbox: &dyn Sandbox) {
+        sandbox.signal_group(self.pid, Signal::SIGKILL);
+        for what in ["in", "st"] {
+            sandbox.unlink(&Self::file(&self.name, what));
+        }
+    }
+
+    async fn send(&mut self, text: &str) -> Result<(), ServiceError> {
+        self.input
+            .write_all(text.as_bytes())
+            .await
+            .map_err(|e| ServiceError::internal("writing to the shell", e))
+    }
+
+    async fn next_line(&mut self) -> Option<Line> {
+        next_line(&mut self.status, self.nonce).await
+    }
+
+    /// Run one command; the second value says whether the shell is still usable.
+    pub(super) async fn run(
+        &mut self,
+        sandbox: &dyn Sandbox,
+        command: &str,
+        timeout: Duration,
+        output_limit: usize,
+    ) -> Result<(ShellOutput, bool), ServiceError> {
+        self.calls += 1;
+        let call = self.calls;
+        let out_name = Self::file(&self.name, &format!("{call}.out"));
+        let out = receiver(sandbox.fifo(&out_name, false)?)?;
+        let reader = tokio::spawn(async move {
+            let mut capture = Capture::new(output_limit);
+            let mut out = out;
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match out.read(&mut buf).await {
+                    Ok(0) => break,
+                    Ok(n) => capture.push(&buf[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                }
+            }
+            capture
+        });
+        let mount = sandbox.shared_mount();
+        let tag = format!("{}-{call}", self.nonce);
+        let text = format!(
+            "{{ eval {}\n}} </dev/null >{mount}/{out_name} 2>&1 4>&-\nprintf 'N{tag} %d\\n' \"$?\" >&4\n",
+            quote(command)
+        );
+        let sent = self.send(&text).await;
+        let mut timed_out = false;
+        let mut alive = true;
+        let mut lost = false;
+        let exit_code = match sent {
+            Err(e) => {
+                reader.abort();
+                sandbox.unlink(&out_name);
+                return Err(e);
+            }
+            Ok(()) => match tokio::time::timeout(timeout, wait_done(&mut self.status, self.nonce, call, false)).await {
+                Ok(Ok(status)) => Some(status),
+                Ok(Err(status)) => {
+                    alive = false;
+                    status
+                }
+                Err(_) => {
+                    timed_out = true;
+                    match self.interrupt(sandbox, call).await {
+                        Some(Ok(status)) => Some(status),
+                        Some(Err(status)) => {
+                            alive = false;
+                            status
+                        }
+                        None => {
+                            alive = false;
+                            lost = true;
+                            None
+                        }
+                    }
+                }
+            },
+        };
+        let capture = match tokio::time::timeout(DRAIN_LIMIT, reader).await {
+            Ok(Ok(capture)) => Some(capture),
+            _ => None,
+        };
+        sandbox.unlink(&out_name);
+        let mut output = capture.map(|c| c.finish().text).unwrap_or_default();
+        if lost {
+            output.push_str(
+                "\nrunner: the command ignored the interrupt; the shell was killed and the next call starts a new one (its state is lost)\n",
+            );
+        } else if !alive {
+            output.push_str("\nrunner: the shell exited; the next call starts a new one\n");
+        }
+        Ok((
+            ShellOutput {
+                output,
+                exit_code,
+                timed_out,
+            },
+            alive,
+        ))
+    }
+
+    /// Stop call `call` that ran out of time: SIGINT, then SIGTERM, to the shell's process
+    /// group, each followed by a resynchronising line and a grace period; then SIGKILL
+    /// (`None`: the shell is gone).
+    async fn interrupt(&mut self, sandbox: &dyn Sandbox, call: u64) -> Option<Result<i32, Option<i32>>> {
+        let sync = format!("printf 'S{}-{call} %d\\n' \"$?\" >&4\n", self.nonce);
+        for signal in [Signal::SIGINT, Signal::SIGTERM] {
+            sandbox.signal_group(self.pid, signal);
+            // A shell that takes the interrupt while reading may drop what it had read: the
+            // line is sent again until answered (later copies are answered and ignored).
+            let waited = tokio::time::timeout(INTERRUPT_GRACE, async {
+                let mut resend = tokio::time::interval(Duration::from_millis(250));
+                let done = wait_done(&mut self.status, self.nonce, call, true);
+                tokio::pin!(done);
+                loop {
+                    tokio::select! {
+                        r = &mut done => return r,
+                        _ = resend.tick() => {
+                            let _ = self.input.write_all(sync.as_bytes()).await;
+                        }
+                    }
+                }
+            })
+            .await;
+            if let Ok(r) = waited {
+                return Some(r);
+            }
+        }
+        sandbox.signal_group(self.pid, Signal::SIGKILL);
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_lines_are_parsed_strictly() {
+        assert_eq!(
+            parse_line("N42-7 0\n", 42),
+            Some(Line::Done {
+                sync: false,
+                call: 7,
+                status: 0
+            })
+        );
+        assert_eq!(
+            parse_line("S42-7 130\n", 42),
+            Some(Line::Done {
+                sync: true,
+                call: 7,
+                status: 130
+            })
+        );
+        assert_eq!(parse_line("R42 17\n", 42), Some(Line::Ready(17)));
+        assert_eq!(parse_line("X42 3\n", 42), Some(Line::Exited(3)));
+        for bad in [
+            "N41-7 0", "N42-7", "N42 0", "R42-1 5", "R42 1", "Q42-1 0", "", "N42-x 0", "é",
+        ] {
+            assert_eq!(parse_line(bad, 42), None, "{bad}");
+        }
+    }
+}
