@@ -6,6 +6,7 @@
 mod daemon;
 mod images;
 mod jobs;
+mod kube;
 mod output;
 
 use std::path::PathBuf;
@@ -118,6 +119,7 @@ impl Cli {
         let code = match self.command {
             Verb::Validate(file) => jobs::validate(&context(g, file.env_dir.clone())?, &file).await?,
             Verb::Spec { file, job } => jobs::spec(&context(g, file.env_dir.clone())?, &file, job).await?,
+            Verb::Export(args) => kube::export(&context(g, args.file.env_dir.clone())?, *args).await?,
             Verb::Apply {
                 file,
                 output,
@@ -215,6 +217,9 @@ pub enum Verb {
         #[arg(long)]
         job: Option<String>,
     },
+    /// Print the Kubernetes objects that run a manifest's Jobs on a cluster (or its
+    /// Environments as agent-sandbox Sandboxes).
+    Export(Box<ExportArgs>),
     /// Run the jobs of a manifest file in the foreground and print their results.
     Apply {
         #[command(flatten)]
@@ -373,6 +378,44 @@ pub enum DaemonVerb {
     Stop,
     /// Say whether it runs, its PID and socket.
     Status,
+}
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    pub file: FileArgs,
+    /// Only this job.
+    #[arg(long)]
+    pub job: Option<String>,
+    /// Output format (a YAML stream, or a JSON List).
+    #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
+    pub output: ExportFormat,
+    /// The image for Environments that name none (host-backend ones run in it).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Where a job's workspace comes from: copy (its files, at most 1 MiB, copied into an
+    /// emptyDir), empty, or pvc:CLAIM.
+    #[arg(long, value_parser = |s: &str| s.parse::<crate::spec::kube::WorkspaceVolume>())]
+    pub workspace: Option<crate::spec::kube::WorkspaceVolume>,
+    /// Write runner's seccomp filter to this file and make the pods use it as a Localhost
+    /// profile named after the file (install it in the kubelet's seccomp directory).
+    #[arg(long)]
+    pub seccomp_profile: Option<PathBuf>,
+    /// The Kubernetes namespace of every object (`--namespace` is containerd's).
+    #[arg(long)]
+    pub kube_namespace: Option<String>,
+    /// Accept the node's podPidsLimit in place of an Environment's resources.pids.
+    #[arg(long)]
+    pub node_pids_limit: bool,
+    /// Export the file's Environments as agent-sandbox Sandboxes (agents.x-k8s.io).
+    #[arg(long)]
+    pub sandbox: bool,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportFormat {
+    Yaml,
+    Json,
 }
 
 #[derive(Args, Debug)]

@@ -178,4 +178,7 @@ pub enum ManifestErrorKind {
     Duplicate { kind: &'static str, name: String },
     #[error("environment {name:?} is not defined in this file{searched}")]
     EnvironmentNotFound { name: String, searched: String },
+    /// `runner export`: what Kubernetes cannot express faithfully, and why.
+    #[error("cannot be exported to Kubernetes: {0}")]
+    NotExportable(String),
 }

@@ -190,6 +190,22 @@ impl Environment {
     pub fn origins_file(&self) -> Option<PathBuf> {
         self.origins.file.clone()
     }
+
+    /// Where the manifest sets `resources.pids`; `None` when it leaves the default.
+    pub fn pids_origin(&self) -> Option<Origin> {
+        self.origins.pids.clone()
+    }
+
+    /// Where a field of the Environment is set, for errors about it.
+    pub fn origin(&self, path: &str) -> Origin {
+        let location = match path {
+            "spec.image" => self.origins.image,
+            "spec.network" => self.origins.network,
+            "spec.user" => self.origins.user,
+            _ => None,
+        };
+        Origin::new(path, location)
+    }
 }
 
 /// Positions kept for checks that can only run once the backend is known.
@@ -198,6 +214,9 @@ pub(crate) struct EnvOrigins {
     image: Option<Location>,
     include_host_env: Option<Location>,
     network: Option<Location>,
+    /// `Some` when the manifest sets `resources.pids` (the default applies otherwise).
+    pids: Option<Origin>,
+    user: Option<Location>,
     file: Option<PathBuf>,
 }
 
@@ -838,6 +857,11 @@ fn validate_environment(
         Some(raw::Backend::Host) => Backend::Host,
         Some(raw::Backend::Containerd) | None => Backend::Containerd,
     };
+    let pids_origin = spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.pids.as_ref())
+        .map(|p| Origin::new("spec.resources.pids", at(&p.referenced)));
     let resources = validate_resources(spec.resources, first_line)?;
     if backend == Backend::Containerd && spec.image.is_none() {
         return Err(ManifestError::new(
@@ -874,6 +898,8 @@ fn validate_environment(
             image: spec.image.as_ref().and_then(|i| at(&i.referenced)),
             include_host_env: spec.include_host_env.as_ref().and_then(|b| at(&b.referenced)),
             network: spec.network.as_ref().and_then(|n| at(&n.referenced)),
+            pids: pids_origin,
+            user: spec.user.as_ref().and_then(|u| at(&u.referenced)),
             file: file.map(Path::to_path_buf),
         },
     })

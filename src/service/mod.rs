@@ -3,6 +3,7 @@
 //! calls; each maps `ServiceError` to its exit codes or statuses in one place.
 
 pub mod daemon;
+pub mod export;
 pub mod gc;
 pub mod images;
 pub mod jobs;

@@ -7,6 +7,7 @@
 
 pub mod entry;
 pub mod hardening;
+pub mod kube;
 pub mod seccomp;
 
 use std::collections::BTreeMap;
