@@ -288,10 +288,75 @@ fn environments_export_as_agent_sandboxes_on_request() {
         .filter(|d| !d.trim().is_empty())
         .map(|d| serde_saphyr::from_str(d).unwrap())
         .collect();
-    assert_eq!(docs[0]["apiVersion"], "agents.x-k8s.io/v1alpha1");
+    assert_eq!(docs[0]["apiVersion"], "agents.x-k8s.io/v1beta1");
     assert_eq!(docs[0]["kind"], "Sandbox");
     let c = &docs[0]["spec"]["podTemplate"]["spec"]["containers"][0];
     assert_eq!(c["image"], "local/python:3.11");
     assert_eq!(c["securityContext"]["runAsUser"], 1000);
     assert_eq!(docs[1]["kind"], "NetworkPolicy");
+}
+
+/// Everything `runner export` prints validates against the official Kubernetes OpenAPI
+/// schemas of two versions, strictly (`tests/kube/validate.sh`: the `kubernetes-validate`
+/// package from PyPI, cached after its first install): the golden files, the variants above
+/// (Localhost seccomp, Indexed jobs with failure rules, a PVC workspace), and the pod of an
+/// exported Sandbox (the Sandbox is a custom resource the package has no schema for; its
+/// `podTemplate` is validated as a Pod).
+#[test]
+fn exports_validate_against_the_kubernetes_schemas() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("tests/golden/export"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let manifest = write_manifest(
+        dir.path(),
+        "variant.yaml",
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec:\n  image: reg.example/app:1\n  user: \"1000:1000\"\n  resources: {memory: 300Mi, cpu: 250m}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: many, annotations: {note: hi}}\nspec:\n  environment: e\n  workspace: .\n  command: \"exit 3\"\n  stdin: \"\"\n  timeoutSeconds: 7\n  activeDeadlineSeconds: 100\n  completions: 4\n  parallelism: 2\n  completionMode: Indexed\n  ttlSecondsAfterFinished: 60\n  podFailurePolicy:\n    rules:\n      - {action: FailJob, onExitCodes: {operator: In, values: [42, 3]}}\n      - {action: Count, onExitCodes: {operator: NotIn, values: [0, 1]}}\n",
+    );
+    let out = export(&[
+        "-f",
+        manifest.to_str().unwrap(),
+        "--workspace",
+        "pvc:evals-ws",
+        "--seccomp-profile",
+        dir.path().join("p.json").to_str().unwrap(),
+        "--kube-namespace",
+        "evals",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    files.push(dir.path().join("variant-out.yaml"));
+    std::fs::write(files.last().unwrap(), &out.stdout).unwrap();
+    let out = export(&["-f", "manifests/examples/python.yaml", "--sandbox", "--node-pids-limit"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut pods = String::new();
+    for doc in text.split("---\n").filter(|d| !d.trim().is_empty()) {
+        let v: serde_json::Value = serde_saphyr::from_str(doc).unwrap();
+        let object = if v["kind"] == "Sandbox" {
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": v["metadata"]["name"], "labels": v["spec"]["podTemplate"]["metadata"]["labels"]},
+                "spec": v["spec"]["podTemplate"]["spec"],
+            })
+        } else {
+            v
+        };
+        pods.push_str("---\n");
+        pods.push_str(&serde_saphyr::to_string(&object).unwrap());
+    }
+    files.push(dir.path().join("sandbox-pod.yaml"));
+    std::fs::write(files.last().unwrap(), pods).unwrap();
+    let out = std::process::Command::new(repo().join("tests/kube/validate.sh"))
+        .args(&files)
+        .output()
+        .expect("run tests/kube/validate.sh");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert_eq!(report.matches("ok ").count(), files.len() * 2, "{report}");
 }

@@ -529,7 +529,7 @@ fn resources(env: &Environment) -> Value {
     json!({"requests": r, "limits": r})
 }
 
-/// An Environment as an agent-sandbox `Sandbox` (agents.x-k8s.io/v1alpha1): one long-lived
+/// An Environment as an agent-sandbox `Sandbox` (agents.x-k8s.io/v1beta1; v1alpha1 is deprecated): one long-lived
 /// pod with the Environment's image, user, env, limits and hardening, idling until used.
 pub fn export_sandbox(env: &Environment, options: &ExportOptions) -> Result<Vec<Value>, ManifestError> {
     let refuse_env = |path: &str, reason: &str| {
@@ -590,7 +590,7 @@ pub fn export_sandbox(env: &Environment, options: &ExportOptions) -> Result<Vec<
         );
     }
     let mut objects = vec![json!({
-        "apiVersion": "agents.x-k8s.io/v1alpha1",
+        "apiVersion": "agents.x-k8s.io/v1beta1",
         "kind": "Sandbox",
         "metadata": meta,
         "spec": {"podTemplate": {"metadata": {"labels": labels}, "spec": {
