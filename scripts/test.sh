@@ -66,6 +66,11 @@ images/python/build.sh "$RUNNER_TEST_IMAGES/python-oci.tar" oci
 wait "$ipython_build" || { cat "$work/ipython-image.log"; echo "FAIL: the IPython image" >&2; exit 1; }
 
 echo "== cargo test (unit + integration, including the containerd suite)"
+# tests/export.rs validates every exported Kubernetes object with tests/kube/validate.sh
+# (kubernetes-validate from PyPI, cached under /var/cache/runner after its first install).
+if [ -z "${KUBECONFIG:-}" ]; then
+  echo "NOTE: KUBECONFIG is not set: the live-cluster test of apply --kube reports itself skipped (the offline export and status tests are the evidence)"
+fi
 cargo test --locked --all-targets -- --include-ignored
 
 echo "== nothing left behind in $CONTAINERD_NAMESPACE"

@@ -2,13 +2,22 @@
 
 use std::io::Write;
 
-use super::{ExportArgs, ExportFormat};
+use super::output::{print_status_line, worst};
+use super::{ExportArgs, ExportFormat, FileArgs, KubeFlags, OutputFormat};
 use crate::service::export::{self, ExportRequest};
+use crate::service::kube::{self as kube_service, KubeTarget};
 use crate::service::{Context, ServiceError};
 use crate::spec::kube::{ExportOptions, Seccomp};
 
-pub async fn export(ctx: &Context, args: ExportArgs) -> Result<i32, ServiceError> {
-    let seccomp = match &args.seccomp_profile {
+/// The request the flags describe (writing the seccomp profile file when asked).
+fn request(
+    ctx: &Context,
+    file: FileArgs,
+    job: Option<String>,
+    sandbox: bool,
+    flags: KubeFlags,
+) -> Result<ExportRequest, ServiceError> {
+    let seccomp = match &flags.seccomp_profile {
         None => Seccomp::RuntimeDefault,
         Some(path) => {
             let name = path
@@ -23,19 +32,23 @@ pub async fn export(ctx: &Context, args: ExportArgs) -> Result<i32, ServiceError
             Seccomp::Localhost(name)
         }
     };
-    let request = ExportRequest {
-        file: args.file.file,
-        env_dir: args.file.env_dir,
-        job: args.job,
-        image: args.image,
-        sandbox: args.sandbox,
+    Ok(ExportRequest {
+        file: file.file,
+        env_dir: file.env_dir,
+        job,
+        image: flags.image,
+        sandbox,
         options: ExportOptions {
-            workspace: args.workspace,
+            workspace: flags.workspace,
             seccomp,
-            namespace: args.kube_namespace,
-            node_pids_limit: args.node_pids_limit,
+            namespace: flags.kube_namespace,
+            node_pids_limit: flags.node_pids_limit,
         },
-    };
+    })
+}
+
+pub async fn export(ctx: &Context, args: ExportArgs) -> Result<i32, ServiceError> {
+    let request = request(ctx, args.file, args.job, args.sandbox, args.kube)?;
     let ctx = ctx.clone();
     let objects = Context::blocking(move || export::export(&ctx, &request)).await?;
     let text = match args.output {
@@ -58,5 +71,57 @@ pub async fn export(ctx: &Context, args: ExportArgs) -> Result<i32, ServiceError
         .lock()
         .write_all(text.as_bytes())
         .map_err(|e| ServiceError::internal("writing the output", e))?;
+    Ok(0)
+}
+
+/// `runner apply --kube`: submit, follow (the pods' output on stdout as it comes, unless a
+/// format is asked for), report each job as a local run does, with the same exit code.
+pub async fn apply(
+    ctx: &Context,
+    file: FileArgs,
+    format: Option<OutputFormat>,
+    context: Option<String>,
+    flags: KubeFlags,
+) -> Result<i32, ServiceError> {
+    let target = KubeTarget {
+        context,
+        namespace: flags.kube_namespace.clone(),
+    };
+    let request = request(ctx, file, None, false, flags)?;
+    let outcomes = kube_service::apply(ctx, request, &target, |_, _, line| {
+        if format.is_none() {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+        }
+    })
+    .await?;
+    let mut code = 0;
+    let mut objects = Vec::new();
+    for outcome in &outcomes {
+        code = worst(code, outcome.status.exit_code());
+        match format {
+            None => print_status_line(&outcome.name, &outcome.status),
+            Some(_) => objects.push(serde_json::json!({
+                "apiVersion": crate::job::API_VERSION,
+                "kind": "Job",
+                "metadata": {"name": outcome.name},
+                "status": outcome.status,
+            })),
+        }
+    }
+    if let Some(format) = format {
+        let value = match objects.as_slice() {
+            [one] => one.clone(),
+            _ => serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects}),
+        };
+        super::output::print_value(&value, Some(format))?;
+    }
+    Ok(code)
+}
+
+/// `runner delete job NAME --kube`.
+pub async fn delete(name: &str, context: Option<String>, namespace: Option<String>) -> Result<i32, ServiceError> {
+    let removed = kube_service::delete(name, &KubeTarget { context, namespace }).await?;
+    println!("job.runner/{name} deleted on the cluster ({removed} objects)");
     Ok(0)
 }

@@ -123,9 +123,27 @@ impl Cli {
             Verb::Apply {
                 file,
                 output,
+                kube: true,
+                kube_context,
+                kube_flags,
+                ..
+            } => {
+                kube::apply(
+                    &context(g, file.env_dir.clone())?,
+                    file,
+                    output,
+                    kube_context,
+                    kube_flags,
+                )
+                .await?
+            }
+            Verb::Apply {
+                file,
+                output,
                 backend,
                 max_output_bytes,
                 detach,
+                ..
             } => {
                 let mut config = g.config();
                 config.env_dir = file.env_dir.clone();
@@ -146,7 +164,16 @@ impl Cli {
             } => jobs::logs(&context(g, None)?, &name, follow, attempt, index).await?,
             Verb::Wait { name, timeout } => jobs::wait(&context(g, None)?, &name, timeout).await?,
             Verb::Delete {
-                what: OneJob::Job { name },
+                what:
+                    DeleteWhat::Job {
+                        name,
+                        kube: true,
+                        kube_context,
+                        kube_namespace,
+                    },
+            } => kube::delete(&name, kube_context, kube_namespace).await?,
+            Verb::Delete {
+                what: DeleteWhat::Job { name, .. },
             } => jobs::delete(&context(g, None)?, &name).await?,
             Verb::Supervise { name, adopt } => jobs::supervise(&context(g, None)?, &name, adopt).await?,
             Verb::Serve {
@@ -236,6 +263,15 @@ pub enum Verb {
         /// Return at once; a supervisor process carries the jobs to their end.
         #[arg(short = 'd', long)]
         detach: bool,
+        /// Run the jobs on a Kubernetes cluster (the objects `runner export` prints), follow
+        /// them and report their results as a local run does.
+        #[arg(long, conflicts_with_all = ["detach", "backend"])]
+        kube: bool,
+        /// The kubeconfig context (default: its current one).
+        #[arg(long, requires = "kube")]
+        kube_context: Option<String>,
+        #[command(flatten)]
+        kube_flags: KubeFlags,
     },
     /// List jobs, or show one.
     Get {
@@ -270,7 +306,7 @@ pub enum Verb {
     /// Delete a job: stop what runs, remove its containers, its record and its logs.
     Delete {
         #[command(subcommand)]
-        what: OneJob,
+        what: DeleteWhat,
     },
     /// Carry a stored job to its end (what `apply --detach` starts; not for direct use).
     #[command(hide = true)]
@@ -337,6 +373,23 @@ pub enum OneJob {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum DeleteWhat {
+    /// A job by name.
+    Job {
+        name: String,
+        /// The job `apply --kube` ran on a cluster: remove its objects there.
+        #[arg(long)]
+        kube: bool,
+        /// The kubeconfig context (default: its current one).
+        #[arg(long, requires = "kube")]
+        kube_context: Option<String>,
+        /// The Kubernetes namespace (default: the context's).
+        #[arg(long, requires = "kube")]
+        kube_namespace: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 pub enum ImageVerb {
     /// Import an OCI layout tar, a `docker save` archive, or a plain rootfs tarball.
     Import {
@@ -390,6 +443,16 @@ pub struct ExportArgs {
     /// Output format (a YAML stream, or a JSON List).
     #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
     pub output: ExportFormat,
+    #[command(flatten)]
+    pub kube: KubeFlags,
+    /// Export the file's Environments as agent-sandbox Sandboxes (agents.x-k8s.io).
+    #[arg(long)]
+    pub sandbox: bool,
+}
+
+/// How a manifest becomes Kubernetes objects (`export`, `apply --kube`).
+#[derive(Args, Debug, Clone)]
+pub struct KubeFlags {
     /// The image for Environments that name none (host-backend ones run in it).
     #[arg(long)]
     pub image: Option<String>,
@@ -407,9 +470,6 @@ pub struct ExportArgs {
     /// Accept the node's podPidsLimit in place of an Environment's resources.pids.
     #[arg(long)]
     pub node_pids_limit: bool,
-    /// Export the file's Environments as agent-sandbox Sandboxes (agents.x-k8s.io).
-    #[arg(long)]
-    pub sandbox: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -99,6 +99,12 @@ pub fn print_human(name: &str, status: &JobStatus) {
             );
         }
     }
+    print_status_line(name, status);
+}
+
+/// The one line `apply` ends a job with, on stderr.
+pub fn print_status_line(name: &str, status: &JobStatus) {
+    let mut stderr = std::io::stderr().lock();
     let detail = match (&status.result, &status.message) {
         (Some(r), _) => format!(" exit={} {}ms", r.status_code(), r.duration_ms),
         (None, Some(m)) => format!(" {m}"),

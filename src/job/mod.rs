@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 pub mod controller;
+pub mod kube;
 pub mod store;
 pub mod supervisor;
 

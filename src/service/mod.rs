@@ -7,6 +7,7 @@ pub mod export;
 pub mod gc;
 pub mod images;
 pub mod jobs;
+pub mod kube;
 pub mod sessions;
 
 use std::sync::Arc;
