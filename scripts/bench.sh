@@ -4,6 +4,8 @@
 #   one-shot: `runner apply` of a busybox `sh -c true` job  vs  `ctr run --rm` of the same
 #   exec:     exec round trip of /bin/true in a live container (library)  vs  `ctr task exec`
 #   throughput: N concurrent one-shot jobs (library)
+#   http:     runner serve on loopback: session create → first shell answer, shell and exec
+#             round trips, on busybox (sh) and on the Python image (bash)
 # Usage: scripts/bench.sh [RUNS] [CONCURRENT]   (defaults 15 and 20)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +37,9 @@ CONTAINERD_ADDRESS=$("$runner" daemon status | sed -n 's/^running (pid [0-9]*) a
 trap cleanup EXIT
 images/busybox/build.sh "$work/busybox.tar" oci >/dev/null
 "$runner" image import "$work/busybox.tar" >/dev/null
+# The Python image (bash, debootstrap; its rootfs is cached under /var/cache/runner/images).
+images/python/build.sh "$work/python.tar" oci >/dev/null
+"$runner" image import "$work/python.tar" >/dev/null
 
 cat > "$work/true.yaml" <<YAML
 apiVersion: runner/v1alpha1
@@ -106,7 +111,9 @@ serve_pid=$!
 for _ in $(seq 1 100); do grep -q listening "$work/serve.out" 2>/dev/null && break; sleep 0.05; done
 url=$(sed -n 's/^listening on //p' "$work/serve.out")
 http=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" "$bench" http "$runs")
+http_py=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" BENCH_IMAGE=local/python:3.11 "$bench" http "$runs")
 kill "$serve_pid"; wait "$serve_pid" 2>/dev/null || true
 h_exec=$(echo "$http" | sed -n 's/.*"exec_ms_median": \([0-9.]*\).*/\1/p')
-echo "http       $http"
+echo "http       busybox: $http"
+echo "http       python (bash resident shell): $http_py"
 echo "http exec  session exec over HTTP: ${h_exec} ms   ctr task exec: ${e_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $h_exec/$e_med}")"
