@@ -7,9 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::api::batch::v1::Job as KubeJob;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, LogParams, PostParams, PropagationPolicy};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams, PropagationPolicy};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -59,6 +57,18 @@ fn api_for(client: &kube::Client, namespace: &str, object: &Value) -> Result<Api
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
     Ok(Api::namespaced_with(client.clone(), namespace, &resource))
+}
+
+/// A pod's log (following it when `follow`), requested directly: the typed Pod API would
+/// compile the whole Pod model's serde code into runner for two fields it reads.
+fn log_request(namespace: &str, pod: &str, follow: bool) -> Result<http::Request<Vec<u8>>, ServiceError> {
+    let uri = format!(
+        "/api/v1/namespaces/{namespace}/pods/{pod}/log?container={CONTAINER}{}",
+        if follow { "&follow=true" } else { "" }
+    );
+    http::Request::get(uri)
+        .body(Vec::new())
+        .map_err(|e| ServiceError::internal("a log request", e))
 }
 
 /// What one Job did on the cluster.
@@ -122,8 +132,16 @@ async fn follow(
     setup: bool,
     on_log: &mut impl FnMut(&str, &str, &str),
 ) -> Result<JobStatus, ServiceError> {
-    let jobs: Api<KubeJob> = Api::namespaced(client.clone(), namespace);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let jobs = api_for(
+        client,
+        namespace,
+        &serde_json::json!({"apiVersion": "batch/v1", "kind": "Job"}),
+    )?;
+    let pods = api_for(
+        client,
+        namespace,
+        &serde_json::json!({"apiVersion": "v1", "kind": "Pod"}),
+    )?;
     let selector = ListParams::default().labels(&format!("{JOB_LABEL}={name},{MANAGED_LABEL}=runner"));
     let (tx, mut rx) = mpsc::unbounded_channel::<(String, String)>();
     let mut followed: BTreeSet<String> = BTreeSet::new();
@@ -133,19 +151,19 @@ async fn follow(
         let job = jobs.get(name).await.map_err(unavailable)?;
         let job_value = serde_json::to_value(&job).map_err(|e| ServiceError::internal("a Job", e))?;
         let listed = pods.list(&selector).await.map_err(unavailable)?;
-        for pod in &listed.items {
-            let pod_name = pod.metadata.name.clone().unwrap_or_default();
-            let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-            if running && followed.insert(pod_name.clone()) {
-                let (pods, tx) = (pods.clone(), tx.clone());
+        let values: Vec<Value> = listed
+            .items
+            .iter()
+            .filter_map(|p| serde_json::to_value(p).ok())
+            .collect();
+        for pod in &values {
+            let pod_name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            if pod["status"]["phase"] == "Running" && followed.insert(pod_name.clone()) {
+                let (client, tx) = (client.clone(), tx.clone());
+                let request = log_request(namespace, &pod_name, true)?;
                 streams.spawn(async move {
                     use futures::{AsyncBufReadExt, TryStreamExt};
-                    let params = LogParams {
-                        follow: true,
-                        container: Some(CONTAINER.into()),
-                        ..Default::default()
-                    };
-                    if let Ok(stream) = pods.log_stream(&pod_name, &params).await {
+                    if let Ok(stream) = client.request_stream(request).await {
                         let mut lines = stream.lines();
                         while let Ok(Some(line)) = lines.try_next().await {
                             let _ = tx.send((pod_name.clone(), line));
@@ -174,24 +192,16 @@ async fn follow(
                 log.push_str(&line);
                 log.push('\n');
             }
-            let values: Vec<Value> = listed
-                .items
-                .iter()
-                .filter_map(|p| serde_json::to_value(p).ok())
-                .collect();
-            for pod in &listed.items {
-                let pod_name = pod.metadata.name.clone().unwrap_or_default();
-                if !followed.contains(&pod_name) {
-                    let params = LogParams {
-                        container: Some(CONTAINER.into()),
-                        ..Default::default()
-                    };
-                    if let Ok(text) = pods.logs(&pod_name, &params).await {
-                        for line in text.lines() {
-                            on_log(name, &pod_name, line);
-                        }
-                        logs.insert(pod_name, text);
+            for pod in &values {
+                let pod_name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                if followed.contains(&pod_name) {
+                    continue;
+                }
+                if let Ok(text) = client.request_text(log_request(namespace, &pod_name, false)?).await {
+                    for line in text.lines() {
+                        on_log(name, &pod_name, line);
                     }
+                    logs.insert(pod_name, text);
                 }
             }
             let mut job_value = job_value;
