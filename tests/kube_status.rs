@@ -94,3 +94,117 @@ fn a_live_cluster_runs_an_example_when_kubeconfig_is_set() {
     assert_eq!(v["status"]["result"]["exitCode"], 3);
     assert_eq!(v["status"]["result"]["stdout"], "hello from the cluster\n");
 }
+
+struct FakeApi {
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl FakeApi {
+    fn start(exit: i32, log: &str) -> Self {
+        use std::io::BufRead;
+        let dir = tempfile::tempdir().unwrap();
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kube/fake_apiserver.py");
+        let mut child = std::process::Command::new("python3")
+            .arg(script)
+            .env("FAKE_EXIT", exit.to_string())
+            .env("FAKE_LOG", log)
+            .env("FAKE_REQUESTS", dir.path().join("requests"))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs the fake API server");
+        let mut port = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut port)
+            .unwrap();
+        let port: u16 = port.trim().parse().expect("the fake API server's port");
+        std::fs::write(
+            dir.path().join("kubeconfig"),
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"http://127.0.0.1:{port}\"}}}}]\nusers: [{{name: u, user: {{token: t}}}}]\ncontexts: [{{name: fake, context: {{cluster: c, user: u, namespace: evals}}}}]\ncurrent-context: fake\n"
+            ),
+        )
+        .unwrap();
+        FakeApi { child, dir }
+    }
+
+    fn runner(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(env!("CARGO_BIN_EXE_runner"))
+            .args(args)
+            .env("KUBECONFIG", self.dir.path().join("kubeconfig"))
+            .env("RUNNER_STATE_DIR", self.dir.path().join("state"))
+            .env("RUNNER_LOG", "off")
+            .output()
+            .unwrap()
+    }
+
+    fn requests(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("requests")).unwrap_or_default()
+    }
+}
+
+const KUBE_JOB: &str = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec: {image: docker.io/library/busybox:1.36}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: kube-demo}\nspec:\n  environment: e\n  command: \"cat; exit 3\"\n  stdin: \"in\\n\"\n";
+
+/// `apply --kube` and `delete job --kube` through the CLI against a stand-in API server
+/// (`tests/kube/fake_apiserver.py`; no real API server can run here): what runner creates, the
+/// requests it makes to follow the Job and read its log, the result and exit code it reports,
+/// the conflict on a second apply, and the clean-up by label.
+#[test]
+fn apply_and_delete_on_a_cluster_through_the_cli() {
+    let api = FakeApi::start(3, "in\n");
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("job.yaml");
+    std::fs::write(&manifest, KUBE_JOB).unwrap();
+    let out = api.runner(&["apply", "--kube", "-f", manifest.to_str().unwrap(), "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["status"]["phase"], "Failed");
+    assert_eq!(
+        v["status"]["reason"], "Error",
+        "backoffLimit 0: the attempt's own reason, as locally"
+    );
+    assert_eq!(v["status"]["result"]["exitCode"], 3);
+    assert_eq!(v["status"]["result"]["stdout"], "in\n");
+    assert_eq!(v["status"]["attempts"][0]["exitCode"], 3);
+    let requests = api.requests();
+    for want in [
+        "POST /api/v1/namespaces/evals/configmaps",
+        "POST /apis/networking.k8s.io/v1/namespaces/evals/networkpolicies",
+        "POST /apis/batch/v1/namespaces/evals/jobs",
+        "GET /apis/batch/v1/namespaces/evals/jobs/kube-demo",
+        "GET /api/v1/namespaces/evals/pods?&labelSelector=runner.dev%2Fjob%3Dkube-demo%2Crunner.dev%2Fmanaged-by%3Drunner",
+        "GET /api/v1/namespaces/evals/pods/kube-demo-x1y2z/log?container=job",
+    ] {
+        assert!(requests.contains(want), "{want}\n{requests}");
+    }
+    // Applying again: the objects exist; nothing is replaced.
+    let again = api.runner(&["apply", "--kube", "-f", manifest.to_str().unwrap()]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists in namespace \"evals\""));
+    let deleted = api.runner(&["delete", "job", "kube-demo", "--kube"]);
+    assert_eq!(
+        deleted.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
+    assert!(String::from_utf8_lossy(&deleted.stdout).contains("deleted on the cluster (3 objects)"));
+    assert_eq!(
+        api.runner(&["delete", "job", "kube-demo", "--kube"]).status.code(),
+        Some(2)
+    );
+
+    // A job that succeeds, with the default output: its log, then the status line.
+    let api = FakeApi::start(0, "hello from the pod\n");
+    let out = api.runner(&["apply", "--kube", "-f", manifest.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from the pod\n");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("job/kube-demo Succeeded (Completed)"));
+}
