@@ -263,21 +263,15 @@ fn check_exportable(bound: &Bound, options: &ExportOptions) -> Result<(), Manife
             ),
         ));
     }
-    if let Some(m) = env.mounts.first() {
-        return Err(refuse(
-            bound,
-            m.target_origin.clone(),
-            true,
-            "host bind mounts are not exported: a node's paths are not this machine's, and hostPath volumes are a way out of a pod",
-        ));
-    }
-    if let Some(m) = job.mounts.first() {
-        return Err(refuse(
-            bound,
-            m.target_origin.clone(),
-            false,
-            "host bind mounts are not exported: a node's paths are not this machine's, and hostPath volumes are a way out of a pod",
-        ));
+    for (mounts, from_env) in [(&env.mounts, true), (&job.mounts, false)] {
+        if let Some(m) = mounts.first() {
+            return Err(refuse(
+                bound,
+                m.target_origin.clone(),
+                from_env,
+                "host bind mounts are not exported: a node's paths are not this machine's, and hostPath volumes are a way out of a pod",
+            ));
+        }
     }
     if env.user == Some(UserSpec::Host) {
         return Err(refuse(
