@@ -800,8 +800,25 @@ fn the_resident_shell_keeps_state_frames_output_and_survives_timeouts() {
         );
         let big = out("i=0; while [ $i -lt 20000 ]; do echo 0123456789; i=$((i+1)); done");
         assert_eq!(big.len(), 220_000, "{image}: all of it, framed at its end");
-        // A quote, a heredoc, a syntax error: each is one call.
+        // A quote, a heredoc, a syntax error: each is one call. Tabs and carriage returns are
+        // text, not line editing; a NUL is refused.
         assert_eq!(out("echo \"it's\"; cat <<EOF\nhere\nEOF"), "it's\nhere\n");
+        assert_eq!(
+            out("cat <<EOF\n\tindented\nEOF\nprintf '%s' 'x\ry'"),
+            "\tindented\nx\ry",
+            "{image}"
+        );
+        let (status, _) = call(
+            "POST",
+            &format!("{base}/shell"),
+            Some(TOKEN),
+            Some(r#"{"command": "echo a\u0000b"}"#),
+        );
+        assert_eq!(status, 400);
+        // A background job that keeps the output open does not take the call's output away.
+        // (bash says `[1] PID` for the job, as on a terminal.)
+        let kept = out("sleep 30 & echo kept");
+        assert!(kept.ends_with("kept\n"), "{image}: {kept:?}");
         let r = sh("echo (", 20);
         assert!(r["exitCode"].as_i64().unwrap() != 0, "{image}: {r}");
         assert_eq!(out("echo still $v"), "still plain\n");
@@ -812,6 +829,7 @@ fn the_resident_shell_keeps_state_frames_output_and_survives_timeouts() {
         let r = sh("sleep 30", 1);
         assert!(start.elapsed() < Duration::from_secs(5), "{image}");
         assert_eq!(r["timedOut"], true);
+        assert_eq!(r["exitCode"], 130, "{image}: the interrupted command's status");
         let r = sh("while :; do :; done", 1);
         assert_eq!(r["timedOut"], true, "{image}: {r}");
         assert_eq!(
@@ -906,7 +924,7 @@ fn swerex_bash_sessions_in_a_sandbox_are_resident_shells() {
             &format!("{base}/exec"),
             Some(
                 &serde_json::json!({"command": ["sh", "-c",
-                    "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <$f; echo; done | grep -c '^/usr/bin/bash --norc --noprofile -i' || true"]})
+                    "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <$f; echo; done | grep -c '^/usr/bin/bash --norc --noprofile --noediting -i' || true"]})
                 .to_string(),
             ),
         );

@@ -209,7 +209,8 @@ pub trait Sandbox: Send + Sync {
     /// sandbox's user, and open it for the host: read-only, or read-write when `write` (a
     /// read-write end never blocks and never sees EOF). Non-blocking, checked to be the FIFO.
     fn fifo(&self, name: &str, write: bool) -> Result<std::os::fd::OwnedFd, RuntimeError>;
-    /// Open again a FIFO `fifo` made, checked again.
+    /// Open again a FIFO `fifo` made, checked again: read-only, or write-only when `write`
+    /// (which needs a reader: ENXIO otherwise; writes fail with EPIPE once none is left).
     fn reopen_fifo(&self, name: &str, write: bool) -> Result<std::os::fd::OwnedFd, RuntimeError>;
     /// Remove a file `fifo` made.
     fn unlink(&self, name: &str);

@@ -119,8 +119,7 @@ fn create_fifo(dir: &impl AsFd, name: &str, uid: u32, gid: u32) -> Result<(), Ru
 
 /// Open a FIFO we created (non-blocking; read-only, or read-write), refusing anything the
 /// sandbox swapped in for it.
-fn open_fifo_fd(dir: &impl AsFd, name: &str, write: bool) -> Result<OwnedFd, RuntimeError> {
-    let access = if write { OFlag::O_RDWR } else { OFlag::O_RDONLY };
+fn open_fifo_fd(dir: &impl AsFd, name: &str, access: OFlag) -> Result<OwnedFd, RuntimeError> {
     let fd = openat(
         dir,
         name,
@@ -136,7 +135,7 @@ fn open_fifo_fd(dir: &impl AsFd, name: &str, write: bool) -> Result<OwnedFd, Run
 }
 
 fn open_fifo(dir: &impl AsFd, name: &str) -> Result<pipe::Receiver, RuntimeError> {
-    pipe::Receiver::from_owned_fd(open_fifo_fd(dir, name, false)?).map_err(|source| RuntimeError::Io {
+    pipe::Receiver::from_owned_fd(open_fifo_fd(dir, name, OFlag::O_RDONLY)?).map_err(|source| RuntimeError::Io {
         what: "opening an agent FIFO".into(),
         source,
     })
@@ -252,13 +251,18 @@ impl Agent {
         check_tool_name(name)?;
         let _ = nix::unistd::unlinkat(&self.dir_fd, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
         create_fifo(&self.dir_fd, name, self.uid, self.gid)?;
-        open_fifo_fd(&self.dir_fd, name, write)
+        open_fifo_fd(&self.dir_fd, name, if write { OFlag::O_RDWR } else { OFlag::O_RDONLY })
     }
 
-    /// Open again a FIFO `fifo` made (it may since have been replaced: it is checked again).
+    /// Open again a FIFO `fifo` made (it may since have been replaced: it is checked again):
+    /// read-only, or write-only.
     pub fn reopen(&self, name: &str, write: bool) -> Result<OwnedFd, RuntimeError> {
         check_tool_name(name)?;
-        open_fifo_fd(&self.dir_fd, name, write)
+        open_fifo_fd(
+            &self.dir_fd,
+            name,
+            if write { OFlag::O_WRONLY } else { OFlag::O_RDONLY },
+        )
     }
 
     /// Unlink a top-level entry a tool made (never a directory, never through a symlink).

@@ -4,7 +4,7 @@
 //!
 //! Channels, all FIFOs in the sandbox's shared directory (`Sandbox::fifo`):
 //! - `sh-NAME.in`: the shell's stdin. The host writes one call as two lines:
-//!   `{ eval '<command>'\n} </dev/null >OUT 2>&1 4>&-` then `printf 'N<tag> %d\n' "$?" >&4`.
+//!   `{ eval '<command>'\n} </dev/null >OUT 2>&1 4>&-` then `printf N<tag>\ %d\\n $? >&4`.
 //!   The command is one quoted word, so nothing it contains can break the framing; it runs in
 //!   the shell itself (a group, not a subshell), without the shell's stdin or status FIFO.
 //! - `sh-NAME.N.out`, one per call: everything the command writes (stdout and stderr
@@ -46,7 +46,7 @@ use crate::service::ServiceError;
 /// forks when its caller leads a group, as the agent's commands do. Without `setsid` the shell
 /// is an asynchronous list, so its commands inherit SIGINT ignored: a timeout then escalates.
 const LAUNCH: &str = r#"runner_in=$1 runner_st=$2
-if runner_i=$(command -v bash); then set -- "$runner_i" --norc --noprofile -i; else set -- /bin/sh -i; fi
+if runner_i=$(command -v bash); then set -- "$runner_i" --norc --noprofile --noediting -i; else set -- /bin/sh -i; fi
 if command -v setsid >/dev/null 2>&1; then exec setsid "$@" <"$runner_in" 4>"$runner_st" >/dev/null 2>&1; fi
 "$@" <"$runner_in" 4>"$runner_st" >/dev/null 2>&1 &"#;
 
@@ -127,21 +127,29 @@ async fn next_line(status: &mut BufReader<pipe::Receiver>, nonce: u64) -> Option
     }
 }
 
-/// Wait for the end of call `call` (or its resynchronisation when `sync`). `Err(status)`: the
-/// shell exited (with the status when it said so).
+/// Which line ends a wait.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// The call's own status line.
+    Call,
+    /// After an interrupt: the call's status line (the shell was back before it read the
+    /// resynchronising line; its status is the command's) or the resynchronising line.
+    Either,
+}
+
+/// Wait for the end of call `call`. `Err(status)`: the shell exited (with the status when it
+/// said so).
 async fn wait_done(
     status: &mut BufReader<pipe::Receiver>,
     nonce: u64,
     call: u64,
-    sync: bool,
+    wait: Wait,
 ) -> Result<i32, Option<i32>> {
     loop {
         match next_line(status, nonce).await {
-            Some(Line::Done {
-                sync: s,
-                call: c,
-                status,
-            }) if c == call && s == sync => return Ok(status),
+            Some(Line::Done { sync, call: c, status }) if c == call && (!sync || wait == Wait::Either) => {
+                return Ok(status);
+            }
             Some(Line::Exited(status)) => return Err(Some(status)),
             None => return Err(None),
             Some(_) => continue,
@@ -209,14 +217,22 @@ impl Resident {
         shell.pid = pid;
         let st_ro = receiver(sandbox.reopen_fifo(&st_name, false)?)?;
         shell.status = BufReader::new(st_ro);
+        // Write-only from now on: writing to a shell that is gone fails (EPIPE) instead of
+        // filling a pipe nobody reads.
+        shell.input = pipe::Sender::from_owned_fd(sandbox.reopen_fifo(&in_name, true)?).map_err(fifo_error)?;
         Ok(shell)
     }
 
     /// Kill the shell with everything it started, and remove its FIFOs.
     pub(super) fn stop(self, sandbox: &dyn Sandbox) {
         sandbox.signal_group(self.pid, Signal::SIGKILL);
+        Self::remove_files(sandbox, &self.name);
+    }
+
+    /// Remove shell `name`'s FIFOs.
+    pub(super) fn remove_files(sandbox: &dyn Sandbox, name: &str) {
         for what in ["in", "st"] {
-            sandbox.unlink(&Self::file(&self.name, what));
+            sandbox.unlink(&Self::file(name, what));
         }
     }
 
@@ -243,65 +259,74 @@ impl Resident {
         let call = self.calls;
         let out_name = Self::file(&self.name, &format!("{call}.out"));
         let out = receiver(sandbox.fifo(&out_name, false)?)?;
-        let reader = tokio::spawn(async move {
-            let mut capture = Capture::new(output_limit);
-            let mut out = out;
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                match out.read(&mut buf).await {
-                    Ok(0) => break,
-                    Ok(n) => capture.push(&buf[..n]),
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(_) => break,
+        // Shared, so that what was read is kept when a background job holds the output open
+        // past the drain limit (the reader is then stopped).
+        let capture = std::sync::Arc::new(std::sync::Mutex::new(Capture::new(output_limit)));
+        let reader = {
+            let capture = capture.clone();
+            tokio::spawn(async move {
+                let mut out = out;
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match out.read(&mut buf).await {
+                        Ok(0) => break,
+                        Ok(n) => capture.lock().expect("capture lock").push(&buf[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(_) => break,
+                    }
                 }
-            }
-            capture
-        });
+            })
+        };
         let mount = sandbox.shared_mount();
         let tag = format!("{}-{call}", self.nonce);
+        // The status line has no quote: an interrupt that lands while the shell reads it cannot
+        // leave the shell waiting for a closing one.
         let text = format!(
-            "{{ eval {}\n}} </dev/null >{mount}/{out_name} 2>&1 4>&-\nprintf 'N{tag} %d\\n' \"$?\" >&4\n",
+            "{{ eval {}\n}} </dev/null >{mount}/{out_name} 2>&1 4>&-\nprintf N{tag}\\ %d\\\\n $? >&4\n",
             quote(command)
         );
-        let sent = self.send(&text).await;
         let mut timed_out = false;
         let mut alive = true;
         let mut lost = false;
-        let exit_code = match sent {
-            Err(e) => {
+        // Sending is inside the limit: a shell that stopped reading cannot hold the call.
+        let call_done = async {
+            self.send(&text).await?;
+            Ok::<_, ServiceError>(wait_done(&mut self.status, self.nonce, call, Wait::Call).await)
+        };
+        let exit_code = match tokio::time::timeout(timeout, call_done).await {
+            Ok(Err(e)) => {
                 reader.abort();
                 sandbox.unlink(&out_name);
                 return Err(e);
             }
-            Ok(()) => match tokio::time::timeout(timeout, wait_done(&mut self.status, self.nonce, call, false)).await {
-                Ok(Ok(status)) => Some(status),
-                Ok(Err(status)) => {
-                    alive = false;
-                    status
-                }
-                Err(_) => {
-                    timed_out = true;
-                    match self.interrupt(sandbox, call).await {
-                        Some(Ok(status)) => Some(status),
-                        Some(Err(status)) => {
-                            alive = false;
-                            status
-                        }
-                        None => {
-                            alive = false;
-                            lost = true;
-                            None
-                        }
+            Ok(Ok(Ok(status))) => Some(status),
+            Ok(Ok(Err(status))) => {
+                alive = false;
+                status
+            }
+            Err(_) => {
+                timed_out = true;
+                match self.interrupt(sandbox, call).await {
+                    Some(Ok(status)) => Some(status),
+                    Some(Err(status)) => {
+                        alive = false;
+                        status
+                    }
+                    None => {
+                        alive = false;
+                        lost = true;
+                        None
                     }
                 }
-            },
+            }
         };
-        let capture = match tokio::time::timeout(DRAIN_LIMIT, reader).await {
-            Ok(Ok(capture)) => Some(capture),
-            _ => None,
-        };
+        let mut reader = reader;
+        if tokio::time::timeout(DRAIN_LIMIT, &mut reader).await.is_err() {
+            reader.abort();
+        }
         sandbox.unlink(&out_name);
-        let mut output = capture.map(|c| c.finish().text).unwrap_or_default();
+        let taken = std::mem::replace(&mut *capture.lock().expect("capture lock"), Capture::new(0));
+        let mut output = taken.finish().text;
         if lost {
             output.push_str(
                 "\nrunner: the command ignored the interrupt; the shell was killed and the next call starts a new one (its state is lost)\n",
@@ -323,14 +348,14 @@ impl Resident {
     /// group, each followed by a resynchronising line and a grace period; then SIGKILL
     /// (`None`: the shell is gone).
     async fn interrupt(&mut self, sandbox: &dyn Sandbox, call: u64) -> Option<Result<i32, Option<i32>>> {
-        let sync = format!("printf 'S{}-{call} %d\\n' \"$?\" >&4\n", self.nonce);
+        let sync = format!("printf S{}-{call}\\ %d\\\\n $? >&4\n", self.nonce);
         for signal in [Signal::SIGINT, Signal::SIGTERM] {
             sandbox.signal_group(self.pid, signal);
             // A shell that takes the interrupt while reading may drop what it had read: the
             // line is sent again until answered (later copies are answered and ignored).
             let waited = tokio::time::timeout(INTERRUPT_GRACE, async {
                 let mut resend = tokio::time::interval(Duration::from_millis(250));
-                let done = wait_done(&mut self.status, self.nonce, call, true);
+                let done = wait_done(&mut self.status, self.nonce, call, Wait::Either);
                 tokio::pin!(done);
                 loop {
                     tokio::select! {

@@ -95,7 +95,10 @@ impl Session {
         {
             return Err(ServiceError::field("name", "letters, digits, '-' and '_' (at most 63)"));
         }
-        if let Some(sandbox) = self.runtime.sandbox() {
+        if request.command.contains('\0') {
+            return Err(ServiceError::field("command", "a NUL byte (a shell cannot run it)"));
+        }
+        if self.runtime.sandbox().is_some() {
             let slot = self
                 .shells
                 .lock()
@@ -103,18 +106,31 @@ impl Session {
                 .entry(name.clone())
                 .or_default()
                 .clone();
-            let mut shell = slot.lock().await;
-            if shell.is_none() {
-                *shell = Some(Resident::start(self.runtime.as_ref(), sandbox, &name).await?);
-            }
-            let resident = shell.as_mut().expect("the shell just started");
+            let (runtime, limit) = (self.runtime.clone(), self.output_limit);
             let timeout = request.timeout.unwrap_or(DEFAULT_CALL_TIMEOUT);
-            let (output, alive) = resident
-                .run(sandbox, &request.command, timeout, self.output_limit)
-                .await?;
-            if !alive {
-                *shell = None;
-            }
+            // The call owns the shell in a task of its own: a caller that goes away (an HTTP
+            // client disconnecting) cannot leave the shell in the middle of a call.
+            let call = tokio::spawn(async move {
+                let sandbox = runtime.sandbox().expect("a sandbox runtime");
+                let mut shell = slot.lock().await;
+                if shell.is_none() {
+                    match Resident::start(runtime.as_ref(), sandbox, &name).await {
+                        Ok(started) => *shell = Some(started),
+                        Err(e) => {
+                            Resident::remove_files(sandbox, &name);
+                            return Err(e);
+                        }
+                    }
+                }
+                let resident = shell.as_mut().expect("the shell just started");
+                let (output, alive) = resident.run(sandbox, &request.command, timeout, limit).await?;
+                if !alive && let Some(dead) = shell.take() {
+                    // What it left running (an orphaned command, background jobs) goes too.
+                    dead.stop(sandbox);
+                }
+                Ok(output)
+            });
+            let output = call.await.map_err(|e| ServiceError::internal("a shell call", e))??;
             return checked(output, request.check);
         }
         let interpreter = self
