@@ -96,7 +96,7 @@ fn exported_pods_carry_the_hardening_and_the_job_fields() {
     let file = write_manifest(
         dir.path(),
         "job.yaml",
-        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec:\n  image: reg.example/app:1\n  user: \"1000:1000\"\n  workdir: /work\n  env: {A: \"1\"}\n  setup: {commands: [\"echo set up\"]}\n  resources: {memory: 300Mi, cpu: 250m}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: many, labels: {team: x}, annotations: {note: hi}}\nspec:\n  environment: e\n  command: \"exit 3\"\n  timeoutSeconds: 7\n  activeDeadlineSeconds: 100\n  backoffLimit: 2\n  completions: 4\n  parallelism: 2\n  completionMode: Indexed\n  ttlSecondsAfterFinished: 60\n  podFailurePolicy:\n    rules:\n      - {action: FailJob, onExitCodes: {operator: In, values: [42, 3]}}\n      - {action: Ignore, onExitCodes: {operator: In, values: [137]}}\n",
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec:\n  image: reg.example/app:1\n  user: \"1000:1000\"\n  workdir: /work\n  env: {A: \"1\", B: \"$(HOME) $$\"}\n  setup: {commands: [\"echo set up\"]}\n  resources: {memory: 300Mi, cpu: 250m}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: many, labels: {team: x}, annotations: {note: hi}}\nspec:\n  environment: e\n  command: \"exit 3\"\n  timeoutSeconds: 7\n  activeDeadlineSeconds: 100\n  backoffLimit: 2\n  completions: 4\n  parallelism: 2\n  completionMode: Indexed\n  ttlSecondsAfterFinished: 60\n  podFailurePolicy:\n    rules:\n      - {action: FailJob, onExitCodes: {operator: In, values: [42, 3]}}\n      - {action: Ignore, onExitCodes: {operator: In, values: [137]}}\n",
     );
     let profile = dir.path().join("runner-seccomp.json");
     let out = export(&[
@@ -165,7 +165,11 @@ fn exported_pods_carry_the_hardening_and_the_job_fields() {
         serde_json::json!({"cpu": "250m", "memory": "300Mi"})
     );
     assert_eq!(c["workingDir"], "/work");
-    assert_eq!(c["env"], serde_json::json!([{"name": "A", "value": "1"}]));
+    // The kubelet's `$(VAR)` expansion is escaped: the value reaches the job as written.
+    assert_eq!(
+        c["env"],
+        serde_json::json!([{"name": "A", "value": "1"}, {"name": "B", "value": "$$(HOME) $$$$"}])
+    );
     // Setup runs in the job's own container, in front of the command, as locally.
     let argv: Vec<&str> = c["command"]
         .as_array()

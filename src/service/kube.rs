@@ -71,6 +71,20 @@ fn log_request(namespace: &str, pod: &str, follow: bool) -> Result<http::Request
         .map_err(|e| ServiceError::internal("a log request", e))
 }
 
+/// A pod's whole log (`None` when it has none to give, e.g. it never started).
+async fn read_log(client: &kube::Client, namespace: &str, pod: &str) -> Result<Option<String>, ServiceError> {
+    use futures::AsyncReadExt;
+    let Ok(mut stream) = client.request_stream(log_request(namespace, pod, false)?).await else {
+        return Ok(None);
+    };
+    let mut bytes = Vec::new();
+    stream
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| unavailable(format!("reading the log of pod {pod}: {e}")))?;
+    Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+}
+
 /// What one Job did on the cluster.
 pub struct KubeOutcome {
     pub name: String,
@@ -192,17 +206,19 @@ async fn follow(
                 log.push_str(&line);
                 log.push('\n');
             }
+            // The whole log of every pod, read again as bytes, is the record: a followed stream
+            // may have ended early (a reset connection, output that is not UTF-8).
             for pod in &values {
                 let pod_name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
-                if followed.contains(&pod_name) {
+                let Some(text) = read_log(client, namespace, &pod_name).await? else {
                     continue;
-                }
-                if let Ok(text) = client.request_text(log_request(namespace, &pod_name, false)?).await {
+                };
+                if !followed.contains(&pod_name) {
                     for line in text.lines() {
                         on_log(name, &pod_name, line);
                     }
-                    logs.insert(pod_name, text);
                 }
+                logs.insert(pod_name, text);
             }
             let mut job_value = job_value;
             if job_value.pointer("/spec/backoffLimit").is_none() {

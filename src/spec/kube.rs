@@ -128,6 +128,23 @@ fn refuse(bound: &Bound, origin: Origin, from_env: bool, reason: impl Into<Strin
     }
 }
 
+/// The kubelet expands `$(VAR)` in a container's command and env values and turns `$$` into
+/// `$`: doubling every `$` makes it pass the text through as written.
+fn literal(text: &str) -> String {
+    text.replace('$', "$$")
+}
+
+fn literal_argv(argv: Vec<String>) -> Vec<String> {
+    argv.iter().map(|a| literal(a)).collect()
+}
+
+fn env_list(env: &Environment) -> Vec<Value> {
+    env.env
+        .iter()
+        .map(|(k, v)| json!({"name": k, "value": literal(v)}))
+        .collect()
+}
+
 /// A DNS-1123 label: what names of Jobs, ConfigMaps and claims must be.
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
@@ -202,7 +219,9 @@ fn files_config_map(
                 binary.insert(key.clone(), json!(encoded));
             }
         }
-        items.push(json!({"key": key, "path": f.path, "mode": f.mode & 0o777}));
+        // ConfigMap files belong to root: readable by all, so that a job (or the init
+        // container copying a workspace) running as another user can read them.
+        items.push(json!({"key": key, "path": f.path, "mode": (f.mode & 0o777) | 0o444}));
     }
     if size > CONFIGMAP_LIMIT {
         return Err(format!(
@@ -242,10 +261,13 @@ fn security_context(env: &Environment, options: &ExportOptions) -> Value {
         "seccompProfile": seccomp,
         "procMount": "Default",
     });
-    if let Some(UserSpec::Ids { uid, gid }) = env.user {
-        sc["runAsUser"] = json!(uid);
-        sc["runAsGroup"] = json!(gid);
-    }
+    // Unset is root locally, whatever the image's USER says: the same here.
+    let (uid, gid) = match env.user {
+        Some(UserSpec::Ids { uid, gid }) => (uid, gid),
+        _ => (0, 0),
+    };
+    sc["runAsUser"] = json!(uid);
+    sc["runAsGroup"] = json!(gid);
     sc
 }
 
@@ -379,7 +401,15 @@ pub fn export_job(bound: &Bound, payload: &Payload, options: &ExportOptions) -> 
                     "name": "workspace",
                     "image": image,
                     "imagePullPolicy": "IfNotPresent",
-                    "command": ["/bin/sh", "-c", format!("cp -RL {WORKSPACE_SOURCE}/. {}/", env.workdir)],
+                    // Only the items: a ConfigMap volume also holds `..data` and a dated
+                    // directory of its own (names starting with `..` are refused as items).
+                    "command": literal_argv(vec![
+                        "/bin/sh".into(),
+                        "-c".into(),
+                        "cd \"$0\" && for f in * .[!.]*; do if [ -e \"$f\" ]; then cp -RL \"$f\" \"$1/\" || exit; fi; done".into(),
+                        WORKSPACE_SOURCE.into(),
+                        env.workdir.clone(),
+                    ]),
                     "volumeMounts": [
                         {"name": "workspace", "mountPath": env.workdir},
                         {"name": "workspace-source", "mountPath": WORKSPACE_SOURCE, "readOnly": true},
@@ -427,12 +457,12 @@ pub fn export_job(bound: &Bound, payload: &Payload, options: &ExportOptions) -> 
 
     let stdin = job.stdin.as_ref().map(|_| STDIN_PATH);
     let argv = entry::compose(&env.setup, job.disable_setup, stdin, &job.command.argv());
-    let env_vars: Vec<Value> = env.env.iter().map(|(k, v)| json!({"name": k, "value": v})).collect();
+    let env_vars = env_list(env);
     let mut container = json!({
         "name": CONTAINER,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": argv,
+        "command": literal_argv(argv),
         "workingDir": env.workdir,
         "securityContext": security,
         "resources": resources(env),
@@ -549,8 +579,21 @@ pub fn export_sandbox(env: &Environment, options: &ExportOptions) -> Result<Vec<
             "`host` is this machine's user; give numeric ids",
         ));
     }
-    if env.network == Some(NetworkMode::Host) {
-        return Err(refuse_env("spec.network", "hostNetwork is refused"));
+    match env.network {
+        Some(NetworkMode::Host) => return Err(refuse_env("spec.network", "hostNetwork is refused")),
+        Some(NetworkMode::Bridge) => {
+            return Err(refuse_env(
+                "spec.network",
+                "bridge networks are not supported yet (locally either)",
+            ));
+        }
+        _ => {}
+    }
+    if env.include_host_env {
+        return Err(refuse_env(
+            "spec.includeHostEnv",
+            "this machine's environment is not the cluster's (and would leak into the sandbox)",
+        ));
     }
     if env.pids_origin().is_some() && !options.node_pids_limit {
         return Err(refuse_env(
@@ -570,18 +613,13 @@ pub fn export_sandbox(env: &Environment, options: &ExportOptions) -> Result<Vec<
         "image": env.image,
         "imagePullPolicy": "IfNotPresent",
         // Setup, then idle: commands arrive with exec.
-        "command": entry::compose(&env.setup, false, None, &Command::Shell("trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done".into()).argv()),
+        "command": literal_argv(entry::compose(&env.setup, false, None, &Command::Shell("trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done".into()).argv())),
         "workingDir": env.workdir,
         "securityContext": security_context(env, options),
         "resources": resources(env),
     });
     if !env.env.is_empty() {
-        container["env"] = json!(
-            env.env
-                .iter()
-                .map(|(k, v)| json!({"name": k, "value": v}))
-                .collect::<Vec<_>>()
-        );
+        container["env"] = json!(env_list(env));
     }
     let mut objects = vec![json!({
         "apiVersion": "agents.x-k8s.io/v1beta1",
@@ -625,18 +663,14 @@ pub fn read_payload(bound: &Bound, options: &ExportOptions) -> Result<Payload, M
     }
     for asset in &job.static_assets {
         let dir = asset.source.clone();
-        let files = if dir.is_file() {
+        let meta = std::fs::symlink_metadata(&dir)
+            .map_err(|e| refuse(bound, asset.origin.clone(), false, format!("{}: {e}", dir.display())))?;
+        let files = if !meta.is_dir() {
             let name = dir
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            let data = std::fs::read(&dir)
-                .map_err(|e| refuse(bound, asset.origin.clone(), false, format!("{}: {e}", dir.display())))?;
-            vec![FileEntry {
-                path: name,
-                data,
-                mode: 0o644,
-            }]
+            vec![read_file(&dir, &name, &mut 0).map_err(|e| refuse(bound, asset.origin.clone(), false, e))?]
         } else {
             read_tree(&dir).map_err(|e| refuse(bound, asset.origin.clone(), false, e))?
         };
@@ -645,8 +679,42 @@ pub fn read_payload(bound: &Bound, options: &ExportOptions) -> Result<Payload, M
     Ok(payload)
 }
 
+/// One regular file (never through a link), counted into `total` against the ConfigMap
+/// limit while it is read.
+fn read_file(path: &Path, rel: &str, total: &mut usize) -> Result<FileEntry, String> {
+    use std::io::Read;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let not_regular = || format!("{rel}: only regular files and directories are exported (a link or a device is not)");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => not_regular(),
+            _ => format!("{rel}: {e}"),
+        })?;
+    let meta = file.metadata().map_err(|e| format!("{rel}: {e}"))?;
+    if !meta.is_file() {
+        return Err(not_regular());
+    }
+    let too_large = || format!("more than {CONFIGMAP_LIMIT} bytes: too large for a ConfigMap");
+    let room = CONFIGMAP_LIMIT.checked_sub(*total).ok_or_else(too_large)?;
+    let mut data = Vec::new();
+    file.take(room as u64 + 1)
+        .read_to_end(&mut data)
+        .map_err(|e| format!("{rel}: {e}"))?;
+    if data.len() > room {
+        return Err(too_large());
+    }
+    *total += data.len();
+    Ok(FileEntry {
+        path: rel.to_string(),
+        data,
+        mode: meta.permissions().mode() & 0o777,
+    })
+}
+
 fn read_tree(root: &Path) -> Result<Vec<FileEntry>, String> {
-    use std::os::unix::fs::PermissionsExt;
     let mut out = Vec::new();
     let mut total = 0usize;
     let mut stack = vec![(root.to_path_buf(), String::new())];
@@ -663,24 +731,16 @@ fn read_tree(root: &Path) -> Result<Vec<FileEntry>, String> {
             } else {
                 format!("{prefix}/{name}")
             };
+            if name.starts_with("..") {
+                return Err(format!(
+                    "{rel}: Kubernetes refuses names starting with `..` in a ConfigMap volume"
+                ));
+            }
             let meta = std::fs::symlink_metadata(entry.path()).map_err(|e| format!("{rel}: {e}"))?;
             if meta.is_dir() {
                 stack.push((entry.path(), rel));
-            } else if meta.is_file() {
-                total += meta.len() as usize;
-                if total > CONFIGMAP_LIMIT {
-                    return Err(format!("more than {CONFIGMAP_LIMIT} bytes: too large for a ConfigMap"));
-                }
-                let data = std::fs::read(entry.path()).map_err(|e| format!("{rel}: {e}"))?;
-                out.push(FileEntry {
-                    path: rel,
-                    data,
-                    mode: meta.permissions().mode() & 0o777,
-                });
             } else {
-                return Err(format!(
-                    "{rel}: only regular files and directories are exported (a link or a device is not)"
-                ));
+                out.push(read_file(&entry.path(), &rel, &mut total)?);
             }
         }
     }
