@@ -109,6 +109,10 @@ impl Drop for FakeApi {
 
 impl FakeApi {
     fn start(exit: i32, log: &str) -> Self {
+        Self::start_with(exit, log, false)
+    }
+
+    fn start_with(exit: i32, log: &str, never: bool) -> Self {
         use std::io::BufRead;
         let dir = tempfile::tempdir().unwrap();
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/kube/fake_apiserver.py");
@@ -117,6 +121,7 @@ impl FakeApi {
             .env("FAKE_EXIT", exit.to_string())
             .env("FAKE_LOG", log)
             .env("FAKE_REQUESTS", dir.path().join("requests"))
+            .env(if never { "FAKE_NEVER" } else { "FAKE_UNUSED" }, "1")
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("python3 runs the fake API server");
@@ -135,14 +140,17 @@ impl FakeApi {
         FakeApi { child, dir }
     }
 
-    fn runner(&self, args: &[&str]) -> std::process::Output {
-        std::process::Command::new(env!("CARGO_BIN_EXE_runner"))
+    fn command(&self, args: &[&str]) -> std::process::Command {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_runner"));
+        command
             .args(args)
             .env("KUBECONFIG", self.dir.path().join("kubeconfig"))
-            .env("RUNNER_STATE_DIR", self.dir.path().join("state"))
-            .env("RUNNER_LOG", "off")
-            .output()
-            .unwrap()
+            .env("RUNNER_STATE_DIR", self.dir.path().join("state"));
+        command
+    }
+
+    fn runner(&self, args: &[&str]) -> std::process::Output {
+        self.command(args).output().unwrap()
     }
 
     fn requests(&self) -> String {
@@ -207,4 +215,34 @@ fn apply_and_delete_on_a_cluster_through_the_cli() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from the pod\n");
     assert!(String::from_utf8_lossy(&out.stderr).contains("job/kube-demo Succeeded (Completed)"));
+}
+
+/// Ctrl-C while a cluster job runs stops following it, not the job (it is the cluster's): exit
+/// 130 and how to remove it.
+#[test]
+fn ctrl_c_stops_following_a_cluster_job() {
+    let api = FakeApi::start_with(0, "", true);
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("job.yaml");
+    std::fs::write(&manifest, KUBE_JOB).unwrap();
+    let child = api
+        .command(&["apply", "--kube", "-f", manifest.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert!(
+        api.requests()
+            .contains("GET /apis/batch/v1/namespaces/evals/jobs/kube-demo"),
+        "{}",
+        api.requests()
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the jobs keep running on the cluster"));
 }

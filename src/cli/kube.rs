@@ -88,13 +88,20 @@ pub async fn apply(
         namespace: flags.kube_namespace.clone(),
     };
     let request = request(ctx, file, None, false, flags)?;
-    let outcomes = kube_service::apply(ctx, request, &target, |_, _, line| {
+    let applying = kube_service::apply(ctx, request, &target, |_, _, line| {
         if format.is_none() {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "{line}");
         }
-    })
-    .await?;
+    });
+    // Ctrl-C stops following, not the jobs: they are the cluster's now.
+    let outcomes = tokio::select! {
+        outcomes = applying => outcomes?,
+        _ = crate::signals::shutdown() => {
+            eprintln!("runner: interrupted; the jobs keep running on the cluster (`runner delete job NAME --kube` removes one)");
+            return Ok(130);
+        }
+    };
     let mut code = 0;
     let mut objects = Vec::new();
     for outcome in &outcomes {

@@ -7,7 +7,7 @@ Job, reads the pods' logs, and maps the result.
 
 A created Job "runs" at once: one pod whose log is FAKE_LOG and whose container exits with
 FAKE_EXIT (0: the Job completes; otherwise it fails with BackoffLimitExceeded). The Job reads
-as active on its first GET, finished after. Prints its port on stdout; writes every request
+as active on its first GET, finished after (never, with FAKE_NEVER set). Prints its port on stdout; writes every request
 line to the file named by FAKE_REQUESTS.
 """
 import json
@@ -120,7 +120,7 @@ class Handler(BaseHTTPRequestHandler):
             if kind == "jobs":
                 job_gets[rest[0]] = job_gets.get(rest[0], 0) + 1
                 obj = json.loads(json.dumps(obj))
-                if job_gets[rest[0]] == 1:
+                if job_gets[rest[0]] == 1 or os.environ.get("FAKE_NEVER"):
                     obj["status"] = {"startTime": STAMP, "active": 1}
                 elif EXIT == 0:
                     obj["status"] = {"startTime": STAMP, "succeeded": 1, "completionTime": "2026-11-20T10:00:03Z",
