@@ -39,6 +39,10 @@ fn recorded_kubernetes_jobs_map_to_runner_statuses() {
             .map(|a| serde_json::json!([a.index, a.attempt, serde_json::to_value(a.phase).unwrap(), a.exit_code]))
             .collect();
         assert_eq!(Value::Array(attempts), want["attempts"], "{name}: attempts");
+        if let Some(counted) = want.get("counted") {
+            let got: Vec<bool> = status.attempts.iter().map(|a| a.counted).collect();
+            assert_eq!(serde_json::json!(got), *counted, "{name}: counted against backoffLimit");
+        }
         match status.result {
             None => assert!(want.get("exit").is_none(), "{name}: no result"),
             Some(r) => {

@@ -158,6 +158,24 @@ pub fn status(job: &Value, pods: &[Value], logs: &BTreeMap<String, String>, cont
         })
         .collect();
     attempts.sort_by(|a, b| (a.index, &a.created, &a.name).cmp(&(b.index, &b.created, &b.name)));
+    // A failure an `Ignore` rule matched does not count against backoffLimit.
+    let ignored = |exit: Option<i32>| {
+        let Some(code) = exit else { return false };
+        job.pointer("/spec/podFailurePolicy/rules")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|rule| {
+                let values = rule.pointer("/onExitCodes/values").and_then(Value::as_array);
+                let hit = values.is_some_and(|v| v.iter().any(|x| x.as_i64() == Some(i64::from(code))));
+                match rule.pointer("/onExitCodes/operator").and_then(Value::as_str) {
+                    Some("In") => hit,
+                    Some("NotIn") => values.is_some() && !hit,
+                    _ => false,
+                }
+            })
+            .is_some_and(|rule| rule["action"] == "Ignore")
+    };
     let mut views = Vec::new();
     let mut number: BTreeMap<u32, u32> = BTreeMap::new();
     for a in &attempts {
@@ -171,7 +189,7 @@ pub fn status(job: &Value, pods: &[Value], logs: &BTreeMap<String, String>, cont
             message: a.message.clone(),
             start_time: a.start.clone(),
             completion_time: a.end.clone(),
-            counted: a.phase == Phase::Failed,
+            counted: a.phase == Phase::Failed && !ignored(a.result.as_ref().and_then(|r| r.exit_code)),
         });
         *n += 1;
     }
