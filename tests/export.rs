@@ -298,6 +298,32 @@ fn environments_export_as_agent_sandboxes_on_request() {
     assert_eq!(c["image"], "local/python:3.11");
     assert_eq!(c["securityContext"]["runAsUser"], 1000);
     assert_eq!(docs[1]["kind"], "NetworkPolicy");
+    // Refused as for Jobs (the shared checks), and what binding a Job would refuse.
+    let dir = tempfile::tempdir().unwrap();
+    for (spec, want) in [
+        (
+            "  image: a:1\n  resources: {pids: 9}\n",
+            "spec.resources.pids: cannot be exported to Kubernetes",
+        ),
+        (
+            "  image: a:1\n  network: host\n",
+            "spec.network: cannot be exported to Kubernetes: hostNetwork",
+        ),
+        (
+            "  backend: host\n  includeHostEnv: true\n",
+            "spec.includeHostEnv: cannot be exported",
+        ),
+    ] {
+        let file = write_manifest(
+            dir.path(),
+            "env.yaml",
+            &format!("apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: e}}\nspec:\n{spec}"),
+        );
+        let out = export(&["-f", file.to_str().unwrap(), "--sandbox", "--image", "a:1"]);
+        assert_eq!(out.status.code(), Some(2), "{spec}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{spec}\nwant: {want}\ngot: {err}");
+    }
 }
 
 /// Everything `runner export` prints validates against the official Kubernetes OpenAPI

@@ -159,7 +159,6 @@ async fn follow(
     let selector = ListParams::default().labels(&format!("{JOB_LABEL}={name},{MANAGED_LABEL}=runner"));
     let (tx, mut rx) = mpsc::unbounded_channel::<(String, String)>();
     let mut followed: BTreeSet<String> = BTreeSet::new();
-    let mut logs: BTreeMap<String, String> = BTreeMap::new();
     let mut streams = tokio::task::JoinSet::new();
     loop {
         let job = jobs.get(name).await.map_err(unavailable)?;
@@ -188,26 +187,21 @@ async fn follow(
         }
         while let Ok((pod, line)) = rx.try_recv() {
             on_log(name, &pod, &line);
-            let log = logs.entry(pod).or_default();
-            log.push_str(&line);
-            log.push('\n');
         }
         let terminal = job_value["status"]["conditions"].as_array().is_some_and(|c| {
             c.iter()
                 .any(|c| (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True")
         });
         if terminal {
-            // Streams end with their pods; a pod that ran too briefly to be followed is read
-            // once, whole.
+            // Streams end with their pods.
             while streams.join_next().await.is_some() {}
             while let Ok((pod, line)) = rx.try_recv() {
                 on_log(name, &pod, &line);
-                let log = logs.entry(pod).or_default();
-                log.push_str(&line);
-                log.push('\n');
             }
-            // The whole log of every pod, read again as bytes, is the record: a followed stream
-            // may have ended early (a reset connection, output that is not UTF-8).
+            // The followed streams were for the eye. The record is every pod's whole log, read
+            // again as bytes: a stream may have ended early (a reset connection, output that is
+            // not UTF-8), and a pod too brief to be followed is shown from it.
+            let mut logs: BTreeMap<String, String> = BTreeMap::new();
             for pod in &values {
                 let pod_name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
                 let Some(text) = read_log(client, namespace, &pod_name).await? else {

@@ -116,17 +116,60 @@ pub struct Payload {
 }
 
 fn refuse(bound: &Bound, origin: Origin, from_env: bool, reason: impl Into<String>) -> ManifestError {
-    let (document, file) = if from_env {
-        (format!("Environment {:?}", bound.env.name), bound.env.origins_file())
-    } else {
-        (format!("Job {:?}", bound.job.name), bound.job.file.clone())
-    };
-    let e = ManifestError::new(origin, ManifestErrorKind::NotExportable(reason.into())).in_document(document);
-    match file {
+    if from_env {
+        return refuse_env(&bound.env, origin, reason);
+    }
+    let e = ManifestError::new(origin, ManifestErrorKind::NotExportable(reason.into()))
+        .in_document(format!("Job {:?}", bound.job.name));
+    match &bound.job.file {
         Some(f) => e.in_file(f),
         None => e,
     }
 }
+
+fn refuse_env(env: &Environment, origin: Origin, reason: impl Into<String>) -> ManifestError {
+    let e = ManifestError::new(origin, ManifestErrorKind::NotExportable(reason.into()))
+        .in_document(format!("Environment {:?}", env.name));
+    match env.origins_file() {
+        Some(f) => e.in_file(f),
+        None => e,
+    }
+}
+
+/// What an Environment asks for that a pod cannot have (Jobs and Sandboxes alike), given the
+/// network it runs with.
+fn check_environment(env: &Environment, network: NetworkMode, options: &ExportOptions) -> Result<(), ManifestError> {
+    if let Some(m) = env.mounts.first() {
+        return Err(refuse_env(env, m.target_origin.clone(), HOST_MOUNTS));
+    }
+    if env.user == Some(UserSpec::Host) {
+        return Err(refuse_env(
+            env,
+            env.origin("spec.user"),
+            "`host` means the ids of whoever runs runner on this machine; give numeric ids",
+        ));
+    }
+    if network == NetworkMode::Host {
+        return Err(refuse_env(
+            env,
+            env.origin("spec.network"),
+            "hostNetwork would put the job on the node's own network; use none",
+        ));
+    }
+    if let Some(origin) = env.pids_origin()
+        && !options.node_pids_limit
+    {
+        return Err(refuse_env(
+            env,
+            origin,
+            "Kubernetes has no per-pod pids limit (the kubelet's podPidsLimit applies to every pod of a node); pass --node-pids-limit to rely on it",
+        ));
+    }
+    Ok(())
+}
+
+/// Why host bind mounts are refused.
+const HOST_MOUNTS: &str = "host bind mounts are not exported: a node's paths are not this machine's, and hostPath volumes are a way out of a pod";
 
 /// The kubelet expands `$(VAR)` in a container's command and env values and turns `$$` into
 /// `$`: doubling every `$` makes it pass the text through as written.
@@ -285,41 +328,9 @@ fn check_exportable(bound: &Bound, options: &ExportOptions) -> Result<(), Manife
             ),
         ));
     }
-    for (mounts, from_env) in [(&env.mounts, true), (&job.mounts, false)] {
-        if let Some(m) = mounts.first() {
-            return Err(refuse(
-                bound,
-                m.target_origin.clone(),
-                from_env,
-                "host bind mounts are not exported: a node's paths are not this machine's, and hostPath volumes are a way out of a pod",
-            ));
-        }
-    }
-    if env.user == Some(UserSpec::Host) {
-        return Err(refuse(
-            bound,
-            env.origin("spec.user"),
-            true,
-            "`host` means the ids of whoever runs runner on this machine; give numeric ids",
-        ));
-    }
-    if bound.network == NetworkMode::Host {
-        return Err(refuse(
-            bound,
-            env.origin("spec.network"),
-            true,
-            "hostNetwork would put the job on the node's own network; use none",
-        ));
-    }
-    if let Some(origin) = env.pids_origin()
-        && !options.node_pids_limit
-    {
-        return Err(refuse(
-            bound,
-            origin,
-            true,
-            "Kubernetes has no per-pod pids limit (the kubelet's podPidsLimit applies to every pod of a node); pass --node-pids-limit to rely on it",
-        ));
+    check_environment(env, bound.network, options)?;
+    if let Some(m) = job.mounts.first() {
+        return Err(refuse(bound, m.target_origin.clone(), false, HOST_MOUNTS));
     }
     if job.workspace.is_some() && options.workspace.is_none() {
         return Err(refuse(
@@ -556,51 +567,27 @@ fn resources(env: &Environment) -> Value {
 /// An Environment as an agent-sandbox `Sandbox` (agents.x-k8s.io/v1beta1; v1alpha1 is deprecated): one long-lived
 /// pod with the Environment's image, user, env, limits and hardening, idling until used.
 pub fn export_sandbox(env: &Environment, options: &ExportOptions) -> Result<Vec<Value>, ManifestError> {
-    let refuse_env = |path: &str, reason: &str| {
-        let e = ManifestError::new(env.origin(path), ManifestErrorKind::NotExportable(reason.into()))
-            .in_document(format!("Environment {:?}", env.name));
-        match env.origins_file() {
-            Some(f) => e.in_file(f),
-            None => e,
-        }
-    };
+    let refused = |path: &str, reason: &str| refuse_env(env, env.origin(path), reason);
     if !valid_name(&env.name) {
-        return Err(refuse_env("metadata.name", "not a DNS-1123 name"));
+        return Err(refused("metadata.name", "not a DNS-1123 name"));
     }
     if env.image.is_none() {
-        return Err(refuse_env("spec.image", "a Sandbox needs an image (pass --image)"));
+        return Err(refused("spec.image", "a Sandbox needs an image (pass --image)"));
     }
-    if !env.mounts.is_empty() {
-        return Err(refuse_env("spec.mounts", "host bind mounts are not exported"));
-    }
-    if env.user == Some(UserSpec::Host) {
-        return Err(refuse_env(
-            "spec.user",
-            "`host` is this machine's user; give numeric ids",
+    // What binding a Job refuses for the containerd backend, a Sandbox refuses here.
+    if env.network == Some(NetworkMode::Bridge) {
+        return Err(refused(
+            "spec.network",
+            "bridge networks are not supported yet (locally either)",
         ));
     }
-    match env.network {
-        Some(NetworkMode::Host) => return Err(refuse_env("spec.network", "hostNetwork is refused")),
-        Some(NetworkMode::Bridge) => {
-            return Err(refuse_env(
-                "spec.network",
-                "bridge networks are not supported yet (locally either)",
-            ));
-        }
-        _ => {}
-    }
     if env.include_host_env {
-        return Err(refuse_env(
+        return Err(refused(
             "spec.includeHostEnv",
             "this machine's environment is not the cluster's (and would leak into the sandbox)",
         ));
     }
-    if env.pids_origin().is_some() && !options.node_pids_limit {
-        return Err(refuse_env(
-            "spec.resources.pids",
-            "Kubernetes has no per-pod pids limit; pass --node-pids-limit to rely on the node's",
-        ));
-    }
+    check_environment(env, env.network.unwrap_or(NetworkMode::None), options)?;
     let mut labels = BTreeMap::new();
     labels.insert("runner.dev/environment".to_string(), env.name.clone());
     labels.insert(MANAGED_LABEL.to_string(), "runner".to_string());
