@@ -206,16 +206,25 @@ pub trait Sandbox: Send + Sync {
     /// the process when it leads none); whether it was signalled.
     fn signal_group(&self, pid: i32, signal: nix::sys::signal::Signal) -> bool;
     /// Make a FIFO called `name` in `shared_dir` (replacing what had that name), owned by the
-    /// sandbox's user, and open it for the host: read-only, or read-write when `write` (a
-    /// read-write end never blocks and never sees EOF). Non-blocking, checked to be the FIFO.
-    fn fifo(&self, name: &str, write: bool) -> Result<std::os::fd::OwnedFd, RuntimeError>;
-    /// Open again a FIFO `fifo` made, checked again: read-only, or write-only when `write`
-    /// (which needs a reader: ENXIO otherwise; writes fail with EPIPE once none is left).
-    fn reopen_fifo(&self, name: &str, write: bool) -> Result<std::os::fd::OwnedFd, RuntimeError>;
+    /// sandbox's user, and open it for the host. Non-blocking, checked to be the FIFO.
+    fn fifo(&self, name: &str, end: FifoEnd) -> Result<std::os::fd::OwnedFd, RuntimeError>;
+    /// Open again a FIFO `fifo` made, checked again.
+    fn reopen_fifo(&self, name: &str, end: FifoEnd) -> Result<std::os::fd::OwnedFd, RuntimeError>;
     /// Remove a file `fifo` made.
     fn unlink(&self, name: &str);
     /// Processes the kernel OOM-killed in the sandbox so far.
     fn oom_kills(&self) -> Option<u64>;
+}
+
+/// How the host opens a FIFO in a sandbox's shared directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FifoEnd {
+    Read,
+    /// Never blocks and never sees EOF (the host counts as both ends): for a FIFO the sandbox
+    /// has not opened yet.
+    ReadWrite,
+    /// Needs a reader (ENXIO otherwise); writes fail with EPIPE once none is left.
+    Write,
 }
 
 /// A file a caller ships into every live sandbox (read-only, under `Sandbox::tools_mount`).

@@ -31,7 +31,7 @@ use nix::sys::stat::{Mode, SFlag, fstat};
 use nix::unistd::{Gid, Uid};
 use tokio::net::unix::pipe;
 
-use crate::runtime::RuntimeError;
+use crate::runtime::{FifoEnd, RuntimeError};
 
 /// Where the agent directory appears inside the container.
 pub const AGENT_MOUNT: &str = "/.runner";
@@ -247,22 +247,17 @@ impl Agent {
 
     /// Make a FIFO at the top of the directory for a long-lived tool (replacing whatever has
     /// that name) and open it: see `Sandbox::fifo`.
-    pub fn fifo(&self, name: &str, write: bool) -> Result<OwnedFd, RuntimeError> {
+    pub fn fifo(&self, name: &str, end: FifoEnd) -> Result<OwnedFd, RuntimeError> {
         check_tool_name(name)?;
         let _ = nix::unistd::unlinkat(&self.dir_fd, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
         create_fifo(&self.dir_fd, name, self.uid, self.gid)?;
-        open_fifo_fd(&self.dir_fd, name, if write { OFlag::O_RDWR } else { OFlag::O_RDONLY })
+        open_fifo_fd(&self.dir_fd, name, access(end))
     }
 
-    /// Open again a FIFO `fifo` made (it may since have been replaced: it is checked again):
-    /// read-only, or write-only.
-    pub fn reopen(&self, name: &str, write: bool) -> Result<OwnedFd, RuntimeError> {
+    /// Open again a FIFO `fifo` made (it may since have been replaced: it is checked again).
+    pub fn reopen(&self, name: &str, end: FifoEnd) -> Result<OwnedFd, RuntimeError> {
         check_tool_name(name)?;
-        open_fifo_fd(
-            &self.dir_fd,
-            name,
-            if write { OFlag::O_WRONLY } else { OFlag::O_RDONLY },
-        )
+        open_fifo_fd(&self.dir_fd, name, access(end))
     }
 
     /// Unlink a top-level entry a tool made (never a directory, never through a symlink).
@@ -270,6 +265,14 @@ impl Agent {
         if check_tool_name(name).is_ok() {
             let _ = nix::unistd::unlinkat(&self.dir_fd, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
         }
+    }
+}
+
+fn access(end: FifoEnd) -> OFlag {
+    match end {
+        FifoEnd::Read => OFlag::O_RDONLY,
+        FifoEnd::ReadWrite => OFlag::O_RDWR,
+        FifoEnd::Write => OFlag::O_WRONLY,
     }
 }
 

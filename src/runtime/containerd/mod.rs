@@ -1118,12 +1118,12 @@ impl crate::runtime::Sandbox for LiveContainer {
         }
     }
 
-    fn fifo(&self, name: &str, write: bool) -> Result<std::os::fd::OwnedFd, RuntimeError> {
-        self.agent()?.fifo(name, write)
+    fn fifo(&self, name: &str, end: crate::runtime::FifoEnd) -> Result<std::os::fd::OwnedFd, RuntimeError> {
+        self.agent()?.fifo(name, end)
     }
 
-    fn reopen_fifo(&self, name: &str, write: bool) -> Result<std::os::fd::OwnedFd, RuntimeError> {
-        self.agent()?.reopen(name, write)
+    fn reopen_fifo(&self, name: &str, end: crate::runtime::FifoEnd) -> Result<std::os::fd::OwnedFd, RuntimeError> {
+        self.agent()?.reopen(name, end)
     }
 
     fn unlink(&self, name: &str) {

@@ -39,7 +39,7 @@ use tokio::net::unix::pipe;
 
 use super::shell::ShellOutput;
 use crate::runtime::output::Capture;
-use crate::runtime::{ExecRequest, Runtime, Sandbox};
+use crate::runtime::{ExecRequest, FifoEnd, Runtime, Sandbox};
 use crate::service::ServiceError;
 
 /// Starts the shell detached from the launching command (which the agent waits for): `setsid`
@@ -171,10 +171,10 @@ impl Resident {
     pub(super) async fn start(runtime: &dyn Runtime, sandbox: &dyn Sandbox, name: &str) -> Result<Self, ServiceError> {
         let nonce = std::collections::hash_map::RandomState::new().build_hasher().finish();
         let (in_name, st_name) = (Self::file(name, "in"), Self::file(name, "st"));
-        let input = pipe::Sender::from_owned_fd(sandbox.fifo(&in_name, true)?).map_err(fifo_error)?;
+        let input = pipe::Sender::from_owned_fd(sandbox.fifo(&in_name, FifoEnd::ReadWrite)?).map_err(fifo_error)?;
         // Read-write until the shell holds its end: the shell's open does not block, and the
         // host sees no EOF before it. Then read-only, so that EOF means the shell is gone.
-        let st_rw = receiver(sandbox.fifo(&st_name, true)?)?;
+        let st_rw = receiver(sandbox.fifo(&st_name, FifoEnd::ReadWrite)?)?;
         let mount = sandbox.shared_mount();
         let launch = runtime
             .execute(ExecRequest {
@@ -215,11 +215,12 @@ impl Resident {
             _ => return Err(ServiceError::rejected("the shell did not start")),
         };
         shell.pid = pid;
-        let st_ro = receiver(sandbox.reopen_fifo(&st_name, false)?)?;
+        let st_ro = receiver(sandbox.reopen_fifo(&st_name, FifoEnd::Read)?)?;
         shell.status = BufReader::new(st_ro);
         // Write-only from now on: writing to a shell that is gone fails (EPIPE) instead of
         // filling a pipe nobody reads.
-        shell.input = pipe::Sender::from_owned_fd(sandbox.reopen_fifo(&in_name, true)?).map_err(fifo_error)?;
+        shell.input =
+            pipe::Sender::from_owned_fd(sandbox.reopen_fifo(&in_name, FifoEnd::Write)?).map_err(fifo_error)?;
         Ok(shell)
     }
 
@@ -258,7 +259,7 @@ impl Resident {
         self.calls += 1;
         let call = self.calls;
         let out_name = Self::file(&self.name, &format!("{call}.out"));
-        let out = receiver(sandbox.fifo(&out_name, false)?)?;
+        let out = receiver(sandbox.fifo(&out_name, FifoEnd::Read)?)?;
         // Shared, so that what was read is kept when a background job holds the output open
         // past the drain limit (the reader is then stopped).
         let capture = std::sync::Arc::new(std::sync::Mutex::new(Capture::new(output_limit)));
