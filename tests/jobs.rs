@@ -394,3 +394,234 @@ fn stdin_reaches_every_index_of_a_detached_parallel_job() {
     }
     assert_eq!(containers_of("par-stdin"), 0);
 }
+
+// ---- warm pools
+
+const POOL_ENV: &str = r#"apiVersion: runner/v1alpha1
+kind: Environment
+metadata: {name: pooled}
+spec:
+  image: local/busybox:latest
+  workdir: /workspace
+  user: "1000:1000"
+  env: {GREETING: "hello world", TZ: UTC}
+  setup:
+    commands: ["echo setting up; ls /workspace"]
+  resources: {memory: 32Mi, pids: 64}
+"#;
+
+/// The cases a pooled run must answer exactly as a cold one: identity, environment, mounts,
+/// stdin, setup split, a read-only asset, timeouts with and without a SIGTERM handler, OOM,
+/// and a job that leaves processes and files behind for the next one.
+const POOL_CASES: &[(&str, &str, &str)] = &[
+    (
+        "look",
+        r#"["sh", "-c", "id; hostname; pwd; env | sort; ls /static/data; cat /static/data/f.txt; cat; echo written > out.txt; echo err >&2; exit 7"]"#,
+        "  stdin: \"from stdin\\n\"\n",
+    ),
+    (
+        "ro-asset",
+        r#"["sh", "-c", "echo x > /static/data/f.txt; echo rc=$?; touch /static/new; echo rc=$?"]"#,
+        "",
+    ),
+    ("sleepy", r#"["sleep", "30"]"#, "  timeoutSeconds: 1\n"),
+    (
+        "trapper",
+        r#"["sh", "-c", "trap 'echo got TERM; exit 3' TERM; sleep 30 & wait"]"#,
+        "  timeoutSeconds: 1\n",
+    ),
+    ("bomb", r#"["sh", "-c", "x=aaaaaaaa; while :; do x=$x$x; done"]"#, ""),
+    (
+        "litter",
+        r#"["sh", "-c", "echo left > /tmp/litter; sleep 1000 & echo started"]"#,
+        "",
+    ),
+    (
+        "after-litter",
+        r#"["sh", "-c", "test -e /tmp/litter && echo leftover || echo clean; ps | grep -v grep | grep -c 'sleep 1000'"]"#,
+        "",
+    ),
+];
+
+/// Write the pool test's manifest (a workspace per job, writable by uid 1000, and assets).
+fn pool_manifest(dir: &Path) -> std::path::PathBuf {
+    let assets = dir.join("assets");
+    std::fs::create_dir_all(&assets).unwrap();
+    std::fs::write(assets.join("f.txt"), "asset\n").unwrap();
+    let mut text = POOL_ENV.to_string();
+    for (name, command, extra) in POOL_CASES {
+        let ws = dir.join(format!("ws-{name}"));
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::write(ws.join("input.txt"), "in\n").unwrap();
+        std::fs::set_permissions(&ws, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        text.push_str(&format!(
+            "---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n  environment: pooled\n  workspace: ./ws-{name}\n  staticAssets:\n    - {{source: ./assets, savePath: data}}\n  command: {command}\n  terminationGracePeriodSeconds: 1\n{extra}"
+        ));
+    }
+    write_manifest(dir, "pool.yaml", &text)
+}
+
+/// Per job: what must be identical between a cold and a pooled run, and whether a pool ran it.
+fn pool_results(out: &std::process::Output) -> Vec<(String, serde_json::Value, bool)> {
+    let all = json_of(out);
+    all["items"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{all}"))
+        .iter()
+        .map(|o| {
+            let r = &o["status"]["result"];
+            let kept = serde_json::json!({
+                "phase": o["status"]["phase"],
+                "reason": o["status"]["reason"],
+                "exitCode": r["exitCode"],
+                "signal": r["signal"],
+                "timedOut": r["timedOut"],
+                "oomKilled": r["oomKilled"],
+                "stdout": r["stdout"],
+                "stderr": r["stderr"],
+                "setup": [r["setup"]["exitCode"], r["setup"]["stdout"], r["setup"]["stderr"]],
+            });
+            (
+                o["metadata"]["name"].as_str().unwrap().to_string(),
+                kept,
+                r["pool"].is_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn pooled_and_cold_runs_give_the_same_results() {
+    let cold_dir = tempfile::tempdir().unwrap();
+    let pool_dir = tempfile::tempdir().unwrap();
+    let (cold_state, pool_state) = (cold_dir.path().join("state"), pool_dir.path().join("state"));
+    import_busybox(&cold_state);
+    let cold_file = pool_manifest(cold_dir.path());
+    let pool_file = pool_manifest(pool_dir.path());
+    let out = runner_ctd(
+        &[
+            "pool",
+            "create",
+            "pooled",
+            "-f",
+            pool_file.to_str().unwrap(),
+            "--size",
+            &POOL_CASES.len().to_string(),
+            "--workspace",
+            "--static-assets",
+            "--name",
+            "cases",
+        ],
+        &pool_state,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let _rm = RemovePool(pool_state.clone(), "cases");
+    // Cold and pooled side by side (different state dirs: the cold one has no pool).
+    let cold =
+        runner_ctd_command(&["apply", "-f", cold_file.to_str().unwrap(), "-o", "json"], &cold_state).spawn_output();
+    let pooled = runner_ctd(&["apply", "-f", pool_file.to_str().unwrap(), "-o", "json"], &pool_state);
+    let cold = cold.join().unwrap();
+    let (cold, pooled) = (pool_results(&cold), pool_results(&pooled));
+    assert_eq!(cold.len(), POOL_CASES.len());
+    for ((name, c, c_pooled), (_, p, p_pooled)) in cold.iter().zip(&pooled) {
+        assert!(!c_pooled, "{name} ran pooled without a pool");
+        assert!(p_pooled, "{name} did not run in a pool member");
+        assert_eq!(c, p, "{name}: cold and pooled differ");
+    }
+    let by_name = |n: &str| &cold.iter().find(|(name, ..)| name == n).unwrap().1;
+    // The cases prove what they are meant to (and not only that both runs agree).
+    let look = by_name("look");
+    assert_eq!(look["exitCode"], 7);
+    let stdout = look["stdout"].as_str().unwrap();
+    for line in [
+        "uid=1000(user) gid=1000(user)",
+        "\nlook\n/workspace\n",
+        "GREETING=hello world\n",
+        "asset\nfrom stdin\n",
+    ] {
+        assert!(stdout.contains(line), "{line:?} in {stdout}");
+    }
+    // The entry shell's own exports (setup runs), but none of the agent's `cd`.
+    assert!(!stdout.contains("OLDPWD="), "{stdout}");
+    assert_eq!(look["setup"][1], "setting up\ninput.txt\n");
+    for dir in [cold_dir.path(), pool_dir.path()] {
+        assert_eq!(
+            std::fs::read_to_string(dir.join("ws-look/out.txt")).unwrap(),
+            "written\n"
+        );
+    }
+    assert!(
+        by_name("ro-asset")["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("Read-only file system")
+    );
+    assert_eq!(by_name("ro-asset")["stdout"], "rc=1\nrc=1\n");
+    assert_eq!(
+        (&by_name("sleepy")["timedOut"], &by_name("sleepy")["signal"]),
+        (&true.into(), &9.into())
+    );
+    assert_eq!(by_name("trapper")["exitCode"], 3);
+    assert_eq!(by_name("bomb")["oomKilled"], true);
+    assert_eq!(by_name("after-litter")["stdout"], "clean\n0\n");
+    // Every member served one job and is gone; the pool was refilled; rm removes the rest.
+    for (name, ..) in &pooled {
+        assert_eq!(containers_of(name), 0, "{name}'s member is still there");
+    }
+    let ls = || json_of(&runner_ctd(&["pool", "ls", "-o", "json"], &pool_state));
+    assert!(
+        eventually(Duration::from_secs(60), || ls()[0]["ready"] == POOL_CASES.len()),
+        "{}",
+        ls()
+    );
+    assert_eq!(pool_members(&pool_state, "cases"), POOL_CASES.len());
+    let out = runner_ctd(&["pool", "rm", "cases"], &pool_state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(ls(), serde_json::json!([]));
+    assert_eq!(pool_members(&pool_state, "cases"), 0);
+}
+
+/// Removes a test's pool even when an assertion failed (members outlive every runner).
+struct RemovePool(std::path::PathBuf, &'static str);
+
+impl Drop for RemovePool {
+    fn drop(&mut self) {
+        if self.0.join("pools").join(format!("{}.json", self.1)).exists() {
+            runner_ctd(&["pool", "rm", self.1], &self.0);
+        }
+    }
+}
+
+/// Containers of the test namespace that are members of pool `pool` of a state dir.
+fn pool_members(state: &Path, pool: &str) -> usize {
+    let (address, namespace) = containerd_env();
+    let state = std::fs::canonicalize(state).unwrap();
+    let out = std::process::Command::new("ctr")
+        .args(["--address", address.to_str().unwrap(), "--namespace", &namespace])
+        .args(["containers", "ls", "-q"])
+        .arg(format!(
+            "labels.\"runner.dev/pool\"=={pool},labels.\"runner.dev/state-dir\"==\"{}\"",
+            state.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+trait SpawnOutput {
+    fn spawn_output(&mut self) -> std::thread::JoinHandle<std::process::Output>;
+}
+
+impl SpawnOutput for std::process::Command {
+    /// Run in the background; join for its output.
+    fn spawn_output(&mut self) -> std::thread::JoinHandle<std::process::Output> {
+        let child = self
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::spawn(move || child.wait_with_output().unwrap())
+    }
+}

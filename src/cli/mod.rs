@@ -8,6 +8,7 @@ mod images;
 mod jobs;
 mod kube;
 mod output;
+mod pools;
 
 use std::path::PathBuf;
 
@@ -199,6 +200,13 @@ impl Cli {
                 })));
             }
             Verb::Image { verb } => images::run(&context(g, None)?, verb).await?,
+            Verb::Pool { verb } => {
+                let env_dir = match &verb {
+                    PoolVerb::Create { file, .. } => file.env_dir.clone(),
+                    _ => None,
+                };
+                pools::run(&context(g, env_dir)?, verb).await?
+            }
             Verb::Daemon { verb } => daemon::run(&g.config(), verb).await?,
             Verb::Gc => daemon::gc(&context(g, None)?).await?,
         };
@@ -342,6 +350,11 @@ pub enum Verb {
         #[command(subcommand)]
         verb: ImageVerb,
     },
+    /// Manage warm pools: containers started ahead of time that jobs and sessions claim.
+    Pool {
+        #[command(subcommand)]
+        verb: PoolVerb,
+    },
     /// Manage runner's private containerd.
     Daemon {
         #[command(subcommand)]
@@ -421,6 +434,41 @@ pub enum ImageVerb {
     /// Remove images.
     #[command(alias = "remove")]
     Rm { names: Vec<String> },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PoolVerb {
+    /// Create (or resize) the warm pool of an Environment and fill it.
+    Create {
+        /// The Environment (from the manifest file, else --env-dir).
+        environment: String,
+        #[command(flatten)]
+        file: FileArgs,
+        /// Members kept ready.
+        #[arg(long, default_value_t = 2)]
+        size: u32,
+        /// The pool's name [default: the Environment's].
+        #[arg(long)]
+        name: Option<String>,
+        /// Members serve jobs that have a workspace (sessions always do).
+        #[arg(long)]
+        workspace: bool,
+        /// Members serve jobs that have static assets.
+        #[arg(long)]
+        static_assets: bool,
+    },
+    /// List pools: size, ready and broken members.
+    #[command(alias = "list")]
+    Ls {
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<OutputFormat>,
+    },
+    /// Remove pools and their unclaimed members.
+    #[command(alias = "remove")]
+    Rm { names: Vec<String> },
+    /// Bring a pool to its size (what a claim starts in the background).
+    #[command(hide = true)]
+    Fill { name: String },
 }
 
 #[derive(Subcommand, Debug)]

@@ -651,6 +651,25 @@ impl Containerd {
         ignore_not_found(r)
     }
 
+    /// Set some labels of a container (others are kept): one `labels.KEY` path per label.
+    pub async fn container_set_labels(&self, id: &str, labels: HashMap<String, String>) -> Result<(), CtdError> {
+        let mut client = svc::containers_client::ContainersClient::new(self.channel.clone());
+        let paths = labels.keys().map(|k| format!("labels.{k}")).collect();
+        let container = Container {
+            id: id.to_string(),
+            labels,
+            ..Default::default()
+        };
+        client
+            .update(self.request(svc::UpdateContainerRequest {
+                container: Some(container),
+                update_mask: Some(prost_types::FieldMask { paths }),
+            }))
+            .await
+            .map_err(rpc("container update"))?;
+        Ok(())
+    }
+
     pub async fn containers(&self, filters: Vec<String>) -> Result<Vec<Container>, CtdError> {
         let mut client = svc::containers_client::ContainersClient::new(self.channel.clone());
         Ok(client

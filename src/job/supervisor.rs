@@ -14,7 +14,8 @@ use super::store::{EventRecord, SharedStore, StoreError};
 use super::{AttemptStatus, AttemptView, Condition, JobStatus, Phase, Reason, rfc3339};
 use crate::manifest::Job;
 use crate::owner::owner_id;
-use crate::runtime::containerd::{Engine, LABEL_ATTEMPT, LABEL_INDEX, LABEL_JOB};
+use crate::runtime::containerd::pool::KIND_POOLED;
+use crate::runtime::containerd::{Engine, LABEL_ATTEMPT, LABEL_INDEX, LABEL_JOB, LABEL_KIND};
 use crate::runtime::{ExecResult, RuntimeOptions};
 use crate::spec::{HostEnv, RunPlan};
 
@@ -389,6 +390,16 @@ async fn readopt(
         let _ = tx.send((index, number, infra("the attempt's container vanished".into())));
         return;
     };
+    // A pooled attempt's output went to the process that died: nothing can collect it.
+    if container.labels.get(LABEL_KIND).map(String::as_str) == Some(KIND_POOLED) {
+        let _ = engine.teardown(&container.id).await;
+        let _ = tx.send((
+            index,
+            number,
+            infra("the attempt ran in a warm pool member and its supervisor died with its output".into()),
+        ));
+        return;
+    }
     let expect_marker = crate::spec::runs_setup(ctx.plan.job(), ctx.plan.env());
     let limit = ctx.plan.job().timeout.map(|t| {
         let elapsed = view.start_time.as_deref().and_then(ms_since).unwrap_or(0);

@@ -52,6 +52,19 @@ fn v1_dir(controller: &str, cgroup: &str) -> PathBuf {
         .join(cgroup.trim_start_matches('/'))
 }
 
+/// Host PIDs of the processes in the cgroup at `cgroup` (empty when it is gone).
+pub fn procs(cgroup: &str) -> Vec<i32> {
+    let file = match layout() {
+        Layout::V2 => Path::new(CGROUP_ROOT).join(cgroup.trim_start_matches('/')),
+        // runc puts a container in every hierarchy; memory is always among them (limits).
+        Layout::V1 => v1_dir("memory", cgroup),
+    }
+    .join("cgroup.procs");
+    std::fs::read_to_string(file)
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
 /// Counters of the cgroup at `cgroup` (the spec's `cgroupsPath`).
 pub fn read(cgroup: &str) -> CgroupStats {
     match layout() {

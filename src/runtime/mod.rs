@@ -5,6 +5,7 @@
 pub mod cgroupfs;
 pub mod containerd;
 pub mod host;
+pub mod late;
 pub mod output;
 pub mod tree;
 
@@ -68,6 +69,9 @@ pub struct ExecResult {
     pub duration_ms: u64,
     pub peak_memory_bytes: Option<u64>,
     pub cpu_time_ms: Option<u64>,
+    /// The warm pool whose member ran the command (absent: a container made for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
 }
 
 impl ExecResult {
@@ -269,6 +273,21 @@ pub struct RuntimeOptions {
     pub live_output: Option<std::path::PathBuf>,
     /// Files shipped read-only into live containers (with the agent).
     pub tools: Vec<Tool>,
+    /// containerd: run one-shot jobs in a warm pool member when one fits (see
+    /// `containerd::pool`).
+    pub use_pools: bool,
+    /// Told the pool's name when a member is claimed (so it can be refilled).
+    pub on_claim: Option<ClaimHook>,
+}
+
+/// What runs when a pool member is claimed: given the pool's name.
+#[derive(Clone)]
+pub struct ClaimHook(pub std::sync::Arc<dyn Fn(&str) + Send + Sync>);
+
+impl std::fmt::Debug for ClaimHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClaimHook")
+    }
 }
 
 impl Default for RuntimeOptions {
@@ -282,6 +301,8 @@ impl Default for RuntimeOptions {
             logger_binary: None,
             live_output: None,
             tools: Vec::new(),
+            use_pools: false,
+            on_claim: None,
         }
     }
 }

@@ -5,11 +5,15 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{Context, ServiceError, jobs};
+use std::path::Path;
+
+use super::{Context, ServiceError, jobs, pools};
 use crate::job::store::DB_FILE;
 use crate::owner::owner_alive;
+use crate::runtime::containerd::Engine;
+use crate::runtime::containerd::pool::{CLAIMED_PREFIX, KIND_POOL, LABEL_POOL};
 use crate::runtime::containerd::{
-    LABEL_ATTEMPT, LABEL_JOB, LABEL_MANAGED, LABEL_OWNER, LABEL_STATE_DIR, RUN_DIR_OWNER,
+    LABEL_ATTEMPT, LABEL_JOB, LABEL_KIND, LABEL_MANAGED, LABEL_OWNER, LABEL_STATE_DIR, RUN_DIR_OWNER,
 };
 
 /// A run directory without an owner mark (made by an older runner) counts as abandoned after this.
@@ -63,6 +67,16 @@ pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceEr
     let mut report = GcReport::default();
     let mut orphaned_jobs = BTreeSet::new();
     for c in client.containers(vec![managed.clone()]).await? {
+        if c.labels.get(LABEL_KIND).map(String::as_str) == Some(KIND_POOL) {
+            if member_kept(ctx, &engine, &c.id, &c.labels, &ours) {
+                continue;
+            }
+            if let Err(e) = engine.teardown(&c.id).await {
+                tracing::warn!(container = c.id, error = %e, "gc could not remove a pool member completely");
+            }
+            report.containers.push(c.id);
+            continue;
+        }
         if !dead(&c.labels) {
             continue;
         }
@@ -115,7 +129,13 @@ pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceEr
     }
     report.run_dirs = {
         let run_dir = ctx.config.run_dir();
-        Context::blocking(move || Ok(remove_run_dirs(&run_dir, &live))).await?
+        let late_dir = engine.late_dir("x").parent().map(std::path::Path::to_path_buf);
+        Context::blocking(move || {
+            let mut removed = late_dirs(late_dir.as_deref(), &run_dir, &live);
+            removed.extend(remove_run_dirs(&run_dir, &live));
+            Ok(removed)
+        })
+        .await?
     };
     // The listing is taken right before the removal: a container created after it reaches
     // runc's mkdir only after its shim starts (tens of ms later), so no cgroup of a starting
@@ -128,6 +148,57 @@ pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceEr
             .collect();
     }
     Ok(report)
+}
+
+/// Whether gc keeps a pool member: another state dir's while that state dir exists; ours
+/// while it can be claimed and its pool exists, or while the runner process that claims or
+/// makes it lives.
+fn member_kept(ctx: &Context, engine: &Engine, id: &str, labels: &HashMap<String, String>, ours: &Path) -> bool {
+    match labels.get(LABEL_STATE_DIR).map(PathBuf::from) {
+        Some(dir) if dir != ours => return dir.exists(),
+        Some(_) => {}
+        None => return false,
+    }
+    let run = ctx.config.run_dir().join(id);
+    if engine.member_ready(id) {
+        let pool = labels.get(LABEL_POOL).cloned().unwrap_or_default();
+        return pools::read_def(ctx, &pool).is_ok();
+    }
+    let claimant = std::fs::read_dir(&run).ok().and_then(|entries| {
+        entries.flatten().find_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix(CLAIMED_PREFIX))
+                .map(String::from)
+        })
+    });
+    let holder = claimant.or_else(|| std::fs::read_to_string(run.join(RUN_DIR_OWNER)).ok());
+    holder.is_some_and(|o| owner_alive(o.trim()))
+}
+
+/// Release the late binds of containers that are gone (a claimant died between its claim and
+/// its teardown): unmounted before their run directories go, never emptied.
+fn late_dirs(late_dir: Option<&Path>, run_dir: &Path, live: &HashSet<String>) -> Vec<String> {
+    let Some(entries) = late_dir.and_then(|d| std::fs::read_dir(d).ok()) else {
+        return Vec::new();
+    };
+    let mut released = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if live.contains(&name) || name.starts_with(".stage-") {
+            continue;
+        }
+        let abandoned = std::fs::read_to_string(run_dir.join(&name).join(RUN_DIR_OWNER))
+            .map(|o| !owner_alive(o.trim()))
+            .unwrap_or(true);
+        if abandoned {
+            match crate::runtime::late::release(&e.path()) {
+                Ok(()) => released.push(format!("late/{name}")),
+                Err(err) => tracing::warn!(dir = %e.path().display(), error = %err, "gc could not release late binds"),
+            }
+        }
+    }
+    released
 }
 
 /// Remove the run directories of containers that do not exist and whose owner is gone: a

@@ -8,6 +8,7 @@ pub mod gc;
 pub mod images;
 pub mod jobs;
 pub mod kube;
+pub mod pools;
 pub mod sessions;
 
 use std::sync::Arc;
@@ -248,13 +249,21 @@ impl Context {
         ))
     }
 
-    /// Runtime options from the configuration.
+    /// Runtime options from the configuration (with warm pools when this state dir has any).
     pub fn runtime_options(&self) -> RuntimeOptions {
-        RuntimeOptions {
-            output_limit: self.config.output_limit,
-            logger_binary: self.config.runner_exe.clone(),
-            ..RuntimeOptions::default()
-        }
+        pools::with_pools(
+            self,
+            RuntimeOptions {
+                output_limit: self.config.output_limit,
+                logger_binary: self.config.runner_exe.clone(),
+                ..RuntimeOptions::default()
+            },
+        )
+    }
+
+    /// containerd, when a call has connected already.
+    pub fn connected(&self) -> Option<Containerd> {
+        self.client.get().cloned()
     }
 
     /// Run blocking work (the filesystem, SQLite, fork/exec) off the async workers.

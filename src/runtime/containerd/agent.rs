@@ -194,6 +194,30 @@ impl Agent {
         })
     }
 
+    /// The agent of a container made earlier (a pool member being claimed): the directory
+    /// and control FIFO `create` made, checked to be what they were (a directory we own, a
+    /// FIFO) and opened the same way.
+    pub fn open(dir: &Path, uid: u32, gid: u32) -> Result<Self, RuntimeError> {
+        let dir_fd = openat(
+            nix::fcntl::AT_FDCWD,
+            dir,
+            OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
+            Mode::empty(),
+        )
+        .map_err(io("opening the agent directory"))?;
+        let ctl = open_fifo_fd(&dir_fd, "ctl", OFlag::O_RDWR)?;
+        // Blocking writes, as `create` opens it: a request line is never dropped.
+        nix::fcntl::fcntl(&ctl, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_RDWR))
+            .map_err(io("opening the agent control FIFO"))?;
+        Ok(Agent {
+            dir: dir.to_path_buf(),
+            dir_fd,
+            ctl: File::from(ctl),
+            uid,
+            gid,
+        })
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -9,6 +9,7 @@
 pub mod agent;
 mod io;
 pub mod logger;
+pub mod pool;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -24,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use self::agent::{AGENT_SCRIPT, Agent};
 use self::io::{Fifos, OutputPump};
 use super::cgroupfs;
+use super::late;
 use super::{ExecRequest, ExecResult, ProcessState, Runtime, RuntimeError, RuntimeEvent, RuntimeOptions, SetupResult};
 use crate::containerd::{self as client, Containerd, CtdError, LEASE_EXPIRE_LABEL};
 use crate::image;
@@ -140,6 +142,7 @@ impl Engine {
         args: Option<Vec<String>>,
         kind: &str,
         with_agent: bool,
+        shape: Option<&pool::Shape>,
     ) -> Result<Created, RuntimeError> {
         let env = plan.env();
         let image_name = env
@@ -161,7 +164,10 @@ impl Engine {
             plan.stdin_file = Some(write_stdin_file(&self.run_dir.join(&id), data.as_bytes(), uid, gid)?);
             plan.bound.job.stdin = Some(data);
         }
-        let built = spec::build(&plan, &self.host).map_err(|e| RuntimeError::Refused(e.to_string()));
+        let built = match shape {
+            Some(shape) => pool::member_spec(&plan, &self.host, &shape.layout, &self.late_dir(&id)),
+            None => spec::build(&plan, &self.host).map_err(|e| RuntimeError::Refused(e.to_string())),
+        };
         let mut built = match built {
             Ok(b) => b,
             Err(e) => {
@@ -236,7 +242,22 @@ impl Engine {
             .ok_or_else(|| RuntimeError::Refused("spec without process".into()))?;
         let spec_json =
             serde_json::to_vec(&built).map_err(|e| RuntimeError::Refused(format!("encoding the spec: {e}")))?;
-        let labels = self.labels(&plan, kind);
+        let mut labels = self.labels(&plan, kind);
+        if let Some(shape) = shape {
+            labels.extend([
+                (LABEL_OWNER.to_string(), pool::POOL_OWNER.to_string()),
+                (pool::LABEL_POOL.to_string(), shape.pool.clone()),
+                (pool::LABEL_POOL_KEY.to_string(), shape.key.clone()),
+            ]);
+            if let Err(source) = late::prepare(&self.late_dir(&id), &shape.layout) {
+                let _ = late::release(&self.late_dir(&id));
+                let _ = std::fs::remove_dir_all(self.run_dir.join(&id));
+                return Err(RuntimeError::Io {
+                    what: "preparing the member's late binds".into(),
+                    source,
+                });
+            }
+        }
         let lease = format!("{id}-create");
         let mut lease_labels = labels.clone();
         let expire = std::time::SystemTime::now() + CREATE_LEASE_TTL;
@@ -267,6 +288,7 @@ impl Engine {
             Err(e) => {
                 let _ = self.client.snapshot_remove(&id).await;
                 let _ = self.client.container_delete(&id).await;
+                let _ = late::release(&self.late_dir(&id));
                 let _ = std::fs::remove_dir_all(self.run_dir.join(&id));
                 return Err(e.into());
             }
@@ -308,6 +330,18 @@ impl Engine {
         let (snapshot, container) = tokio::join!(c.snapshot_remove(id), c.container_delete(id));
         for e in [snapshot.err(), container.err()].into_iter().flatten() {
             first_error = first_error.or(Some(e));
+        }
+        // A member's late binds go before anything under the state dir is removed: removal
+        // must never reach into a job's workspace.
+        let late = self.late_dir(id);
+        if late.exists()
+            && let Err(e) = late::release(&late)
+        {
+            tracing::warn!(container = id, error = %e, "could not release the late binds");
+            return Err(RuntimeError::Io {
+                what: format!("releasing {}", late.display()),
+                source: e,
+            });
         }
         let _ = std::fs::remove_dir_all(self.run_dir.join(id));
         match first_error {
@@ -377,7 +411,19 @@ impl Engine {
     /// Run one job to completion in a fresh container: setup + command in one task.
     pub async fn run_oneshot(&self, plan: &RunPlan, cancel: &CancellationToken) -> Result<ExecResult, RuntimeError> {
         let t0 = Instant::now();
-        let created = self.create(plan, None, "oneshot", false).await?;
+        if self.options.use_pools {
+            match self.claim(plan, pool::KIND_POOLED).await {
+                Ok(Some(member)) => {
+                    if let Some(hook) = &self.options.on_claim {
+                        (hook.0)(&member.pool);
+                    }
+                    return self.run_pooled(member, plan, cancel).await;
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "claiming a pool member failed; running cold"),
+            }
+        }
+        let created = self.create(plan, None, "oneshot", false, None).await?;
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "container created");
         let result = self.run_created(plan, &created, cancel).await;
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "task finished");
@@ -534,6 +580,18 @@ impl Engine {
 
     /// Start a live container: setup runs once in its init, which then idles.
     pub async fn spawn_live(&self, plan: &RunPlan) -> Result<LiveContainer, RuntimeError> {
+        if self.options.use_pools && self.options.exec_via_agent {
+            match self.claim(plan, "live").await {
+                Ok(Some(member)) => {
+                    if let Some(hook) = &self.options.on_claim {
+                        (hook.0)(&member.pool);
+                    }
+                    return self.live_from_member(member, plan).await;
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "claiming a pool member failed; starting cold"),
+            }
+        }
         let job = plan.job();
         let env = plan.env();
         let with_agent = self.options.exec_via_agent;
@@ -544,7 +602,7 @@ impl Engine {
             None,
             &[spec::SHELL.to_string(), "-c".to_string(), idle.to_string()],
         );
-        let mut created = self.create(plan, Some(init_args), "live", with_agent).await?;
+        let mut created = self.create(plan, Some(init_args), "live", with_agent, None).await?;
         match self.start_live(plan, &mut created).await {
             Ok(live) => Ok(live),
             Err(e) => {
@@ -614,19 +672,20 @@ impl Engine {
                 token.cancel();
             });
         }
-        Ok(LiveContainer {
-            engine: self.clone(),
-            agent: created.agent.take().map(Arc::new),
+        let live = LiveContainer::new(
+            self.clone(),
+            created.agent.take().map(Arc::new),
             init_pid,
             init_exited,
             id,
-            cgroup: created.cgroup.clone(),
-            process: created.process.clone(),
-            setup,
-            slot: Arc::new(tokio::sync::Mutex::new(())),
-            state: Arc::new(Mutex::new(LiveState::default())),
-            sequence: Arc::new(AtomicU64::new(0)),
-        })
+            created.cgroup.clone(),
+            created.process.clone(),
+            Vec::new(),
+        );
+        if let Some(setup) = setup {
+            live.set_setup(setup);
+        }
+        Ok(live)
     }
 }
 
@@ -704,13 +763,47 @@ pub struct LiveContainer {
     id: String,
     cgroup: String,
     process: oci_spec::runtime::Process,
-    setup: Option<SetupResult>,
+    setup: std::sync::OnceLock<SetupResult>,
+    /// Exported before each agent command: a pool member's Environment variables (its init
+    /// was made without them).
+    base_env: Vec<(String, String)>,
     slot: Arc<tokio::sync::Mutex<()>>,
     state: Arc<Mutex<LiveState>>,
     sequence: Arc<AtomicU64>,
 }
 
 impl LiveContainer {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        engine: Engine,
+        agent: Option<Arc<Agent>>,
+        init_pid: u32,
+        init_exited: CancellationToken,
+        id: String,
+        cgroup: String,
+        process: oci_spec::runtime::Process,
+        base_env: Vec<(String, String)>,
+    ) -> Self {
+        LiveContainer {
+            engine,
+            agent,
+            init_pid,
+            init_exited,
+            id,
+            cgroup,
+            process,
+            setup: std::sync::OnceLock::new(),
+            base_env,
+            slot: Arc::new(tokio::sync::Mutex::new(())),
+            state: Arc::new(Mutex::new(LiveState::default())),
+            sequence: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn set_setup(&self, setup: SetupResult) {
+        let _ = self.setup.set(setup);
+    }
+
     pub fn id(&self) -> &str {
         &self.id
     }
@@ -922,6 +1015,7 @@ fn task_result(
         duration_ms: end.duration.as_millis() as u64,
         peak_memory_bytes: stats.peak_memory,
         cpu_time_ms: stats.cpu_usage.map(|d| d.as_millis() as u64),
+        pool: None,
     }
 }
 
@@ -953,6 +1047,7 @@ fn command_result(
             (Some(b), Some(a)) => Some(a.saturating_sub(b).as_millis() as u64),
             _ => None,
         },
+        pool: None,
     }
 }
 
@@ -995,9 +1090,17 @@ impl LiveContainer {
                 crate::manifest::paths::check_lexical(cwd).map_err(|e| RuntimeError::Refused(format!("cwd: {e}")))?;
                 Some(self.process.cwd().join(cwd).to_string_lossy().into_owned())
             }
-            None => None,
+            // Always named: a pool member's init sits in the directory *under* the workspace
+            // mount that arrived after it started.
+            None => Some(self.process.cwd().to_string_lossy().into_owned()),
         };
-        let env: Vec<(String, String)> = request.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let env: Vec<(String, String)> = self
+            .base_env
+            .iter()
+            .filter(|(k, _)| !request.env.contains_key(k))
+            .cloned()
+            .chain(request.env.iter().map(|(k, v)| (k.clone(), v.clone())))
+            .collect();
         let n = self.sequence.fetch_add(1, Ordering::Relaxed);
         let script = agent::command_script(&format!("req-{n}"), &request.argv, &env, cwd.as_deref());
         let before = cgroupfs::read(&self.cgroup);
@@ -1145,7 +1248,7 @@ impl Runtime for LiveContainer {
     }
 
     fn setup(&self) -> Option<&SetupResult> {
-        self.setup.as_ref()
+        self.setup.get()
     }
 
     async fn execute(&self, request: ExecRequest) -> Result<ExecResult, RuntimeError> {
@@ -1190,7 +1293,8 @@ impl Runtime for LiveContainer {
             id: self.id.clone(),
             cgroup: self.cgroup.clone(),
             process: self.process.clone(),
-            setup: None,
+            setup: std::sync::OnceLock::new(),
+            base_env: self.base_env.clone(),
             slot: self.slot.clone(),
             state: self.state.clone(),
             sequence: self.sequence.clone(),

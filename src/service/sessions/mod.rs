@@ -142,6 +142,11 @@ fn request_field(e: manifest::ManifestError, spec: &str, prefix: &str) -> Servic
     ServiceError::field(field, e.kind.to_string())
 }
 
+/// The programs every containerd session's sandbox gets (pool members carry them too).
+pub fn tools() -> Vec<crate::runtime::Tool> {
+    vec![python::DRIVER]
+}
+
 /// What a new session needs.
 #[derive(Clone, Debug)]
 pub struct NewSession {
@@ -395,7 +400,7 @@ impl SessionManager {
             _ => None,
         };
         let mut options = self.ctx.runtime_options();
-        options.tools = vec![python::DRIVER];
+        options.tools = tools();
         let output_limit = options.output_limit;
         let runtime: Arc<dyn Runtime> = match backend {
             Backend::Containerd => Arc::new(self.ctx.engine(options).await?.spawn_live(&plan).await?),

@@ -1,0 +1,84 @@
+//! `runner pool create|ls|rm` (and `fill`, what a claim starts in the background).
+
+use super::output::{age, print_value};
+use super::{OutputFormat, PoolVerb};
+use crate::service::{Context, ServiceError, pools};
+
+pub async fn run(ctx: &Context, verb: PoolVerb) -> Result<i32, ServiceError> {
+    match verb {
+        PoolVerb::Create {
+            environment,
+            file,
+            size,
+            name,
+            workspace,
+            static_assets,
+        } => {
+            let name = name.unwrap_or_else(|| environment.clone());
+            let (def, report) =
+                pools::create(ctx, &name, &environment, &file.file, size, workspace, static_assets).await?;
+            println!(
+                "pool {} ready: {} member{} of Environment {} (made {}, removed {} broken; key {})",
+                def.name,
+                report.ready,
+                if report.ready == 1 { "" } else { "s" },
+                def.environment,
+                report.created.len(),
+                report.removed.len(),
+                def.key
+            );
+            Ok(0)
+        }
+        PoolVerb::Fill { name } => {
+            let report = pools::fill(ctx, &name).await?;
+            println!(
+                "pool {name}: {} ready (made {}, removed {})",
+                report.ready,
+                report.created.len(),
+                report.removed.len()
+            );
+            Ok(0)
+        }
+        PoolVerb::Ls { output } => {
+            let rows = pools::list(ctx).await?;
+            match output {
+                Some(OutputFormat::Json) | Some(OutputFormat::Yaml) => print_value(&rows, output)?,
+                wide => {
+                    print!(
+                        "{:<24} {:<20} {:>5} {:>6} {:>7}",
+                        "NAME", "ENVIRONMENT", "SIZE", "READY", "BROKEN"
+                    );
+                    if wide.is_some() {
+                        print!(" {:<9} {:<13} {:<24}", "WORKSPACE", "STATIC-ASSETS", "KEY");
+                    }
+                    println!(" AGE");
+                    for p in &rows {
+                        print!(
+                            "{:<24} {:<20} {:>5} {:>6} {:>7}",
+                            p.def.name, p.def.environment, p.def.size, p.ready, p.broken
+                        );
+                        if wide.is_some() {
+                            print!(" {:<9} {:<13} {:<24}", p.def.workspace, p.def.static_assets, p.def.key);
+                        }
+                        println!(" {}", age(&p.def.created));
+                    }
+                }
+            }
+            Ok(0)
+        }
+        PoolVerb::Rm { names } => {
+            if names.is_empty() {
+                return Err(ServiceError::field("NAME", "runner pool rm NAME..."));
+            }
+            for name in names {
+                let removed = pools::remove(ctx, &name).await?;
+                println!(
+                    "deleted pool {name} ({} member{} removed)",
+                    removed.len(),
+                    if removed.len() == 1 { "" } else { "s" }
+                );
+            }
+            Ok(0)
+        }
+    }
+}

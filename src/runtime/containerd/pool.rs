@@ -1,0 +1,627 @@
+//! Warm pool members: containers created and started ahead of time, their init our agent
+//! waiting, claimed by one Job attempt or session and destroyed after it — never reused.
+//!
+//! What differs per job is bound late (`runtime::late`): workspace, mounts and static assets
+//! by mount propagation, the hostname through the member's UTS namespace, env, cwd, stdin,
+//! command, timeouts and output through the agent. Everything else is in the member's spec,
+//! and a pool's *key* is a hash of that spec (with the late places as placeholders), the
+//! image's layers and the tools shipped in: a job whose key has no ready member runs cold.
+//!
+//! A ready member has a `ready` file in its run directory. Claiming renames it to
+//! `claimed-<owner>`: a rename succeeds once, so exactly one runner process gets the member,
+//! and the new name says who holds it until the claimant relabels the container as its own
+//! (from then on `gc` treats it as any container of that runner).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use oci_spec::runtime::{MountBuilder, Spec};
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use super::agent::{self, Agent};
+use super::io::OutputPump;
+use super::{
+    Engine, LABEL_JOB, LABEL_KIND, LABEL_OWNER, LABEL_STATE_DIR, LiveContainer, SIGKILL, TaskEnd, cgroupfs, task_result,
+};
+use crate::owner::owner_id;
+use crate::runtime::late::{self, Layout, Place};
+use crate::runtime::{ExecResult, RuntimeError, SetupResult};
+use crate::spec::{self, RunPlan};
+
+/// The pool a member was made for (its name).
+pub const LABEL_POOL: &str = "runner.dev/pool";
+/// What a member can serve: see the module docs.
+pub const LABEL_POOL_KEY: &str = "runner.dev/pool-key";
+/// `runner.dev/kind` of a member nobody has claimed.
+pub const KIND_POOL: &str = "pool";
+/// `runner.dev/kind` of a claimed member running a Job attempt (its output is read by the
+/// claimant, so a re-adopting supervisor cannot collect it).
+pub const KIND_POOLED: &str = "pooled";
+/// The owner label of an unclaimed member: no process, the pool holds it.
+pub const POOL_OWNER: &str = "pool";
+/// In a member's run directory: present while it may be claimed.
+pub const READY_FILE: &str = "ready";
+/// In a member's run directory: `claimed-<owner>` once claimed.
+pub const CLAIMED_PREFIX: &str = "claimed-";
+/// The hostname of a member until a claim sets the job's.
+const MEMBER_HOSTNAME: &str = "runner-pool";
+/// `containerd.v1.types.Status.RUNNING`.
+const STATUS_RUNNING: i32 = 2;
+/// Shell variables a POSIX shell exports on its own (dash, busybox ash): the agent's shell
+/// stands between the init and the command, so they are removed unless the job sets them.
+const SHELL_ARTIFACTS: &[&str] = &["PWD", "OLDPWD", "SHLVL"];
+
+/// What a member is made with besides the plan: how its spec is bent for late binds.
+pub(super) struct Shape {
+    pub layout: Layout,
+    pub pool: String,
+    pub key: String,
+}
+
+/// A claimed member, held by this process until it is destroyed.
+pub struct Member {
+    pub id: String,
+    pub pool: String,
+    init_pid: u32,
+    layout: Layout,
+    agent: Agent,
+    cgroup: String,
+    process: oci_spec::runtime::Process,
+}
+
+impl Member {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// The plan with everything that is bound late taken out: what a member is made from.
+pub fn member_plan(plan: &RunPlan) -> RunPlan {
+    let mut p = plan.clone();
+    p.bound.env.env.clear();
+    p.bound.env.setup.clear();
+    p.bound.job.stdin = None;
+    p.bound.job.disable_setup = true;
+    p.bound.job.timeout = None;
+    p.bound.job.active_deadline = None;
+    p.bound.job.command = crate::manifest::Command::Argv(vec!["true".into()]);
+    p.assets.clear();
+    p.labels.clear();
+    p.stdin_file = None;
+    p
+}
+
+/// The late places a plan needs, in mount order (and whether it has static assets).
+pub fn layout_of(plan: &RunPlan) -> Layout {
+    let mut without_assets = plan.clone();
+    without_assets.assets.clear();
+    Layout {
+        places: spec::merged_binds(&without_assets)
+            .into_iter()
+            .map(|b| Place {
+                file: std::fs::metadata(&b.source).is_ok_and(|m| m.is_file()),
+                target: b.target,
+                read_only: b.read_only,
+            })
+            .collect(),
+        static_assets: !plan.assets.is_empty(),
+    }
+}
+
+/// Bend a spec built from `member_plan` into a member's: binds come from the places in
+/// `late_dir`, propagating from the host (`rslave`, root included), and a neutral hostname.
+fn bend(spec: &mut Spec, layout: &Layout, late_dir: &Path) -> Result<(), RuntimeError> {
+    let options = |ro: bool| -> Vec<String> {
+        ["rbind", "nosuid", "nodev", "rslave", if ro { "ro" } else { "rw" }]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let mut mounts = spec.mounts().clone().unwrap_or_default();
+    for m in mounts.iter_mut().filter(|m| m.typ().as_deref() == Some("bind")) {
+        let target = m.destination().to_string_lossy().into_owned();
+        if let Some(i) = layout.places.iter().position(|p| p.target == target) {
+            m.set_source(Some(late_dir.join(late::place_name(i))));
+            m.set_options(Some(options(layout.places[i].read_only)));
+        }
+    }
+    if layout.static_assets {
+        mounts.push(
+            MountBuilder::default()
+                .destination(spec::STATIC_ROOT)
+                .typ("bind")
+                .source(late_dir.join(late::STATIC_DIR))
+                // Writable as a cold container's /static is (a root-owned 0755 directory runc
+                // makes in the rootfs): the assets in it are read-only mounts of their own.
+                .options(options(false))
+                .build()
+                .map_err(|e| RuntimeError::Internal(format!("static mount: {e}")))?,
+        );
+    }
+    spec.set_mounts(Some(mounts));
+    spec.set_hostname(Some(MEMBER_HOSTNAME.into()));
+    if let Some(linux) = spec.linux_mut() {
+        linux.set_rootfs_propagation(Some("rslave".into()));
+    }
+    Ok(())
+}
+
+/// The spec a member of this plan gets, its late places in `late_dir`.
+pub(super) fn member_spec(
+    plan: &RunPlan,
+    host: &spec::HostEnv,
+    layout: &Layout,
+    late_dir: &Path,
+) -> Result<Spec, RuntimeError> {
+    let mut built = spec::build(plan, host).map_err(|e| RuntimeError::Refused(e.to_string()))?;
+    bend(&mut built, layout, late_dir)?;
+    Ok(built)
+}
+
+/// Set the hostname of the UTS namespace `init_pid` is in. setns of a UTS namespace affects
+/// only the calling thread: a thread of our own does it and ends, so no other work ever runs
+/// in the container's namespace.
+fn set_hostname(init_pid: u32, name: &str) -> Result<(), RuntimeError> {
+    let path = format!("/proc/{init_pid}/ns/uts");
+    let name = name.to_string();
+    let io = |what: &str, e: std::io::Error| RuntimeError::Io {
+        what: format!("{what} of the claimed container"),
+        source: e,
+    };
+    std::thread::spawn(move || -> Result<(), RuntimeError> {
+        let ns = std::fs::File::open(&path).map_err(|e| io("opening the UTS namespace", e))?;
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWUTS)
+            .map_err(|e| io("entering the UTS namespace", e.into()))?;
+        nix::unistd::sethostname(&name).map_err(|e| io("setting the hostname", e.into()))
+    })
+    .join()
+    .map_err(|_| RuntimeError::Internal("the hostname thread panicked".into()))?
+}
+
+/// Whether a process has a handler for a signal (`SigCgt` of /proc/PID/status).
+fn catches(host_pid: i32, signal: Signal) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{host_pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (signal as i32 - 1)) != 0)
+}
+
+/// The script a pooled command runs through the agent: the job's directory (the agent's own
+/// cwd is the place *under* the workspace mount, which arrived later), its environment
+/// exactly (the shell's own exports removed), then exec.
+fn pooled_script(name: &str, argv: &[String], env: &[(String, String)], cwd: &str) -> String {
+    let mut unset: Vec<&str> = SHELL_ARTIFACTS
+        .iter()
+        .copied()
+        .filter(|v| !env.iter().any(|(k, _)| k == v))
+        .collect();
+    unset.sort();
+    let body = agent::command_script(name, argv, env, Some(cwd));
+    // After the PID line and the `cd` (which sets OLDPWD), before the variables.
+    let mut lines = body.splitn(3, '\n');
+    let (pid, cd, rest) = (
+        lines.next().unwrap_or(""),
+        lines.next().unwrap_or(""),
+        lines.next().unwrap_or(""),
+    );
+    format!("{pid}\n{cd}\nunset {}\n{rest}", unset.join(" "))
+}
+
+impl Engine {
+    /// Where a member's late places live (beside the run directories).
+    pub fn late_dir(&self, id: &str) -> PathBuf {
+        self.run_dir.with_file_name("late").join(id)
+    }
+
+    /// The key of the pool that can serve this plan, with its layout; `None` when no pool
+    /// can (the host backend, no image).
+    pub async fn pool_key(&self, plan: &RunPlan) -> Result<(String, Layout), RuntimeError> {
+        let image_name = plan
+            .env()
+            .image
+            .clone()
+            .ok_or_else(|| RuntimeError::Refused("spec.image is required".into()))?;
+        let image = crate::image::resolve(&self.client, &image_name).await?;
+        let mut member = member_plan(plan);
+        member.image_env = image.config.env.clone().unwrap_or_default();
+        let layout = layout_of(plan);
+        let spec = member_spec(&member, &self.host, &layout, Path::new("/late"))?;
+        let json = spec::to_json(&spec).map_err(|e| RuntimeError::Internal(format!("encoding the spec: {e}")))?;
+        let mut h = Sha256::new();
+        h.update(json.to_string().as_bytes());
+        h.update(image.top_chain.as_bytes());
+        h.update(serde_json::to_vec(&layout).unwrap_or_default());
+        h.update(agent::AGENT_SCRIPT.as_bytes());
+        for tool in &self.options.tools {
+            h.update(tool.name.as_bytes());
+            h.update(Sha256::digest(tool.contents));
+        }
+        Ok((hex::encode(&h.finalize()[..12]), layout))
+    }
+
+    /// Make one member of pool `pool` for a plan (a template job of the pool's Environment)
+    /// and start it; it is ready to be claimed when this returns.
+    pub async fn create_member(&self, plan: &RunPlan, pool: &str) -> Result<String, RuntimeError> {
+        let (key, layout) = self.pool_key(plan).await?;
+        let mut member = member_plan(plan);
+        member.bound.job.name = format!("pool-{pool}");
+        let shape = Shape {
+            layout,
+            pool: pool.to_string(),
+            key,
+        };
+        let args = vec![
+            spec::SHELL.to_string(),
+            "-c".to_string(),
+            agent::AGENT_SCRIPT.to_string(),
+        ];
+        let created = self.create(&member, Some(args), KIND_POOL, true, Some(&shape)).await?;
+        let id = created.id.clone();
+        let started = async {
+            // Nothing reads a member's own output: its init writes none, and a FIFO without
+            // a reader would stop it after the runner that made it exits.
+            self.client
+                .task_create(&id, created.rootfs.clone(), &crate::containerd::Stdio::default())
+                .await?;
+            self.client.task_start(&id, "").await?;
+            std::fs::write(self.run_dir.join(&id).join(READY_FILE), pool).map_err(|source| RuntimeError::Io {
+                what: "marking the member ready".into(),
+                source,
+            })
+        }
+        .await;
+        if let Err(e) = started {
+            let _ = self.teardown(&id).await;
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// Members of this state dir, with a pool key when given.
+    pub async fn members(
+        &self,
+        key: Option<&str>,
+    ) -> Result<Vec<containerd_client::services::v1::Container>, RuntimeError> {
+        let filter = match key {
+            Some(key) => format!("labels.\"{LABEL_POOL_KEY}\"=={key},labels.\"{LABEL_KIND}\"=={KIND_POOL}"),
+            None => format!("labels.\"{LABEL_KIND}\"=={KIND_POOL}"),
+        };
+        let ours = self.state_dir().display().to_string();
+        Ok(self
+            .client
+            .containers(vec![filter])
+            .await?
+            .into_iter()
+            .filter(|c| c.labels.get(LABEL_STATE_DIR) == Some(&ours))
+            .collect())
+    }
+
+    /// Whether a member can be claimed now (its ready mark is there).
+    pub fn member_ready(&self, id: &str) -> bool {
+        self.run_dir.join(id).join(READY_FILE).exists()
+    }
+
+    /// Take a member out of its pool for good (`pool rm`, a broken member): claim it so no
+    /// one else can, then tear it down. False when someone else claimed it first.
+    pub async fn retire_member(&self, id: &str) -> Result<bool, RuntimeError> {
+        let dir = self.run_dir.join(id);
+        if std::fs::rename(
+            dir.join(READY_FILE),
+            dir.join(format!("{CLAIMED_PREFIX}{}", owner_id())),
+        )
+        .is_err()
+        {
+            return Ok(false);
+        }
+        self.teardown(id).await?;
+        Ok(true)
+    }
+
+    /// Whether a member's init still runs.
+    pub async fn member_alive(&self, id: &str) -> bool {
+        matches!(self.client.task_get(id).await, Ok(Some(p)) if p.status == STATUS_RUNNING)
+    }
+
+    /// Claim a ready member that can serve `plan`, relabelled as this process's container of
+    /// kind `kind` (with the plan's labels). `None`: no ready member; the caller runs cold.
+    /// Broken members found on the way are torn down.
+    pub async fn claim(&self, plan: &RunPlan, kind: &str) -> Result<Option<Member>, RuntimeError> {
+        if plan.env().image.is_none() {
+            return Ok(None);
+        }
+        let t0 = Instant::now();
+        let (key, layout) = self.pool_key(plan).await?;
+        let mut candidates = self.members(Some(&key)).await?;
+        tracing::debug!(key, candidates = candidates.len(), "looking for a pool member");
+        // Claimants start at different places, so concurrent claims rarely collide.
+        let shift = std::process::id() as usize + t0.elapsed().subsec_nanos() as usize;
+        if !candidates.is_empty() {
+            let n = candidates.len();
+            candidates.rotate_left(shift % n);
+        }
+        let me = owner_id();
+        for c in candidates {
+            let dir = self.run_dir.join(&c.id);
+            if std::fs::rename(dir.join(READY_FILE), dir.join(format!("{CLAIMED_PREFIX}{me}"))).is_err() {
+                continue;
+            }
+            let task = self.client.task_get(&c.id).await;
+            let init_pid = match task {
+                Ok(Some(p)) if p.status == STATUS_RUNNING => p.pid,
+                _ => {
+                    tracing::warn!(member = c.id, "a pool member was not running; removing it");
+                    let _ = self.teardown(&c.id).await;
+                    continue;
+                }
+            };
+            let mut labels: HashMap<String, String> = plan.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            labels.extend([
+                (LABEL_OWNER.to_string(), me.clone()),
+                (LABEL_KIND.to_string(), kind.to_string()),
+                (LABEL_JOB.to_string(), plan.job().name.clone()),
+            ]);
+            let claimed = async {
+                self.client.container_set_labels(&c.id, labels).await?;
+                let spec: Spec = c
+                    .spec
+                    .as_ref()
+                    .and_then(|s| serde_json::from_slice(&s.value).ok())
+                    .ok_or_else(|| RuntimeError::Internal(format!("member {} has no readable spec", c.id)))?;
+                let process = spec
+                    .process()
+                    .clone()
+                    .ok_or_else(|| RuntimeError::Internal("member spec without process".into()))?;
+                let (uid, gid) = (process.user().uid(), process.user().gid());
+                let agent = Agent::open(&dir.join("agent"), uid, gid)?;
+                let hostname: String = plan.job().name.chars().take(63).collect();
+                set_hostname(init_pid, &hostname)?;
+                Ok::<_, RuntimeError>(Member {
+                    id: c.id.clone(),
+                    pool: c.labels.get(LABEL_POOL).cloned().unwrap_or_default(),
+                    init_pid,
+                    layout: layout.clone(),
+                    agent,
+                    cgroup: self.cgroup_path(&c.id),
+                    process,
+                })
+            }
+            .await;
+            match claimed {
+                Ok(member) => {
+                    tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, member = member.id, "claimed");
+                    return Ok(Some(member));
+                }
+                Err(e) => {
+                    let _ = self.teardown(&c.id).await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Bind the plan's workspace, mounts and static assets into a claimed member.
+    fn bind_late(&self, member: &Member, plan: &RunPlan) -> Result<(), RuntimeError> {
+        let dir = self.late_dir(&member.id);
+        let io = |what: String| move |source| RuntimeError::Io { what, source };
+        let mut without_assets = plan.clone();
+        without_assets.assets.clear();
+        let binds = spec::merged_binds(&without_assets);
+        if binds.len() != member.layout.places.len() {
+            return Err(RuntimeError::Internal(
+                "the member's layout does not fit the job".into(),
+            ));
+        }
+        for (i, b) in binds.iter().enumerate() {
+            late::bind_place(&dir, i, &b.source, b.read_only).map_err(io(format!("binding {}", b.target)))?;
+        }
+        for a in &plan.assets {
+            let save_path = a
+                .target
+                .strip_prefix(&format!("{}/", spec::STATIC_ROOT))
+                .unwrap_or(&a.target);
+            late::bind_asset(&dir, save_path, &a.source).map_err(io(format!("binding {}", a.target)))?;
+        }
+        Ok(())
+    }
+
+    /// Run a one-shot job in a claimed member, then destroy it. The same result as a cold
+    /// run: setup and command composed as in `entry`, stdin from the job, the container's
+    /// cgroup counters, the whole container killed when the command ends (as a PID 1's exit
+    /// does). On a timeout the command's main process gets SIGTERM only when it handles it,
+    /// as a PID 1 would, and everything else in the container does.
+    pub async fn run_pooled(
+        &self,
+        member: Member,
+        plan: &RunPlan,
+        cancel: &CancellationToken,
+    ) -> Result<ExecResult, RuntimeError> {
+        let result = self.run_in_member(&member, plan, cancel).await.map(|mut r| {
+            r.pool = Some(member.pool.clone());
+            r
+        });
+        let teardown = self.teardown(&member.id).await;
+        let result = result?;
+        teardown?;
+        Ok(result)
+    }
+
+    async fn run_in_member(
+        &self,
+        member: &Member,
+        plan: &RunPlan,
+        cancel: &CancellationToken,
+    ) -> Result<ExecResult, RuntimeError> {
+        let job = plan.job();
+        let env = plan.env();
+        self.bind_late(member, plan)?;
+        let argv = crate::spec::entry::compose(&env.setup, job.disable_setup, None, &job.command.argv());
+        let vars: Vec<(String, String)> = env.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let cwd = member.process.cwd().to_string_lossy().into_owned();
+        let script = pooled_script(&agent::request_name(0), &argv, &vars, &cwd);
+        let expect_marker = spec::runs_setup(job, env);
+        let started = Instant::now();
+        let req = member.agent.send(0, &script, job.stdin.as_deref().map(str::as_bytes))?;
+        let pumps = OutputPump::capture(req.out, req.err, expect_marker, self.options.output_limit);
+        let limit = job.timeout.into_iter().chain(job.active_deadline).min();
+        let mut done = Box::pin(super::read_status(req.done));
+        let sleep = async {
+            match limit {
+                Some(l) => tokio::time::sleep(l).await,
+                None => std::future::pending().await,
+            }
+        };
+        let (status, timed_out, interrupted) = tokio::select! {
+            s = &mut done => (s, false, false),
+            () = sleep => (None, true, false),
+            () = cancel.cancelled() => (None, false, true),
+        };
+        let status = if timed_out || interrupted {
+            self.stop_member(member, &req.dir_fd).await;
+            tokio::time::timeout(self.options.kill_grace, &mut done)
+                .await
+                .unwrap_or_default()
+        } else {
+            status
+        };
+        // The command's end is the container's, as when it is PID 1.
+        let _ = self.client.task_kill(&member.id, "", SIGKILL, true).await;
+        let duration = started.elapsed();
+        let (out, err) = pumps.finish(super::DRAIN_LIMIT, false).await;
+        let stats = cgroupfs::read(&member.cgroup);
+        // No status: the grace ran out and the container was killed (SIGKILL, as a cold
+        // container's init then reports).
+        let status = status.unwrap_or(128 + SIGKILL);
+        let end = TaskEnd {
+            exit: crate::containerd::Exit { status },
+            timed_out,
+            interrupted,
+            duration,
+        };
+        Ok(task_result(end, expect_marker, out, err, stats, started))
+    }
+
+    /// A timeout or an interrupt: SIGTERM to every process of the member but its agent,
+    /// and to the command's main process only when it handles SIGTERM (a cold container's
+    /// init, PID 1, ignores signals it has no handler for), then SIGKILL after the grace.
+    async fn stop_member(&self, member: &Member, request: &std::os::fd::OwnedFd) {
+        let main = agent::container_pid(request).and_then(|ns| agent::host_pid(member.init_pid, ns));
+        let spare_main = main.is_some_and(|pid| !catches(pid, Signal::SIGTERM));
+        for pid in cgroupfs::procs(&member.cgroup) {
+            if pid as u32 == member.init_pid || (spare_main && Some(pid) == main) {
+                continue;
+            }
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGTERM);
+        }
+        let grace = self.options.kill_grace;
+        let waited = Instant::now();
+        // The main process's end is what the grace waits for; the caller reads its status.
+        while waited.elapsed() < grace {
+            if main.is_none_or(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = self.client.task_kill(&member.id, "", SIGKILL, true).await;
+    }
+
+    /// A live container (a session's sandbox) on a claimed member: setup runs first through
+    /// the agent, as it runs in a cold container's init.
+    pub async fn live_from_member(&self, member: Member, plan: &RunPlan) -> Result<LiveContainer, RuntimeError> {
+        let id = member.id.clone();
+        let built = async {
+            self.bind_late(&member, plan)?;
+            let init_exited = CancellationToken::new();
+            {
+                let engine = self.clone();
+                let id = id.clone();
+                let token = init_exited.clone();
+                tokio::spawn(async move {
+                    let _ = engine.wait(&id, "").await;
+                    token.cancel();
+                });
+            }
+            let env = plan.env();
+            let live = LiveContainer::new(
+                self.clone(),
+                Some(std::sync::Arc::new(member.agent)),
+                member.init_pid,
+                init_exited,
+                id.clone(),
+                member.cgroup.clone(),
+                member.process.clone(),
+                env.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            );
+            if spec::runs_setup(plan.job(), env) {
+                let job = plan.job();
+                let started = Instant::now();
+                let request = crate::runtime::ExecRequest {
+                    argv: vec![
+                        spec::SHELL.to_string(),
+                        "-c".to_string(),
+                        spec::entry::setup_script(&env.setup),
+                    ],
+                    timeout: job.timeout.into_iter().chain(job.active_deadline).min(),
+                    ..Default::default()
+                };
+                let r = live.agent_run(request, None).await?;
+                live.set_setup(SetupResult {
+                    exit_code: r.exit_code,
+                    stdout: r.stdout,
+                    stderr: r.stderr,
+                    stdout_dropped_bytes: r.stdout_dropped_bytes,
+                    stderr_dropped_bytes: r.stderr_dropped_bytes,
+                    timed_out: r.timed_out,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                });
+            }
+            Ok::<_, RuntimeError>(live)
+        }
+        .await;
+        match built {
+            Ok(live) => Ok(live),
+            Err(e) => {
+                let _ = self.teardown(&id).await;
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pooled_script_removes_shell_exports_the_job_does_not_set() {
+        let s = pooled_script("req-0", &["env".into()], &[("SHLVL".into(), "5".into())], "/work");
+        let lines: Vec<&str> = s.lines().collect();
+        assert!(lines[0].starts_with("{ echo $$ >"));
+        assert_eq!(lines[1], "cd '/work' || exit 126");
+        assert_eq!(lines[2], "unset OLDPWD PWD");
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(s.replace(lines[0], "").replace(lines[1], "cd /"))
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("SHLVL=5"), "{text}");
+        assert!(!text.contains("PWD="), "{text}");
+    }
+
+    #[test]
+    fn signal_handlers_are_read_from_proc() {
+        // This test process (Rust's runtime) installs no SIGTERM handler.
+        assert!(!catches(std::process::id() as i32, Signal::SIGTERM));
+        assert!(!catches(-1, Signal::SIGTERM));
+    }
+}

@@ -1,0 +1,259 @@
+//! Late binds: how a container created ahead of time (a warm pool member) gets a job's
+//! workspace, mounts and static assets when it is claimed.
+//!
+//! Each member has a host directory of its own (`prepare`), bound onto itself and made a
+//! *shared* mount. Every place of the layout is an empty directory or file in it, which the
+//! member's spec binds at its target with `rslave` propagation (and the member's root
+//! propagation is `rslave`, or runc's `rprivate` would cut the link). At claim time runner
+//! mounts the job's sources onto those places on the host, and the kernel propagates each
+//! mount into the member's mount namespace.
+//!
+//! A remount does not propagate, so a mount must arrive with its final flags: the source is
+//! first bound at a private staging point, remounted there `nosuid,nodev` (and `ro` where the
+//! job asks), and only that finished mount is bound into the shared directory.
+//!
+//! Nothing here runs after untrusted code: binds happen before the job's command starts, and
+//! `release` runs after the member's processes are dead. Removal never crosses a mount point,
+//! so a bind that could not be unmounted is left in place, never emptied.
+
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{MntFlags, MsFlags};
+
+/// One place of a layout: where the container sees it, and whether it is a file.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Place {
+    pub target: String,
+    pub read_only: bool,
+    pub file: bool,
+}
+
+/// What a member offers for late binds: the places, in mount order, and whether it has the
+/// static-assets root (assets are bound under it one by one, whatever their paths).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Layout {
+    pub places: Vec<Place>,
+    pub static_assets: bool,
+}
+
+/// The name of place `i` in a member's directory.
+pub fn place_name(i: usize) -> String {
+    format!("m{i}")
+}
+
+/// The directory static assets are bound under.
+pub const STATIC_DIR: &str = "static";
+
+fn errno(what: impl Into<String>) -> impl FnOnce(nix::Error) -> io::Error {
+    let what = what.into();
+    move |e| io::Error::new(io::Error::from(e).kind(), format!("{what}: {e}"))
+}
+
+/// Make a member's directory: a shared mount holding an empty directory or file per place,
+/// and the static root when the layout has one.
+pub fn prepare(dir: &Path, layout: &Layout) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    nix::mount::mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .map_err(errno(format!("binding {} onto itself", dir.display())))?;
+    nix::mount::mount(None::<&str>, dir, None::<&str>, MsFlags::MS_SHARED, None::<&str>)
+        .map_err(errno(format!("making {} shared", dir.display())))?;
+    for (i, place) in layout.places.iter().enumerate() {
+        let path = dir.join(place_name(i));
+        if place.file {
+            std::fs::File::create(&path)?;
+        } else {
+            std::fs::create_dir(&path)?;
+        }
+    }
+    if layout.static_assets {
+        std::fs::create_dir(dir.join(STATIC_DIR))?;
+        std::fs::set_permissions(
+            dir.join(STATIC_DIR),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )?;
+    }
+    Ok(())
+}
+
+/// Bind `source` onto `target` (an existing file or directory in a member's directory) with
+/// its final flags, through a private staging point beside the member's directory.
+fn bind_finished(source: &Path, target: &Path, read_only: bool, stage: &Path) -> io::Result<()> {
+    let is_file = std::fs::metadata(source)?.is_file();
+    if is_file {
+        std::fs::File::create(stage)?;
+    } else {
+        std::fs::create_dir_all(stage)?;
+    }
+    let staged = (|| {
+        nix::mount::mount(
+            Some(source),
+            stage,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(errno(format!("binding {}", source.display())))?;
+        nix::mount::mount(None::<&str>, stage, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>)
+            .map_err(errno("making the staging point private"))?;
+        let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+        if read_only {
+            flags |= MsFlags::MS_RDONLY;
+        }
+        nix::mount::mount(None::<&str>, stage, None::<&str>, flags, None::<&str>)
+            .map_err(errno(format!("remounting {} with its flags", source.display())))?;
+        nix::mount::mount(
+            Some(stage),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(errno(format!("binding {} into the container", source.display())))
+    })();
+    let _ = nix::mount::umount2(stage, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW);
+    let _ = if is_file {
+        std::fs::remove_file(stage)
+    } else {
+        std::fs::remove_dir(stage)
+    };
+    staged
+}
+
+/// Bind a job's source at place `i` of a member's directory.
+pub fn bind_place(dir: &Path, i: usize, source: &Path, read_only: bool) -> io::Result<()> {
+    bind_finished(
+        source,
+        &dir.join(place_name(i)),
+        read_only,
+        &stage_path(dir, &place_name(i)),
+    )
+}
+
+/// Bind a static asset at `save_path` under the static root (read-only), making the
+/// directories and the mount point it needs. Nothing of the job has run yet: what is made
+/// here is runner's own.
+pub fn bind_asset(dir: &Path, save_path: &str, source: &Path) -> io::Result<()> {
+    let root = dir.join(STATIC_DIR);
+    let target = root.join(save_path);
+    if !target.starts_with(&root) || save_path.split('/').any(|c| c == ".." || c.is_empty()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("static asset path {save_path:?} leaves the static root"),
+        ));
+    }
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    if !target.exists() {
+        if std::fs::metadata(source)?.is_file() {
+            std::fs::File::create(&target)?;
+        } else {
+            std::fs::create_dir(&target)?;
+        }
+    }
+    let tag = crate::owner::unique_tag();
+    bind_finished(source, &target, true, &stage_path(dir, &format!("asset-{tag}")))
+}
+
+fn stage_path(dir: &Path, name: &str) -> PathBuf {
+    let base = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    dir.with_file_name(format!(".stage-{base}-{name}"))
+}
+
+/// Mount points at or under `dir`, deepest first (from /proc/self/mountinfo).
+fn mounts_under(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let mut found: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape(p)))
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found.dedup();
+    Ok(found)
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo`.
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
+            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Unmount everything at or under a member's directory (stacked mounts too), then remove
+/// what is left without crossing a mount point. Errors when a mount would not go.
+pub fn release(dir: &Path) -> io::Result<()> {
+    for _ in 0..8 {
+        let mounts = mounts_under(dir)?;
+        if mounts.is_empty() {
+            break;
+        }
+        for m in mounts {
+            let _ = nix::mount::umount2(&m, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW);
+        }
+    }
+    if !mounts_under(dir)?.is_empty() {
+        return Err(io::Error::other(format!("{} still has mounts", dir.display())));
+    }
+    match std::fs::symlink_metadata(dir) {
+        Ok(meta) => remove_same_device(dir, meta.dev()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Remove a tree, never following a symlink and never entering another filesystem.
+fn remove_same_device(path: &Path, dev: u64) -> io::Result<()> {
+    let meta = std::fs::symlink_metadata(path)?;
+    if meta.dev() != dev {
+        return Err(io::Error::other(format!("{} is on another filesystem", path.display())));
+    }
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            remove_same_device(&entry?.path(), dev)?;
+        }
+        std::fs::remove_dir(path)
+    } else {
+        std::fs::remove_file(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape(r"/a\040b\011c\134d"), "/a b\tc\\d");
+        assert_eq!(unescape(r"/plain"), "/plain");
+        assert_eq!(unescape(r"/end\04"), r"/end\04");
+    }
+
+    #[test]
+    fn assets_cannot_leave_the_static_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        std::fs::write(&src, "x").unwrap();
+        std::fs::create_dir(dir.path().join(STATIC_DIR)).unwrap();
+        let err = bind_asset(dir.path(), "../escape", &src).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert!(!dir.path().join("escape").exists());
+    }
+}

@@ -1,0 +1,457 @@
+//! Warm pools: per Environment, containers started ahead of time that one-shot jobs and
+//! sessions claim (see `runtime::containerd::pool`). A pool's definition is a file under the
+//! state dir (`pools/NAME.json`) holding the Environment's manifest text, so any runner
+//! process of that state dir can make members for it; members are in containerd, labelled
+//! with the pool's name and key, and outlive every runner process.
+//!
+//! Refilling: after a claim, the claimant starts `runner pool fill NAME` in the background (a
+//! process of its own, so a CLI that claimed can exit at once). Fillers of one pool take an
+//! exclusive lock in turn, and each makes what is missing, so concurrent claims never
+//! overfill a pool.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Context, ServiceError};
+use crate::manifest::{self, Backend};
+use crate::runtime::containerd::Engine;
+use crate::runtime::containerd::pool::LABEL_POOL;
+use crate::runtime::{ClaimHook, RuntimeOptions};
+use crate::spec::{self, RunPlan};
+
+/// Members made at once while filling (creating a container is mostly waiting on runc).
+const FILL_PARALLEL: usize = 2;
+/// The largest pool: each member is a running container.
+pub const MAX_SIZE: u32 = 256;
+
+/// A pool as stored.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolDef {
+    pub name: String,
+    pub environment: String,
+    pub size: u32,
+    /// Members offer a workspace at the Environment's workdir.
+    pub workspace: bool,
+    /// Members offer the static-assets root.
+    pub static_assets: bool,
+    /// The manifest the Environment was read from, as read, and where its relative paths
+    /// resolve.
+    pub manifest: String,
+    pub base_dir: PathBuf,
+    pub file: Option<PathBuf>,
+    /// Where Environments not in the manifest are looked for.
+    #[serde(default)]
+    pub env_dir: Option<PathBuf>,
+    /// What members can serve (the runtime's pool key).
+    pub key: String,
+    pub created: String,
+}
+
+/// A pool with what its members are doing now.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolStatus {
+    #[serde(flatten)]
+    pub def: PoolDef,
+    pub ready: usize,
+    /// Members whose init is not running (removed by the next fill).
+    pub broken: usize,
+}
+
+/// What `pool create` and `pool fill` did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FillReport {
+    pub created: Vec<String>,
+    pub removed: Vec<String>,
+    pub ready: usize,
+}
+
+fn pools_dir(ctx: &Context) -> PathBuf {
+    ctx.config.state_dir.join("pools")
+}
+
+fn def_path(ctx: &Context, name: &str) -> PathBuf {
+    pools_dir(ctx).join(format!("{name}.json"))
+}
+
+/// Pool names are file names and label values.
+fn check_name(name: &str) -> Result<(), ServiceError> {
+    let ok = (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ServiceError::field(
+            "name",
+            format!("{name:?} is not a pool name (lowercase letters, digits and '-', at most 63)"),
+        ))
+    }
+}
+
+/// Whether this state dir has any pool (jobs only look for members then).
+pub fn any(state_dir: &Path) -> bool {
+    std::fs::read_dir(state_dir.join("pools"))
+        .map(|d| d.flatten().any(|e| e.path().extension().is_some_and(|x| x == "json")))
+        .unwrap_or(false)
+}
+
+/// The runtime options jobs and sessions run with when pools exist: look for a member, and
+/// refill its pool after a claim.
+pub fn with_pools(ctx: &Context, mut options: RuntimeOptions) -> RuntimeOptions {
+    if any(&ctx.config.state_dir) {
+        options.use_pools = true;
+        // Members carry the session tools, and they are part of the pool key: a one-shot
+        // job's engine names them too (one-shot containers never mount them).
+        options.tools = super::sessions::tools();
+        let ctx = ctx.clone();
+        options.on_claim = Some(ClaimHook(std::sync::Arc::new(move |pool: &str| {
+            if let Err(e) = spawn_filler(&ctx, pool) {
+                tracing::warn!(pool, error = %e, "could not start refilling the pool");
+            }
+        })));
+    }
+    options
+}
+
+/// Start `runner pool fill NAME` in the background, in a session of its own.
+fn spawn_filler(ctx: &Context, pool: &str) -> Result<(), ServiceError> {
+    use std::os::unix::process::CommandExt;
+    let config = &ctx.config;
+    let exe = config
+        .runner_exe()
+        .map_err(|e| ServiceError::internal("finding the runner binary", e))?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(pools_dir(ctx).join(format!("{pool}.log")))
+        .map_err(|e| ServiceError::internal("opening the pool's log", e))?;
+    let log2 = log
+        .try_clone()
+        .map_err(|e| ServiceError::internal("opening the pool's log", e))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["pool", "fill", pool])
+        .arg("--state-dir")
+        .arg(&config.state_dir)
+        .arg("--namespace")
+        .arg(&config.namespace)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2);
+    // The containerd this process is connected to, whichever way it was found.
+    if let Some(client) = ctx.connected() {
+        cmd.arg("--address").arg(client.address());
+    } else if let Some(address) = &config.address {
+        cmd.arg("--address").arg(address);
+    }
+    if let Some(exe) = &config.runner_exe {
+        cmd.arg("--runner-exe").arg(exe);
+    }
+    // SAFETY: setsid is async-signal-safe; the child only calls it before exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| ServiceError::internal("starting the pool filler", e))?;
+    // A CLI exits before it (init reaps it then); a server reaps it here.
+    std::thread::Builder::new()
+        .name("reap-filler".into())
+        .spawn(move || {
+            let _ = child.wait();
+        })
+        .map_err(|e| ServiceError::internal("starting the filler's reaper", e))?;
+    Ok(())
+}
+
+/// The job a pool's members are made for: the Environment's, with a placeholder workspace
+/// and asset when the pool offers them (only their shape matters; `placeholder` is a
+/// directory outside the state dir that lives while the plan is used).
+fn template(ctx: &Context, def: &PoolDef, placeholder: &Path) -> Result<RunPlan, ServiceError> {
+    let set = manifest::parse_str(&def.manifest, &def.base_dir, def.file.as_deref())?;
+    let set = match &def.env_dir {
+        Some(dir) if !set.environments.iter().any(|e| e.name == def.environment) => {
+            let mut set = set;
+            set.env_dir = manifest::load_env_dir(dir)?;
+            set
+        }
+        _ => set,
+    };
+    let env = set
+        .environments
+        .iter()
+        .chain(set.env_dir.iter())
+        .find(|e| e.name == def.environment)
+        .ok_or_else(|| ServiceError::field("environment", format!("no Environment {:?}", def.environment)))?;
+    if env.backend != Backend::Containerd {
+        return Err(ServiceError::field(
+            "environment",
+            format!(
+                "Environment {:?} runs on the {} backend: only containerd Environments have pools",
+                env.name,
+                env.backend.as_str()
+            ),
+        ));
+    }
+    let mut job = format!(
+        "apiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: pool-{}}}\nspec:\n  environment: {}\n  command: [\"true\"]\n",
+        def.name,
+        serde_json::to_string(&def.environment).unwrap_or_default()
+    );
+    if def.workspace {
+        let ws = placeholder.join("workspace");
+        std::fs::create_dir_all(&ws).map_err(|e| ServiceError::internal("making the placeholder workspace", e))?;
+        job.push_str(&format!(
+            "  workspace: {}\n",
+            serde_json::to_string(&ws.display().to_string()).unwrap_or_default()
+        ));
+    }
+    if def.static_assets {
+        let asset = placeholder.join("asset");
+        std::fs::write(&asset, "").map_err(|e| ServiceError::internal("making the placeholder asset", e))?;
+        job.push_str(&format!(
+            "  staticAssets:\n    - {{source: {}, savePath: placeholder}}\n",
+            serde_json::to_string(&asset.display().to_string()).unwrap_or_default()
+        ));
+    }
+    let jobs = manifest::parse_str(&job, placeholder, None)?;
+    let job = jobs
+        .jobs
+        .first()
+        .ok_or_else(|| ServiceError::internal("the pool's template job", "no job parsed"))?;
+    let bound = manifest::bind(job, env, None)?;
+    Ok(spec::resolve(&bound, &ctx.host)?)
+}
+
+/// The options pool members are made with: the tools sessions ship (so a session can claim
+/// one), nothing job-specific.
+fn member_options(ctx: &Context) -> RuntimeOptions {
+    RuntimeOptions {
+        tools: super::sessions::tools(),
+        ..ctx.runtime_options()
+    }
+}
+
+async fn member_engine(ctx: &Context) -> Result<Engine, ServiceError> {
+    ctx.engine(member_options(ctx)).await
+}
+
+/// Create (or resize) a pool from an Environment of a manifest, and fill it.
+#[allow(clippy::too_many_arguments)]
+pub async fn create(
+    ctx: &Context,
+    name: &str,
+    environment: &str,
+    file: &Path,
+    size: u32,
+    workspace: bool,
+    static_assets: bool,
+) -> Result<(PoolDef, FillReport), ServiceError> {
+    check_name(name)?;
+    if size > MAX_SIZE {
+        return Err(ServiceError::field(
+            "size",
+            format!("{size} is above the limit of {MAX_SIZE}"),
+        ));
+    }
+    let text =
+        std::fs::read_to_string(file).map_err(|e| ServiceError::field("file", format!("{}: {e}", file.display())))?;
+    let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    let mut def = PoolDef {
+        name: name.to_string(),
+        environment: environment.to_string(),
+        size,
+        workspace,
+        static_assets,
+        manifest: text,
+        base_dir: manifest::base_dir_of(&file),
+        file: Some(file),
+        env_dir: ctx.config.env_dir.clone(),
+        key: String::new(),
+        created: crate::job::rfc3339(std::time::SystemTime::now()),
+    };
+    let placeholder = tempfile::tempdir().map_err(|e| ServiceError::internal("a placeholder directory", e))?;
+    let plan = template(ctx, &def, placeholder.path())?;
+    let engine = member_engine(ctx).await?;
+    def.key = engine.pool_key(&plan).await?.0;
+    std::fs::create_dir_all(pools_dir(ctx)).map_err(|e| ServiceError::internal("creating the pools directory", e))?;
+    write_def(ctx, &def)?;
+    let report = fill(ctx, name).await?;
+    Ok((def, report))
+}
+
+fn write_def(ctx: &Context, def: &PoolDef) -> Result<(), ServiceError> {
+    let path = def_path(ctx, &def.name);
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_vec_pretty(def).map_err(|e| ServiceError::internal("encoding the pool", e))?;
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .map_err(|e| ServiceError::internal("writing the pool", e))
+}
+
+pub fn read_def(ctx: &Context, name: &str) -> Result<PoolDef, ServiceError> {
+    let path = def_path(ctx, name);
+    let text = match std::fs::read(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ServiceError::NotFound {
+                kind: "pool",
+                name: name.to_string(),
+            });
+        }
+        Err(e) => return Err(ServiceError::internal(format!("reading {}", path.display()), e)),
+    };
+    serde_json::from_slice(&text).map_err(|e| ServiceError::internal(format!("reading {}", path.display()), e))
+}
+
+/// Every pool of this state dir.
+pub fn defs(ctx: &Context) -> Result<Vec<PoolDef>, ServiceError> {
+    let mut names: Vec<String> = match std::fs::read_dir(pools_dir(ctx)) {
+        Ok(d) => d
+            .flatten()
+            .filter_map(|e| {
+                let p = e.path();
+                (p.extension().is_some_and(|x| x == "json")).then(|| p.file_stem()?.to_str().map(String::from))?
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    names.sort();
+    names.iter().map(|n| read_def(ctx, n)).collect()
+}
+
+/// Hold the pool's fill lock (blocking: fillers take turns).
+fn lock(ctx: &Context, name: &str) -> Result<std::fs::File, ServiceError> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(pools_dir(ctx).join(format!("{name}.lock")))
+        .map_err(|e| ServiceError::internal("opening the pool's lock", e))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) } != 0 {
+        return Err(ServiceError::internal(
+            "locking the pool",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(file)
+}
+
+/// Bring a pool to its size: remove broken members, make missing ones. Fillers of one pool
+/// take turns.
+pub async fn fill(ctx: &Context, name: &str) -> Result<FillReport, ServiceError> {
+    read_def(ctx, name)?;
+    let lock = {
+        let ctx = ctx.clone();
+        let name = name.to_string();
+        Context::blocking(move || lock(&ctx, &name)).await?
+    };
+    // Read again under the lock: the pool may have been removed or resized meanwhile.
+    let def = read_def(ctx, name)?;
+    let engine = member_engine(ctx).await?;
+    let mut report = FillReport::default();
+    let mut ready = 0usize;
+    for c in engine.members(Some(&def.key)).await? {
+        if c.labels.get(LABEL_POOL) != Some(&def.name) || !engine.member_ready(&c.id) {
+            continue;
+        }
+        if engine.member_alive(&c.id).await {
+            ready += 1;
+        } else if engine.retire_member(&c.id).await? {
+            report.removed.push(c.id);
+        }
+    }
+    let missing = (def.size as usize).saturating_sub(ready);
+    let placeholder = tempfile::tempdir().map_err(|e| ServiceError::internal("a placeholder directory", e))?;
+    let plan = template(ctx, &def, placeholder.path())?;
+    if engine.pool_key(&plan).await?.0 != def.key {
+        return Err(ServiceError::Conflict(format!(
+            "pool {name:?}: its Environment or image changed since it was made; `runner pool create` it again"
+        )));
+    }
+    let mut made = 0;
+    while made < missing {
+        let batch = (missing - made).min(FILL_PARALLEL);
+        let results = futures::future::join_all((0..batch).map(|_| engine.create_member(&plan, &def.name))).await;
+        for r in results {
+            report.created.push(r?);
+        }
+        made += batch;
+    }
+    report.ready = ready + made;
+    drop(lock);
+    Ok(report)
+}
+
+/// Every pool with its members now.
+pub async fn list(ctx: &Context) -> Result<Vec<PoolStatus>, ServiceError> {
+    let defs = defs(ctx)?;
+    if defs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let engine = member_engine(ctx).await?;
+    let members = engine.members(None).await?;
+    let mut out = Vec::new();
+    for def in defs {
+        let (mut ready, mut broken) = (0, 0);
+        for c in members.iter().filter(|c| c.labels.get(LABEL_POOL) == Some(&def.name)) {
+            if !engine.member_ready(&c.id) {
+                continue;
+            }
+            if engine.member_alive(&c.id).await {
+                ready += 1;
+            } else {
+                broken += 1;
+            }
+        }
+        out.push(PoolStatus { def, ready, broken });
+    }
+    Ok(out)
+}
+
+/// Remove a pool: its definition first (nothing refills it), then its unclaimed members.
+/// Claimed members finish their job as they would have.
+pub async fn remove(ctx: &Context, name: &str) -> Result<Vec<String>, ServiceError> {
+    read_def(ctx, name)?;
+    // After the filler at work (if any) is done; fillers after it find no pool.
+    let lock = {
+        let ctx = ctx.clone();
+        let name = name.to_string();
+        Context::blocking(move || lock(&ctx, &name)).await?
+    };
+    std::fs::remove_file(def_path(ctx, name)).map_err(|e| ServiceError::internal("removing the pool", e))?;
+    drop(lock);
+    let engine = member_engine(ctx).await?;
+    let mut removed = Vec::new();
+    for c in engine.members(None).await? {
+        if c.labels.get(LABEL_POOL) == Some(&name.to_string()) && engine.retire_member(&c.id).await? {
+            removed.push(c.id);
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_names_are_checked() {
+        assert!(check_name("python-3").is_ok());
+        for bad in ["", "Py", "a/b", "-a", "a-", "a.b", &"x".repeat(64)] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}
