@@ -45,6 +45,14 @@ async fn main() {
         // BENCH_DURABLE=1: output through the shim-run logger, as Jobs do.
         durable_output: std::env::var_os("BENCH_DURABLE").is_some(),
         logger_binary: std::env::var_os("BENCH_RUNNER").map(std::path::PathBuf::from),
+        // BENCH_POOL=1: one-shot jobs claim members of a pool `runner pool create` made (the
+        // session tools are part of the pool key); used members are torn down inline.
+        use_pools: std::env::var_os("BENCH_POOL").is_some(),
+        tools: if std::env::var_os("BENCH_POOL").is_some() {
+            runner::service::sessions::tools()
+        } else {
+            Vec::new()
+        },
         ..RuntimeOptions::default()
     };
     let engine = Engine::new(client, &state, host.clone(), options);
@@ -81,18 +89,18 @@ async fn main() {
             for _ in 0..n {
                 let (e, p) = (engine.clone(), plan.clone());
                 handles.push(tokio::spawn(async move {
-                    e.run_oneshot(&p, &CancellationToken::new())
-                        .await
-                        .expect("job")
-                        .exit_code
+                    e.run_oneshot(&p, &CancellationToken::new()).await.expect("job")
                 }));
             }
+            let mut pooled = 0;
             for h in handles {
-                assert_eq!(h.await.unwrap(), Some(0));
+                let r = h.await.unwrap();
+                assert_eq!(r.exit_code, Some(0));
+                pooled += usize::from(r.pool.is_some());
             }
             let secs = t.elapsed().as_secs_f64();
             println!(
-                "{{\"jobs\": {n}, \"seconds\": {secs:.3}, \"jobs_per_second\": {:.1}}}",
+                "{{\"jobs\": {n}, \"pooled\": {pooled}, \"seconds\": {secs:.3}, \"jobs_per_second\": {:.1}}}",
                 n as f64 / secs
             );
         }
@@ -118,8 +126,9 @@ async fn main() {
     let _ = Duration::ZERO;
 }
 
-/// `bench http N` (BENCH_URL, BENCH_TOKEN, BENCH_IMAGE): session creation until the first
-/// command is answered, then medians of shell and exec round trips over HTTP.
+/// `bench http N` (BENCH_URL, BENCH_TOKEN, BENCH_IMAGE or BENCH_ENV, an Environment of the
+/// server's env dir): session creation alone and until the first command is answered, then
+/// medians of shell and exec round trips over HTTP.
 fn http(n: usize) {
     let url = std::env::var("BENCH_URL").expect("BENCH_URL");
     let token = std::env::var("BENCH_TOKEN").expect("BENCH_TOKEN");
@@ -132,8 +141,13 @@ fn http(n: usize) {
             .expect(path);
         serde_json::from_str(&r.into_string().unwrap()).unwrap()
     };
+    let environment = match std::env::var("BENCH_ENV") {
+        Ok(name) => serde_json::to_string(&name).unwrap(),
+        Err(_) => format!(r#"{{"image": "{image}"}}"#),
+    };
     let t = Instant::now();
-    let session = post("/v1/sessions", &format!(r#"{{"environment": {{"image": "{image}"}}}}"#));
+    let session = post("/v1/sessions", &format!(r#"{{"environment": {environment}}}"#));
+    let created_ms = t.elapsed().as_secs_f64() * 1e3;
     let id = session["id"].as_str().unwrap().to_string();
     let first = post(&format!("/v1/sessions/{id}/shell"), r#"{"command": "true"}"#);
     assert_eq!(first["exitCode"], 0);
@@ -152,7 +166,8 @@ fn http(n: usize) {
         .set("Authorization", &auth)
         .call();
     println!(
-        "{{\"session_create_to_first_answer_ms\": {create_ms:.1}, \"shell_ms_median\": {:.2}, \"exec_ms_median\": {:.2}, \"runs\": {n}}}",
+        "{{\"session_create_ms\": {created_ms:.1}, \"session_create_to_first_answer_ms\": {create_ms:.1}, \"pool\": {}, \"shell_ms_median\": {:.2}, \"exec_ms_median\": {:.2}, \"runs\": {n}}}",
+        session["pool"],
         median(shell),
         median(exec)
     );

@@ -3,9 +3,11 @@
 # busybox test image. Prints medians and ratios (runner / ctr; lower is better).
 #   one-shot: `runner apply` of a busybox `sh -c true` job  vs  `ctr run --rm` of the same
 #   exec:     exec round trip of /bin/true in a live container (library)  vs  `ctr task exec`
-#   throughput: N concurrent one-shot jobs (library)
+#   pooled:   `runner apply` of the same job from a warm pool  vs  `ctr run --rm`
+#   throughput: N concurrent one-shot jobs (library), cold and from a warm pool
 #   http:     runner serve on loopback: session create → first shell answer, shell and exec
-#             round trips, on busybox (sh) and on the Python image (bash)
+#             round trips, on busybox (sh) and on the Python image (bash), cold and from
+#             warm pools (`serve --pool`)
 # Usage: scripts/bench.sh [RUNS] [CONCURRENT]   (defaults 15 and 20)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -93,6 +95,19 @@ echo "           ctr run --rm with runner's spec: ${s_med} ms = $(awk "BEGIN{pri
 l_med=$(env -u BENCH_DURABLE "$bench" oneshot "$runs" | sed -n 's/.*"oneshot_ms_median": \([0-9.]*\).*/\1/p')
 v=(); for i in $(seq 1 "$runs"); do v+=("$(ms_of ctr_ version)"); done
 v_med=$(printf '%s\n' "${v[@]}" | median)
+# One-shot jobs from a warm pool, in its steady state: after each timed run the pool is
+# refilled (untimed; the run's own background filler is waited for), and ctr runs beside it.
+"$runner" pool create bb -f "$work/true.yaml" --size 3 >/dev/null
+p=(); c2=()
+for i in $(seq 1 "$runs"); do
+  p+=("$(ms_of "$runner" apply -f "$work/true.yaml")")
+  "$runner" pool fill bb >/dev/null
+  c2+=("$(ms_of ctr_ run --rm local/busybox:latest "p$i" sh -c true)")
+done
+"$runner" pool rm bb >/dev/null
+p_med=$(printf '%s\n' "${p[@]}" | median)
+c2_med=$(printf '%s\n' "${c2[@]}" | median)
+echo "pooled     runner apply from a warm pool: ${p_med} ms   ctr run --rm: ${c2_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $p_med/$c2_med}")  (median of $runs)"
 echo "floor      lifecycle alone (library): ${l_med} ms = $(awk "BEGIN{printf \"%.2f\", $l_med/$c_med}")x ctr run --rm;  ctr version: ${v_med} ms"
 
 ctr_ run -d local/busybox:latest anchor sh -c 'sleep 100000' >/dev/null
@@ -102,7 +117,10 @@ e_med=$(printf '%s\n' "${e[@]}" | median)
 x_med=$("$bench" exec "$runs" | sed -n 's/.*"exec_ms_median": \([0-9.]*\).*/\1/p')
 echo "exec       runner live exec: ${x_med} ms   ctr task exec: ${e_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $x_med/$e_med}")  (median of $runs)"
 
-echo "throughput $("$bench" concurrent "$concurrent")"
+echo "throughput cold:   $("$bench" concurrent "$concurrent")"
+"$runner" pool create bb -f "$work/true.yaml" --size "$concurrent" >/dev/null
+echo "throughput pooled: $(BENCH_POOL=1 "$bench" concurrent "$concurrent")"
+"$runner" pool rm bb >/dev/null
 
 # Live sandboxes over HTTP (runner serve on loopback).
 echo "bench-token-$$-0123456789abcdef" > "$work/token"
@@ -116,4 +134,18 @@ kill "$serve_pid"; wait "$serve_pid" 2>/dev/null || true
 h_exec=$(echo "$http" | sed -n 's/.*"exec_ms_median": \([0-9.]*\).*/\1/p')
 echo "http       busybox: $http"
 echo "http       python (bash resident shell): $http_py"
+# The same from warm pools `serve --pool` keeps (sessions claim a member; the pool refills).
+mkdir -p "$work/envs"
+printf 'apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nspec:\n  image: local/busybox:latest\n---\napiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: py}\nspec:\n  image: local/python:3.11\n' > "$work/envs/envs.yaml"
+"$runner" serve --listen 127.0.0.1:0 --token-file "$work/token" --env-dir "$work/envs" --pool bb=2 --pool py=2 > "$work/serve2.out" 2>"$work/serve2.err" &
+serve_pid=$!
+for _ in $(seq 1 200); do grep -q listening "$work/serve2.out" 2>/dev/null && break; sleep 0.05; done
+url=$(sed -n 's/^listening on //p' "$work/serve2.out")
+http_pool=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" BENCH_ENV=bb "$bench" http "$runs")
+sleep 1
+http_pool_py=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" BENCH_ENV=py "$bench" http "$runs")
+kill "$serve_pid"; wait "$serve_pid" 2>/dev/null || true
+"$runner" pool rm bb py >/dev/null
+echo "http pool  busybox: $http_pool"
+echo "http pool  python: $http_pool_py"
 echo "http exec  session exec over HTTP: ${h_exec} ms   ctr task exec: ${e_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $h_exec/$e_med}")"

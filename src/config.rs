@@ -99,6 +99,8 @@ pub struct ServeConfig {
     pub session_ttl: Duration,
     /// Also serve the metrics, without the token, on this loopback address.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Warm pools kept for sessions: Environment names of the env dir, with their sizes.
+    pub pools: Vec<String>,
 }
 
 /// What a server tells its operator (the CLI prints it).

@@ -32,7 +32,11 @@ impl Drop for Server {
 }
 
 fn server() -> Server {
-    let dir = tempfile::tempdir().unwrap();
+    server_with(tempfile::tempdir().unwrap(), &[])
+}
+
+/// A server with more arguments (`dir` holds what they name; the state dir goes in it too).
+fn server_with(dir: tempfile::TempDir, args: &[&str]) -> Server {
     let state = dir.path().join("state");
     for image in ["busybox-oci.tar", "python-oci.tar"] {
         let out = runner_ctd(&["image", "import", image_dir().join(image).to_str().unwrap()], &state);
@@ -43,6 +47,7 @@ fn server() -> Server {
     let mut child = std::process::Command::new(runner_bin())
         .args(["serve", "--listen", "127.0.0.1:0", "--token-file"])
         .arg(dir.path().join("token"))
+        .args(args)
         .env("RUNNER_STATE_DIR", &state)
         .env("CONTAINERD_ADDRESS", address)
         .env("CONTAINERD_NAMESPACE", namespace)
@@ -934,4 +939,76 @@ fn swerex_bash_sessions_in_a_sandbox_are_resident_shells() {
     assert_eq!(shells("open"), 1);
     assert_eq!(rx("close_session", serde_json::json!({"session": "s"})).0, 200);
     assert_eq!(shells("closed"), 0, "closing the bash session ends its shell");
+}
+
+/// Sessions from the warm pool `serve --pool` keeps: the member's sandbox gets the session's
+/// workspace, Environment variables, setup and hostname late, runs the resident shell and the
+/// file API as a cold one does, is destroyed when the session ends, and the pool is refilled.
+/// A session whose Environment the pool does not fit starts cold.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn sessions_start_from_the_warm_pool_serve_keeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let envs = dir.path().join("envs");
+    std::fs::create_dir_all(&envs).unwrap();
+    std::fs::write(
+        envs.join("pooled.yaml"),
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: pooled-bb}\nspec:\n  image: local/busybox:latest\n  workdir: /workspace\n  user: \"1000:1000\"\n  env: {FOO: bar}\n  setup:\n    commands: [\"echo set up > /tmp/setup-ran\"]\n",
+    )
+    .unwrap();
+    let envs = envs.to_str().unwrap().to_string();
+    let s = server_with(dir, &["--env-dir", &envs, "--pool", "pooled-bb=2"]);
+    let created = ok_json(
+        "POST",
+        &format!("{}/v1/sessions", s.url),
+        Some(r#"{"environment": "pooled-bb"}"#),
+    );
+    assert_eq!(created["pool"], "pooled-bb", "{created}");
+    let id = created["id"].as_str().unwrap();
+    let base = format!("{}/v1/sessions/{id}", s.url);
+    let r = ok_json(
+        "POST",
+        &format!("{base}/exec"),
+        Some(r#"{"command": ["sh", "-c", "echo $FOO; id -u; pwd; hostname; cat /tmp/setup-ran; echo hi > made.txt"]}"#),
+    );
+    assert_eq!(r["exitCode"], 0, "{r}");
+    let out = r["stdout"].as_str().unwrap();
+    assert!(out.starts_with("bar\n1000\n/workspace\n"), "{out}");
+    assert!(out.ends_with("set up\n"), "{out}");
+    // The workspace the file API serves is the one the sandbox writes.
+    let (status, body) = call("GET", &format!("{base}/files?path=made.txt"), Some(TOKEN), None);
+    assert_eq!((status, body.as_str()), (200, "hi\n"));
+    ok_json(
+        "POST",
+        &format!("{base}/shell"),
+        Some(r#"{"command": "cd /tmp && export X=kept"}"#),
+    );
+    let r = ok_json(
+        "POST",
+        &format!("{base}/shell"),
+        Some(r#"{"command": "pwd; echo $X $FOO"}"#),
+    );
+    assert_eq!(r["output"], "/tmp\nkept bar\n");
+    let ls = || json_of(&runner_ctd(&["pool", "ls", "-o", "json"], &s.state));
+    assert_eq!(call("DELETE", &base, Some(TOKEN), None).0, 204);
+    assert!(
+        eventually(Duration::from_secs(60), || ls()[0]["ready"] == 2),
+        "the pool was not refilled: {}",
+        ls()
+    );
+    // An Environment the pool does not fit (another image) starts cold.
+    let cold = ok_json(
+        "POST",
+        &format!("{}/v1/sessions", s.url),
+        Some(r#"{"environment": {"image": "local/python:3.11"}}"#),
+    );
+    assert!(cold.get("pool").is_none(), "{cold}");
+    call(
+        "DELETE",
+        &format!("{}/v1/sessions/{}", s.url, cold["id"].as_str().unwrap()),
+        Some(TOKEN),
+        None,
+    );
+    let out = runner_ctd(&["pool", "rm", "pooled-bb"], &s.state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
 }

@@ -472,6 +472,16 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
         Err(e) => on_event(ServeEvent::ContainerdUnavailable(e.to_string())),
     }
     let ctx = Context::new(serve.config.clone(), Connect::Existing)?;
+    let pools = serve
+        .pools
+        .iter()
+        .map(|p| crate::service::pools::parse_pool_arg(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    for (env, size) in &pools {
+        let file = crate::service::pools::env_dir_file(&ctx, env)?;
+        let (def, report) = crate::service::pools::create(&ctx, env, env, &file, *size, true, false).await?;
+        tracing::info!(pool = def.name, ready = report.ready, "warm pool ready");
+    }
     let state = Arc::new(AppState::new(token, ctx.clone(), serve.session_ttl));
     let app = router(state.clone());
     let housekeeping = {
@@ -481,6 +491,12 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
             loop {
                 tokio::time::sleep(every).await;
                 state.sessions.reap_idle().await;
+                // The pools this server keeps: broken members (a containerd restart) replaced.
+                for (env, _) in &pools {
+                    if let Err(e) = crate::service::pools::fill(&state.ctx, env).await {
+                        tracing::warn!(pool = env, error = %e, "refilling the pool");
+                    }
+                }
                 // Jobs whose supervisor died get a new one here, explicitly: reads never adopt.
                 match job_service::adopt_orphans(&state.ctx).await {
                     Ok(adopted) if !adopted.is_empty() => tracing::info!(?adopted, "re-adopted jobs"),

@@ -184,6 +184,7 @@ impl Cli {
                 env_dir,
                 session_ttl,
                 metrics_listen,
+                pools,
             } => {
                 let mut config = g.config();
                 config.env_dir = env_dir;
@@ -197,6 +198,7 @@ impl Cli {
                     token_file,
                     session_ttl,
                     metrics_listen,
+                    pools,
                 })));
             }
             Verb::Image { verb } => images::run(&context(g, None)?, verb).await?,
@@ -341,6 +343,10 @@ pub enum Verb {
         /// Also serve GET /metrics without the token on this loopback address.
         #[arg(long)]
         metrics_listen: Option<std::net::SocketAddr>,
+        /// Keep a warm pool of this Environment of --env-dir for sessions: ENV=SIZE
+        /// (repeatable; the pool has the Environment's name).
+        #[arg(long = "pool", value_name = "ENV=SIZE")]
+        pools: Vec<String>,
         /// Idle sessions are ended after this long.
         #[arg(long, value_parser = humantime::parse_duration, default_value = "30m")]
         session_ttl: std::time::Duration,

@@ -192,6 +192,10 @@ pub trait Runtime: Send + Sync {
     fn sandbox(&self) -> Option<&dyn Sandbox> {
         None
     }
+    /// The warm pool whose member this runtime is.
+    fn pool(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// An isolated sandbox's extras: a directory shared with it, the tools shipped into it,
@@ -276,7 +280,9 @@ pub struct RuntimeOptions {
     /// containerd: run one-shot jobs in a warm pool member when one fits (see
     /// `containerd::pool`).
     pub use_pools: bool,
-    /// Told the pool's name when a member is claimed (so it can be refilled).
+    /// Told a pool's name when it needs refilling: a session claimed a member, or a one-shot
+    /// job left its used member retired for whoever refills to remove (the job's result does
+    /// not wait for the teardown). Without a hook the used member is torn down at once.
     pub on_claim: Option<ClaimHook>,
 }
 

@@ -11,7 +11,7 @@ use super::{Context, ServiceError, jobs, pools};
 use crate::job::store::DB_FILE;
 use crate::owner::owner_alive;
 use crate::runtime::containerd::Engine;
-use crate::runtime::containerd::pool::{CLAIMED_PREFIX, KIND_POOL, LABEL_POOL};
+use crate::runtime::containerd::pool::{CLAIMED_PREFIX, KIND_POOL, KIND_RETIRED, LABEL_POOL};
 use crate::runtime::containerd::{
     LABEL_ATTEMPT, LABEL_JOB, LABEL_KIND, LABEL_MANAGED, LABEL_OWNER, LABEL_STATE_DIR, RUN_DIR_OWNER,
 };
@@ -67,8 +67,9 @@ pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceEr
     let mut report = GcReport::default();
     let mut orphaned_jobs = BTreeSet::new();
     for c in client.containers(vec![managed.clone()]).await? {
-        if c.labels.get(LABEL_KIND).map(String::as_str) == Some(KIND_POOL) {
-            if member_kept(ctx, &engine, &c.id, &c.labels, &ours) {
+        let kind = c.labels.get(LABEL_KIND).map(String::as_str);
+        if kind == Some(KIND_POOL) || kind == Some(KIND_RETIRED) {
+            if kind == Some(KIND_POOL) && member_kept(ctx, &engine, &c.id, &c.labels, &ours) {
                 continue;
             }
             if let Err(e) = engine.teardown(&c.id).await {

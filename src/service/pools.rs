@@ -291,6 +291,30 @@ pub async fn create(
     Ok((def, report))
 }
 
+/// The manifest file of the env dir that defines an Environment.
+pub fn env_dir_file(ctx: &Context, environment: &str) -> Result<PathBuf, ServiceError> {
+    let dir = ctx
+        .config
+        .env_dir
+        .as_deref()
+        .ok_or_else(|| ServiceError::field("--pool", "pools of `serve` name Environments of its --env-dir"))?;
+    manifest::load_env_dir(dir)?
+        .into_iter()
+        .find(|e| e.name == environment)
+        .and_then(|e| e.origins_file())
+        .ok_or_else(|| ServiceError::field("--pool", format!("no Environment {environment:?} in {}", dir.display())))
+}
+
+/// `serve --pool ENV=SIZE`: parsed.
+pub fn parse_pool_arg(arg: &str) -> Result<(String, u32), ServiceError> {
+    let (env, size) = arg.split_once('=').unwrap_or((arg, "2"));
+    let size = size
+        .parse()
+        .map_err(|_| ServiceError::field("--pool", format!("{arg:?}: the size after '=' must be a number")))?;
+    check_name(env)?;
+    Ok((env.to_string(), size))
+}
+
 fn write_def(ctx: &Context, def: &PoolDef) -> Result<(), ServiceError> {
     let path = def_path(ctx, &def.name);
     let tmp = path.with_extension("json.tmp");
@@ -362,6 +386,14 @@ pub async fn fill(ctx: &Context, name: &str) -> Result<FillReport, ServiceError>
     let def = read_def(ctx, name)?;
     let engine = member_engine(ctx).await?;
     let mut report = FillReport::default();
+    // Used members first (their jobs are over and reported): they hold late binds.
+    let retired = engine.retired().await?;
+    for r in futures::future::join_all(retired.iter().map(|id| engine.teardown(id))).await {
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "removing a used pool member");
+        }
+    }
+    report.removed.extend(retired);
     let mut ready = 0usize;
     for c in engine.members(Some(&def.key)).await? {
         if c.labels.get(LABEL_POOL) != Some(&def.name) || !engine.member_ready(&c.id) {

@@ -413,12 +413,7 @@ impl Engine {
         let t0 = Instant::now();
         if self.options.use_pools {
             match self.claim(plan, pool::KIND_POOLED).await {
-                Ok(Some(member)) => {
-                    if let Some(hook) = &self.options.on_claim {
-                        (hook.0)(&member.pool);
-                    }
-                    return self.run_pooled(member, plan, cancel).await;
-                }
+                Ok(Some(member)) => return self.run_pooled(member, plan, cancel).await,
                 Ok(None) => {}
                 Err(e) => tracing::warn!(error = %e, "claiming a pool member failed; running cold"),
             }
@@ -767,6 +762,8 @@ pub struct LiveContainer {
     /// Exported before each agent command: a pool member's Environment variables (its init
     /// was made without them).
     base_env: Vec<(String, String)>,
+    /// The pool it came from.
+    pool: Option<String>,
     slot: Arc<tokio::sync::Mutex<()>>,
     state: Arc<Mutex<LiveState>>,
     sequence: Arc<AtomicU64>,
@@ -794,6 +791,7 @@ impl LiveContainer {
             process,
             setup: std::sync::OnceLock::new(),
             base_env,
+            pool: None,
             slot: Arc::new(tokio::sync::Mutex::new(())),
             state: Arc::new(Mutex::new(LiveState::default())),
             sequence: Arc::new(AtomicU64::new(0)),
@@ -1251,6 +1249,10 @@ impl Runtime for LiveContainer {
         self.setup.get()
     }
 
+    fn pool(&self) -> Option<&str> {
+        self.pool.as_deref()
+    }
+
     async fn execute(&self, request: ExecRequest) -> Result<ExecResult, RuntimeError> {
         self.check_live()?;
         if request.argv.is_empty() {
@@ -1295,6 +1297,7 @@ impl Runtime for LiveContainer {
             process: self.process.clone(),
             setup: std::sync::OnceLock::new(),
             base_env: self.base_env.clone(),
+            pool: self.pool.clone(),
             slot: self.slot.clone(),
             state: self.state.clone(),
             sequence: self.sequence.clone(),

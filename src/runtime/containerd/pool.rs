@@ -40,6 +40,9 @@ pub const KIND_POOL: &str = "pool";
 /// `runner.dev/kind` of a claimed member running a Job attempt (its output is read by the
 /// claimant, so a re-adopting supervisor cannot collect it).
 pub const KIND_POOLED: &str = "pooled";
+/// `runner.dev/kind` of a member whose job is over, its processes killed: whoever fills
+/// the pool (or `gc`) removes it.
+pub const KIND_RETIRED: &str = "retired";
 /// The owner label of an unclaimed member: no process, the pool holds it.
 pub const POOL_OWNER: &str = "pool";
 /// In a member's run directory: present while it may be claimed.
@@ -447,10 +450,36 @@ impl Engine {
             r.pool = Some(member.pool.clone());
             r
         });
+        // Every process of the member is dead (`run_in_member` ends with SIGKILL to all):
+        // what is left is containerd's records, the snapshot and the late binds, which the
+        // pool's filler removes off the job's path.
+        if let (Ok(_), Some(hook)) = (&result, &self.options.on_claim) {
+            let labels = HashMap::from([
+                (LABEL_KIND.to_string(), KIND_RETIRED.to_string()),
+                (LABEL_OWNER.to_string(), POOL_OWNER.to_string()),
+            ]);
+            if self.client.container_set_labels(&member.id, labels).await.is_ok() {
+                (hook.0)(&member.pool);
+                return result;
+            }
+        }
         let teardown = self.teardown(&member.id).await;
         let result = result?;
         teardown?;
         Ok(result)
+    }
+
+    /// Members of this state dir whose job is over, for the filler to remove.
+    pub async fn retired(&self) -> Result<Vec<String>, RuntimeError> {
+        let ours = self.state_dir().display().to_string();
+        Ok(self
+            .client
+            .containers(vec![format!("labels.\"{LABEL_KIND}\"=={KIND_RETIRED}")])
+            .await?
+            .into_iter()
+            .filter(|c| c.labels.get(LABEL_STATE_DIR) == Some(&ours))
+            .map(|c| c.id)
+            .collect())
     }
 
     async fn run_in_member(
@@ -549,7 +578,8 @@ impl Engine {
                 });
             }
             let env = plan.env();
-            let live = LiveContainer::new(
+            let pool = member.pool.clone();
+            let mut live = LiveContainer::new(
                 self.clone(),
                 Some(std::sync::Arc::new(member.agent)),
                 member.init_pid,
@@ -559,6 +589,7 @@ impl Engine {
                 member.process.clone(),
                 env.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             );
+            live.pool = Some(pool);
             if spec::runs_setup(plan.job(), env) {
                 let job = plan.job();
                 let started = Instant::now();

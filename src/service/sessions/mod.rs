@@ -184,6 +184,9 @@ pub struct SessionView {
     pub idle_seconds: u64,
     /// Calls in progress.
     pub active_calls: usize,
+    /// The warm pool whose member the sandbox is (absent: a container made for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
 }
 
 /// One live sandbox and what lives in it between calls.
@@ -220,6 +223,7 @@ impl Session {
             created: self.created.clone(),
             idle_seconds: self.idle().as_secs(),
             active_calls: self.in_use.load(Ordering::SeqCst),
+            pool: self.runtime.pool().map(String::from),
         }
     }
 
