@@ -629,3 +629,50 @@ impl SpawnOutput for std::process::Command {
         std::thread::spawn(move || child.wait_with_output().unwrap())
     }
 }
+
+/// `kind: WarmPool` in a manifest: `validate` counts and checks it (size limit with its line
+/// and column, a host Environment refused), `apply` makes the pool before the file's jobs run,
+/// so they claim its members; `export` refuses it by name.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_warm_pool_in_a_manifest_is_made_before_its_jobs_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let text = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: wp-env}\nspec:\n  image: local/busybox:latest\n  env: {WHO: pooled}\n---\napiVersion: runner/v1alpha1\nkind: WarmPool\nmetadata: {name: wp}\nspec:\n  environment: wp-env\n  size: 2\n  workspace: false\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: wp-job}\nspec:\n  environment: wp-env\n  command: [\"sh\", \"-c\", \"echo $WHO on $(hostname)\"]\n";
+    let file = write_manifest(dir.path(), "wp.yaml", text);
+    let f = file.to_str().unwrap();
+    let out = runner_ctd(&["validate", "-f", f], &state);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("(1 environment, 1 job, 1 warm pool)"),
+        "{out:?}"
+    );
+    let _rm = RemovePool(state.clone(), "wp");
+    let out = runner_ctd(&["apply", "-f", f, "-o", "json"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("warmpool.runner/wp ready: 2 members"));
+    let got = json_of(&out);
+    assert_eq!(got["status"]["result"]["stdout"], "pooled on wp-job\n");
+    assert_eq!(got["status"]["result"]["pool"], "wp");
+    let big = write_manifest(dir.path(), "big.yaml", &text.replace("size: 2", "size: 900"));
+    let out = runner_ctd(&["validate", "-f", big.to_str().unwrap()], &state);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("big.yaml:13:9: WarmPool \"wp\": spec.size: a pool of 900 members is above the limit of 256"),
+        "{err}"
+    );
+    let host = write_manifest(
+        dir.path(),
+        "host.yaml",
+        &text.replace("  image: local/busybox:latest\n", "  backend: host\n"),
+    );
+    let out = runner_ctd(&["validate", "-f", host.to_str().unwrap()], &state);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("only containerd Environments have warm pools"),
+        "{out:?}"
+    );
+    let out = runner_ctd(&["export", "-f", f], &state);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("WarmPool \"wp\" is runner's own"));
+}

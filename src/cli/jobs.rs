@@ -10,7 +10,7 @@ use super::{FileArgs, OutputFormat};
 use crate::job::{JobObject, Phase};
 use crate::manifest::Backend;
 use crate::service::jobs::{self, LogChunk, Submission, Waited};
-use crate::service::{Context, ServiceError};
+use crate::service::{Context, ServiceError, pools};
 
 fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
@@ -25,12 +25,16 @@ async fn submission(ctx: &Context, file: &FileArgs, backend: Option<Backend>) ->
 pub async fn validate(ctx: &Context, file: &FileArgs) -> Result<i32, ServiceError> {
     let sub = submission(ctx, file, None).await?;
     println!(
-        "{}: valid ({} environment{}, {} job{})",
+        "{}: valid ({} environment{}, {} job{}{})",
         file.file.display(),
         sub.environments,
         plural(sub.environments),
         sub.plans.len(),
         plural(sub.plans.len()),
+        match sub.pools.len() {
+            0 => String::new(),
+            n => format!(", {n} warm pool{}", plural(n)),
+        }
     );
     Ok(0)
 }
@@ -50,6 +54,29 @@ pub async fn apply(
     detach: bool,
 ) -> Result<i32, ServiceError> {
     let sub = submission(ctx, file, backend).await?;
+    // Warm pools first: the file's jobs can claim their members.
+    for pool in &sub.pools {
+        let (def, report) = pools::create(
+            ctx,
+            &pool.name,
+            &pool.environment,
+            &file.file,
+            pool.size,
+            pool.workspace,
+            pool.static_assets,
+        )
+        .await?;
+        eprintln!(
+            "warmpool.runner/{} ready: {} member{} of Environment {}",
+            def.name,
+            report.ready,
+            plural(report.ready),
+            def.environment
+        );
+    }
+    if sub.plans.is_empty() && !sub.pools.is_empty() {
+        return Ok(0);
+    }
     if detach {
         for name in jobs::start_detached(ctx, &sub).await? {
             println!("job.runner/{name} created");

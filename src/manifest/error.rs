@@ -104,12 +104,16 @@ pub enum ManifestErrorKind {
     MissingApiVersion { expected: &'static str },
     #[error("unsupported apiVersion {found:?} (expected {expected})")]
     ApiVersion { found: String, expected: &'static str },
-    #[error("missing field kind (expected Environment or Job)")]
+    #[error("missing field kind (expected Environment, Job or WarmPool)")]
     MissingKind,
-    #[error("unknown kind {0:?} (expected Environment or Job)")]
+    #[error("unknown kind {0:?} (expected Environment, Job or WarmPool)")]
     Kind(String),
-    #[error("the file holds no Environment or Job")]
+    #[error("the file holds no Environment, Job or WarmPool")]
     Empty,
+    #[error("a pool of {size} members is above the limit of {max}")]
+    PoolSize { size: u32, max: u32 },
+    #[error("Environment {environment:?} runs on the host backend: only containerd Environments have warm pools")]
+    PoolBackend { environment: String },
     #[error("{0}")]
     Quantity(#[from] QuantityError),
     #[error("memory limit {bytes} bytes is below the minimum of {min} bytes")]

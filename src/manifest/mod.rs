@@ -251,11 +251,28 @@ pub struct Job {
     pub file: Option<PathBuf>,
 }
 
+/// `kind: WarmPool`: an Environment's containers kept started (`runner apply` makes the
+/// pool; see `runtime::containerd::pool`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WarmPool {
+    pub name: String,
+    pub environment: String,
+    pub environment_origin: Origin,
+    pub size: u32,
+    pub workspace: bool,
+    pub static_assets: bool,
+    pub file: Option<PathBuf>,
+}
+
+/// The largest warm pool: each member is a running container.
+pub const MAX_POOL_SIZE: u32 = 256;
+
 /// Everything one manifest file (plus `--env-dir`) defines.
 #[derive(Clone, Debug, Default)]
 pub struct ManifestSet {
     pub environments: Vec<Environment>,
     pub jobs: Vec<Job>,
+    pub pools: Vec<WarmPool>,
     /// Environments found in `--env-dir`, consulted after the file's own.
     pub env_dir: Vec<Environment>,
     pub env_dir_path: Option<PathBuf>,
@@ -293,6 +310,36 @@ impl ManifestSet {
                 .in_document(format!("Job {:?}", job.name))
                 .with_file(&job.file)
             })
+    }
+
+    /// The Environment a warm pool names (first this file's, then `--env-dir`'s): it must
+    /// run on containerd.
+    pub fn pool_environment(&self, pool: &WarmPool) -> Result<&Environment, ManifestError> {
+        let err = |kind| {
+            ManifestError::new(pool.environment_origin.clone(), kind)
+                .in_document(format!("WarmPool {:?}", pool.name))
+                .with_file(&pool.file)
+        };
+        let env = self
+            .environments
+            .iter()
+            .chain(self.env_dir.iter())
+            .find(|e| e.name == pool.environment)
+            .ok_or_else(|| {
+                err(ManifestErrorKind::EnvironmentNotFound {
+                    name: pool.environment.clone(),
+                    searched: match &self.env_dir_path {
+                        Some(dir) => format!(" nor in {}", dir.display()),
+                        None => " (pass --env-dir DIR to look elsewhere)".to_string(),
+                    },
+                })
+            })?;
+        if env.backend != Backend::Containerd {
+            return Err(err(ManifestErrorKind::PoolBackend {
+                environment: env.name.clone(),
+            }));
+        }
+        Ok(env)
     }
 
     /// Pair a job with its environment and run the checks that need both.
@@ -406,7 +453,7 @@ pub fn load_file_text(path: &Path, env_dir: Option<&Path>) -> Result<(ManifestSe
     let text = read_limited(path)?;
     let base_dir = base_dir_of(path);
     let mut set = parse_str(&text, &base_dir, Some(path))?;
-    if set.environments.is_empty() && set.jobs.is_empty() {
+    if set.environments.is_empty() && set.jobs.is_empty() && set.pools.is_empty() {
         return Err(ManifestError::new(Origin::new("", None), ManifestErrorKind::Empty).in_file(path));
     }
     if let Some(dir) = env_dir {
@@ -540,6 +587,25 @@ pub fn parse_str(text: &str, base_dir: &Path, file: Option<&Path>) -> Result<Man
                 }
                 set.jobs.push(job);
             }
+            "WarmPool" => {
+                let raw: raw::WarmPoolDoc = decode(&doc).map_err(|e| attach(e.in_document(label.clone())))?;
+                let doc_name = format!("WarmPool {:?}", raw.metadata.name.value);
+                let pool =
+                    validate_pool(raw, doc.first_line, file).map_err(|e| attach(e.in_document(doc_name.clone())))?;
+                if set.pools.iter().any(|p| p.name == pool.name) {
+                    return Err(attach(
+                        ManifestError::new(
+                            Origin::new("metadata.name", None),
+                            ManifestErrorKind::Duplicate {
+                                kind: "WarmPool",
+                                name: pool.name,
+                            },
+                        )
+                        .in_document(doc_name),
+                    ));
+                }
+                set.pools.push(pool);
+            }
             other => {
                 return Err(attach(
                     ManifestError::new(
@@ -654,6 +720,41 @@ fn yaml_message(err: &serde_saphyr::Error) -> String {
         None => text,
     };
     text.lines().next().unwrap_or_default().trim().to_string()
+}
+
+fn validate_pool(raw: raw::WarmPoolDoc, first_line: u64, file: Option<&Path>) -> Result<WarmPool, ManifestError> {
+    let name = validate_name(&raw.metadata.name, first_line)?;
+    validate_labels(&raw.metadata.labels, "labels")?;
+    validate_labels(&raw.metadata.annotations, "annotations")?;
+    let spec = raw.spec;
+    let environment_origin = Origin::new("spec.environment", location(&spec.environment.referenced, first_line));
+    if spec.environment.value.is_empty() {
+        return Err(ManifestError::new(
+            environment_origin,
+            ManifestErrorKind::Name {
+                name: String::new(),
+                reason: "must name an Environment",
+            },
+        ));
+    }
+    if spec.size.value > MAX_POOL_SIZE {
+        return Err(ManifestError::new(
+            Origin::new("spec.size", location(&spec.size.referenced, first_line)),
+            ManifestErrorKind::PoolSize {
+                size: spec.size.value,
+                max: MAX_POOL_SIZE,
+            },
+        ));
+    }
+    Ok(WarmPool {
+        name,
+        environment: spec.environment.value,
+        environment_origin,
+        size: spec.size.value,
+        workspace: spec.workspace.unwrap_or(true),
+        static_assets: spec.static_assets.unwrap_or(false),
+        file: file.map(Path::to_path_buf),
+    })
 }
 
 fn validate_name(name: &Spanned<String>, first_line: u64) -> Result<String, ManifestError> {

@@ -125,6 +125,35 @@ pub struct StaticAsset {
     pub save_path: Spanned<String>,
 }
 
+/// `kind: WarmPool`: containers of an Environment kept started for jobs and sessions.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WarmPoolDoc {
+    #[expect(
+        dead_code,
+        reason = "checked through Header; declared so deny_unknown_fields accepts it"
+    )]
+    pub api_version: String,
+    #[expect(
+        dead_code,
+        reason = "checked through Header; declared so deny_unknown_fields accepts it"
+    )]
+    pub kind: String,
+    pub metadata: Metadata,
+    pub spec: WarmPoolSpec,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WarmPoolSpec {
+    pub environment: Spanned<String>,
+    pub size: Spanned<u32>,
+    /// Members serve jobs with a workspace (default true).
+    pub workspace: Option<bool>,
+    /// Members serve jobs with static assets (default false).
+    pub static_assets: Option<bool>,
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JobSpec {

@@ -37,6 +37,8 @@ pub struct Submission {
     /// `--backend`: run every job on this backend instead of its Environment's.
     pub backend: Option<Backend>,
     pub environments: usize,
+    /// `kind: WarmPool` documents (checked against their Environments).
+    pub pools: Vec<manifest::WarmPool>,
     pub plans: Vec<RunPlan>,
 }
 
@@ -78,6 +80,9 @@ impl Submission {
         backend: Option<Backend>,
     ) -> Result<Self, ServiceError> {
         let plans = plan_all(&set, &ctx.host, backend)?;
+        for pool in &set.pools {
+            set.pool_environment(pool)?;
+        }
         Ok(Submission {
             text,
             base_dir,
@@ -85,6 +90,7 @@ impl Submission {
             env_dir: env_dir.map(Path::to_path_buf),
             backend,
             environments: set.environments.len(),
+            pools: set.pools.clone(),
             plans,
         })
     }
@@ -258,6 +264,15 @@ pub async fn submit(ctx: &Context, text: &str, base_dir: &Path) -> Result<Vec<St
         let (ctx, text, base_dir) = (ctx.clone(), text.to_string(), base_dir.to_path_buf());
         Context::blocking(move || Submission::from_text(&ctx, &text, &base_dir)).await?
     };
+    if let Some(pool) = sub.pools.first() {
+        return Err(ServiceError::field(
+            "kind",
+            format!(
+                "WarmPool {:?}: pools are made by `runner apply` or kept by `runner serve --pool`, not submitted as jobs",
+                pool.name
+            ),
+        ));
+    }
     start_detached(ctx, &sub).await
 }
 

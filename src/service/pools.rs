@@ -24,7 +24,7 @@ use crate::spec::{self, RunPlan};
 /// Members made at once while filling (creating a container is mostly waiting on runc).
 const FILL_PARALLEL: usize = 2;
 /// The largest pool: each member is a running container.
-pub const MAX_SIZE: u32 = 256;
+pub const MAX_SIZE: u32 = manifest::MAX_POOL_SIZE;
 
 /// A pool as stored.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
