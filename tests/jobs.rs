@@ -676,3 +676,85 @@ fn a_warm_pool_in_a_manifest_is_made_before_its_jobs_run() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("WarmPool \"wp\" is runner's own"));
 }
+
+/// Pools outlive the runner that made them and a containerd restart; `gc` keeps their ready
+/// members; a member whose init died is seen as broken, never claimed (the job runs cold, with
+/// the same result), and the next fill replaces it.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn pools_survive_a_containerd_restart_and_broken_members_are_replaced() {
+    // A containerd of this test's own (the suite's shared one must not restart under others).
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let run = |args: &[&str]| {
+        std::process::Command::new(runner_bin())
+            .args(args)
+            .env("RUNNER_STATE_DIR", &state)
+            .env("CONTAINERD_NAMESPACE", "runner-pool-restart-test")
+            .env_remove("CONTAINERD_ADDRESS")
+            .output()
+            .unwrap()
+    };
+    assert_eq!(run(&["daemon", "start"]).status.code(), Some(0));
+    struct Stop<F: Fn()>(F);
+    impl<F: Fn()> Drop for Stop<F> {
+        fn drop(&mut self) {
+            (self.0)();
+        }
+    }
+    let _stop = Stop(|| {
+        run(&["pool", "rm", "bb"]);
+        run(&["gc"]);
+        run(&["daemon", "stop"]);
+    });
+    let socket = String::from_utf8_lossy(&run(&["daemon", "status"]).stdout)
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    let image = image_dir().join("busybox-oci.tar");
+    assert_eq!(
+        run(&["image", "import", image.to_str().unwrap()]).status.code(),
+        Some(0)
+    );
+    let file = write_manifest(
+        dir.path(),
+        "job.yaml",
+        &job("after-restart", r#"["sh", "-c", "echo ok"]"#, ""),
+    );
+    let f = file.to_str().unwrap();
+    let out = run(&["pool", "create", "bb", "-f", f, "--size", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let ls = || json_of(&run(&["pool", "ls", "-o", "json"]))[0].clone();
+    assert_eq!(run(&["gc"]).status.code(), Some(0));
+    assert_eq!((ls()["ready"].as_u64(), ls()["broken"].as_u64()), (Some(2), Some(0)));
+    assert_eq!(run(&["daemon", "stop"]).status.code(), Some(0));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(run(&["daemon", "start"]).status.code(), Some(0));
+    assert_eq!((ls()["ready"].as_u64(), ls()["broken"].as_u64()), (Some(2), Some(0)));
+    let result = |out: &std::process::Output| json_of(out)["status"]["result"].clone();
+    let pooled = result(&run(&["apply", "-f", f, "-o", "json"]));
+    assert_eq!((&pooled["stdout"], &pooled["pool"]), (&"ok\n".into(), &"bb".into()));
+    // Break every member (their inits die), as a host reboot or an OOM of the agent would.
+    assert!(eventually(Duration::from_secs(60), || ls()["ready"] == 2), "{}", ls());
+    let ctr = |args: &[&str]| {
+        std::process::Command::new("ctr")
+            .args(["--address", &socket, "--namespace", "runner-pool-restart-test"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let members =
+        String::from_utf8_lossy(&ctr(&["containers", "ls", "-q", "labels.\"runner.dev/pool\"==bb"]).stdout).to_string();
+    for id in members.lines() {
+        ctr(&["tasks", "kill", "-s", "SIGKILL", id]);
+    }
+    assert!(eventually(Duration::from_secs(10), || ls()["broken"] == 2), "{}", ls());
+    let cold = result(&run(&["apply", "-f", f, "-o", "json"]));
+    assert_eq!(cold["stdout"], "ok\n");
+    assert!(cold.get("pool").is_none(), "a broken member was claimed: {cold}");
+    let out = run(&["pool", "fill", "bb"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("2 ready"), "{out:?}");
+    assert_eq!((ls()["ready"].as_u64(), ls()["broken"].as_u64()), (Some(2), Some(0)));
+}
