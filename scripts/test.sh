@@ -9,6 +9,15 @@ root=$PWD
 
 scripts/deps.sh
 
+work=$(mktemp -d /tmp/runner-test.XXXXXX)
+# The quickstart (run last) builds a release binary: the longest build of the suite, so it
+# starts first, beside the lints, the debug build and the tests (mostly waiting on
+# containerd), in a target dir of its own so the cargo runs do not wait on each other's lock.
+export QUICKSTART_TARGET="$root/target/quickstart"
+CARGO_TARGET_DIR="$QUICKSTART_TARGET" cargo build --release --locked >"$work/release-build.log" 2>&1 &
+release_build=$!
+trap 'kill "$release_build" 2>/dev/null || true; rm -rf "$work"' EXIT
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -18,14 +27,6 @@ cargo clippy --all-targets --locked -- -D warnings
 echo "== build"
 cargo build --locked --all-targets
 runner="$root/target/debug/runner"
-
-work=$(mktemp -d /tmp/runner-test.XXXXXX)
-# The quickstart (run last) builds a release binary; build it now, beside the image builds and
-# the tests (mostly waiting on containerd), in a target dir of its own so the two cargo runs
-# do not wait on each other's lock.
-export QUICKSTART_TARGET="$root/target/quickstart"
-CARGO_TARGET_DIR="$QUICKSTART_TARGET" cargo build --release --locked >"$work/release-build.log" 2>&1 &
-release_build=$!
 # The Python client's tests need no containerd: they run beside the rest, on a copy of the
 # binary (cargo test may relink target/debug/runner).
 cp "$runner" "$work/runner-for-python"

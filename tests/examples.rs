@@ -34,6 +34,8 @@ struct ExpectedJob {
     #[serde(default)]
     stderr_contains: Vec<String>,
     setup_stdout: Option<String>,
+    /// The warm pool whose member ran it (none: a container made for it).
+    pool: Option<String>,
 }
 
 fn repo() -> PathBuf {
@@ -88,6 +90,7 @@ fn check_job(example: &str, job: &serde_json::Value, want: &ExpectedJob) {
     if let Some(setup) = &want.setup_stdout {
         assert_eq!(result["setup"]["stdout"], setup.as_str(), "{at}");
     }
+    assert_eq!(result["pool"].as_str(), want.pool.as_deref(), "{at}");
 }
 
 #[test]
@@ -154,5 +157,17 @@ fn every_example_runs_through_the_cli_with_its_expected_result() {
             let name = job["metadata"]["name"].as_str().unwrap();
             check_job(&rel, job, &want.jobs[name]);
         }
+    }
+    // The pools examples made outlive the runner on purpose: removed as the README shows.
+    let pools = json_of(&cli(&["pool", "ls", "-o", "json"], &state));
+    for pool in pools.as_array().unwrap() {
+        let name = pool["name"].as_str().unwrap();
+        let out = cli(&["pool", "rm", name], &state);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "pool rm {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

@@ -376,6 +376,11 @@ fn lock(ctx: &Context, name: &str) -> Result<std::fs::File, ServiceError> {
 /// Bring a pool to its size: remove broken members, make missing ones. Fillers of one pool
 /// take turns.
 pub async fn fill(ctx: &Context, name: &str) -> Result<FillReport, ServiceError> {
+    let engine = member_engine(ctx).await?;
+    let mut report = FillReport::default();
+    // Used members first, whatever became of their pool (their jobs are over and reported;
+    // they hold late binds).
+    report.removed = remove_retired(&engine).await?;
     read_def(ctx, name)?;
     let lock = {
         let ctx = ctx.clone();
@@ -384,16 +389,6 @@ pub async fn fill(ctx: &Context, name: &str) -> Result<FillReport, ServiceError>
     };
     // Read again under the lock: the pool may have been removed or resized meanwhile.
     let def = read_def(ctx, name)?;
-    let engine = member_engine(ctx).await?;
-    let mut report = FillReport::default();
-    // Used members first (their jobs are over and reported): they hold late binds.
-    let retired = engine.retired().await?;
-    for r in futures::future::join_all(retired.iter().map(|id| engine.teardown(id))).await {
-        if let Err(e) = r {
-            tracing::warn!(error = %e, "removing a used pool member");
-        }
-    }
-    report.removed.extend(retired);
     let mut ready = 0usize;
     for c in engine.members(Some(&def.key)).await? {
         if c.labels.get(LABEL_POOL) != Some(&def.name) || !engine.member_ready(&c.id) {
@@ -425,6 +420,17 @@ pub async fn fill(ctx: &Context, name: &str) -> Result<FillReport, ServiceError>
     report.ready = ready + made;
     drop(lock);
     Ok(report)
+}
+
+/// Tear down the used members of this state dir.
+async fn remove_retired(engine: &Engine) -> Result<Vec<String>, ServiceError> {
+    let retired = engine.retired().await?;
+    for r in futures::future::join_all(retired.iter().map(|id| engine.teardown(id))).await {
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "removing a used pool member");
+        }
+    }
+    Ok(retired)
 }
 
 /// Every pool with its members now.
@@ -466,7 +472,7 @@ pub async fn remove(ctx: &Context, name: &str) -> Result<Vec<String>, ServiceErr
     std::fs::remove_file(def_path(ctx, name)).map_err(|e| ServiceError::internal("removing the pool", e))?;
     drop(lock);
     let engine = member_engine(ctx).await?;
-    let mut removed = Vec::new();
+    let mut removed = remove_retired(&engine).await?;
     for c in engine.members(None).await? {
         if c.labels.get(LABEL_POOL) == Some(&name.to_string()) && engine.retire_member(&c.id).await? {
             removed.push(c.id);
