@@ -377,10 +377,12 @@ fn lock(ctx: &Context, name: &str) -> Result<std::fs::File, ServiceError> {
 /// take turns.
 pub async fn fill(ctx: &Context, name: &str) -> Result<FillReport, ServiceError> {
     let engine = member_engine(ctx).await?;
-    let mut report = FillReport::default();
     // Used members first, whatever became of their pool (their jobs are over and reported;
     // they hold late binds).
-    report.removed = remove_retired(&engine).await?;
+    let mut report = FillReport {
+        removed: remove_retired(&engine).await?,
+        ..FillReport::default()
+    };
     read_def(ctx, name)?;
     let lock = {
         let ctx = ctx.clone();
