@@ -46,8 +46,10 @@ async fn main() {
         durable_output: std::env::var_os("BENCH_DURABLE").is_some(),
         logger_binary: std::env::var_os("BENCH_RUNNER").map(std::path::PathBuf::from),
         // BENCH_POOL=1: one-shot jobs claim members of a pool `runner pool create` made (the
-        // session tools are part of the pool key); used members are torn down inline.
+        // session tools are part of the pool key); used members are retired, as the CLI
+        // leaves them for its background filler, and torn down after the last result.
         use_pools: std::env::var_os("BENCH_POOL").is_some(),
+        on_claim: std::env::var_os("BENCH_POOL").map(|_| runner::runtime::ClaimHook(std::sync::Arc::new(|_: &str| {}))),
         tools: if std::env::var_os("BENCH_POOL").is_some() {
             runner::service::sessions::tools()
         } else {
@@ -99,8 +101,12 @@ async fn main() {
                 pooled += usize::from(r.pool.is_some());
             }
             let secs = t.elapsed().as_secs_f64();
+            // What the results did not wait for: the used members' teardown.
+            let retired = engine.retired().await.expect("retired members");
+            futures::future::join_all(retired.iter().map(|id| engine.teardown(id))).await;
+            let all = t.elapsed().as_secs_f64();
             println!(
-                "{{\"jobs\": {n}, \"pooled\": {pooled}, \"seconds\": {secs:.3}, \"jobs_per_second\": {:.1}}}",
+                "{{\"jobs\": {n}, \"pooled\": {pooled}, \"seconds\": {secs:.3}, \"jobs_per_second\": {:.1}, \"with_teardown_seconds\": {all:.3}}}",
                 n as f64 / secs
             );
         }

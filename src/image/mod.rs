@@ -677,6 +677,35 @@ pub struct ImageInfo {
     pub config: JsonRunConfig,
 }
 
+/// Index, manifest and config blobs read by `resolve`, by digest: content-addressed (the
+/// Content store verifies the digest), so a blob read once is the blob forever. Every job and
+/// session resolves its image; this keeps that to the image record and the snapshot check.
+fn read_cache() -> &'static std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<Vec<u8>>>> {
+    static CACHE: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<Vec<u8>>>>> =
+        std::sync::OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+/// Blobs larger than this are read every time (configs and manifests are a few kB).
+const CACHED_BLOB_LIMIT: usize = 1 << 20;
+/// Entries kept before the cache starts over.
+const CACHED_BLOBS: usize = 512;
+
+async fn read_blob(client: &Containerd, digest: &str) -> Result<std::sync::Arc<Vec<u8>>, ImageError> {
+    if let Some(hit) = read_cache().lock().expect("blob cache").get(digest) {
+        return Ok(hit.clone());
+    }
+    let blob = std::sync::Arc::new(client.content_read(digest).await?);
+    if blob.len() <= CACHED_BLOB_LIMIT {
+        let mut cache = read_cache().lock().expect("blob cache");
+        if cache.len() >= CACHED_BLOBS {
+            cache.clear();
+        }
+        cache.insert(digest.to_string(), blob.clone());
+    }
+    Ok(blob)
+}
+
 /// Look an image up: manifest (through an index if needed) → config → top snapshot chain,
 /// which must be unpacked.
 pub async fn resolve(client: &Containerd, name: &str) -> Result<ImageInfo, ImageError> {
@@ -689,7 +718,7 @@ pub async fn resolve(client: &Containerd, name: &str) -> Result<ImageInfo, Image
         .ok_or_else(|| ImageError::Format(format!("image {name} has no target")))?;
     for _ in 0..4 {
         if target.media_type == archive::OCI_INDEX || target.media_type == archive::DOCKER_MANIFEST_LIST {
-            let index: JsonIndex = parse_json("index", &client.content_read(&target.digest).await?)?;
+            let index: JsonIndex = parse_json("index", &read_blob(client, &target.digest).await?)?;
             let chosen = pick_platform(&index.manifests)
                 .ok_or_else(|| ImageError::Format(format!("no manifest for linux/{} in {name}", go_arch())))?;
             target = descriptor(chosen);
@@ -697,8 +726,8 @@ pub async fn resolve(client: &Containerd, name: &str) -> Result<ImageInfo, Image
             break;
         }
     }
-    let manifest: JsonManifest = parse_json("manifest", &client.content_read(&target.digest).await?)?;
-    let config: JsonImageConfig = parse_json("image config", &client.content_read(&manifest.config.digest).await?)?;
+    let manifest: JsonManifest = parse_json("manifest", &read_blob(client, &target.digest).await?)?;
+    let config: JsonImageConfig = parse_json("image config", &read_blob(client, &manifest.config.digest).await?)?;
     let chains = archive::chain_ids(&config.rootfs.diff_ids);
     let top_chain = chains
         .last()

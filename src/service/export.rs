@@ -34,15 +34,14 @@ pub fn export(ctx: &Context, request: &ExportRequest) -> Result<Vec<Value>, Serv
             env.image = request.image.clone();
         }
     }
-    if let Some(pool) = set.pools.first() {
-        return Err(ServiceError::field(
-            "kind",
-            format!(
-                "{}: WarmPool {:?} is runner's own and has no Kubernetes object here (a cluster keeps its own warm pods, e.g. agent-sandbox's SandboxWarmPool); export a file without it",
-                request.file.display(),
-                pool.name
-            ),
-        ));
+    // Said on stderr (the objects are stdout): a cluster keeps warm pods its own way
+    // (agent-sandbox's SandboxWarmPool); the file's Jobs export as they are.
+    for pool in &set.pools {
+        tracing::warn!(
+            "{}: WarmPool {:?} is runner's own and is not exported",
+            request.file.display(),
+            pool.name
+        );
     }
     let mut objects = Vec::new();
     if request.sandbox {

@@ -166,16 +166,29 @@ pub(super) fn member_spec(
 
 /// Set the hostname of the UTS namespace `init_pid` is in. setns of a UTS namespace affects
 /// only the calling thread: a thread of our own does it and ends, so no other work ever runs
-/// in the container's namespace.
-fn set_hostname(init_pid: u32, name: &str) -> Result<(), RuntimeError> {
+/// in the container's namespace. The PID is only trusted once the namespace is opened: the
+/// process must then still be in the member's cgroup (a PID reused by a host process fails
+/// that), and the namespace must not be ours (the host's hostname is never touched).
+fn set_hostname(init_pid: u32, cgroup: &str, name: &str) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::MetadataExt;
     let path = format!("/proc/{init_pid}/ns/uts");
     let name = name.to_string();
+    let cgroup = cgroup.to_string();
     let io = |what: &str, e: std::io::Error| RuntimeError::Io {
         what: format!("{what} of the claimed container"),
         source: e,
     };
     std::thread::spawn(move || -> Result<(), RuntimeError> {
         let ns = std::fs::File::open(&path).map_err(|e| io("opening the UTS namespace", e))?;
+        let in_member = std::fs::read_to_string(format!("/proc/{init_pid}/cgroup"))
+            .is_ok_and(|c| c.lines().any(|l| l.ends_with(&cgroup)));
+        let own = std::fs::metadata("/proc/thread-self/ns/uts").map(|m| m.ino()).ok();
+        let theirs = ns.metadata().map(|m| m.ino()).ok();
+        if !in_member || own.is_none() || own == theirs {
+            return Err(RuntimeError::Internal(format!(
+                "process {init_pid} is not the claimed container's init"
+            )));
+        }
         nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWUTS)
             .map_err(|e| io("entering the UTS namespace", e.into()))?;
         nix::unistd::sethostname(&name).map_err(|e| io("setting the hostname", e.into()))
@@ -384,7 +397,7 @@ impl Engine {
                 let (uid, gid) = (process.user().uid(), process.user().gid());
                 let agent = Agent::open(&dir.join("agent"), uid, gid)?;
                 let hostname: String = plan.job().name.chars().take(63).collect();
-                set_hostname(init_pid, &hostname)?;
+                set_hostname(init_pid, &self.cgroup_path(&c.id), &hostname)?;
                 Ok::<_, RuntimeError>(Member {
                     id: c.id.clone(),
                     pool: c.labels.get(LABEL_POOL).cloned().unwrap_or_default(),
