@@ -112,8 +112,15 @@ pub fn with_pools(ctx: &Context, mut options: RuntimeOptions) -> RuntimeOptions 
         options.tools = super::sessions::tools();
         let ctx = ctx.clone();
         options.on_claim = Some(ClaimHook(std::sync::Arc::new(move |pool: &str| {
-            if let Err(e) = spawn_filler(&ctx, pool) {
-                tracing::warn!(pool, error = %e, "could not start refilling the pool");
+            // fork+exec of the filler off the caller's path (a session's answer waits on it).
+            let (ctx, pool) = (ctx.clone(), pool.to_string());
+            let started = std::thread::Builder::new().name("start-filler".into()).spawn(move || {
+                if let Err(e) = spawn_filler(&ctx, &pool) {
+                    tracing::warn!(pool, error = %e, "could not start refilling the pool");
+                }
+            });
+            if let Err(e) = started {
+                tracing::warn!(error = %e, "could not start refilling the pool");
             }
         })));
     }

@@ -73,6 +73,9 @@ pub struct Member {
     agent: Agent,
     cgroup: String,
     process: oci_spec::runtime::Process,
+    /// The relabelling as the claimant's container, done beside the job's start (the
+    /// `claimed-<owner>` file already says who holds it); awaited before it is retired.
+    relabel: tokio::task::JoinHandle<Result<(), crate::containerd::CtdError>>,
 }
 
 impl Member {
@@ -383,8 +386,11 @@ impl Engine {
                 (LABEL_KIND.to_string(), kind.to_string()),
                 (LABEL_JOB.to_string(), plan.job().name.clone()),
             ]);
+            let relabel = {
+                let (client, id) = (self.client.clone(), c.id.clone());
+                tokio::spawn(async move { client.container_set_labels(&id, labels).await })
+            };
             let claimed = async {
-                self.client.container_set_labels(&c.id, labels).await?;
                 let spec: Spec = c
                     .spec
                     .as_ref()
@@ -406,6 +412,7 @@ impl Engine {
                     agent,
                     cgroup: self.cgroup_path(&c.id),
                     process,
+                    relabel,
                 })
             }
             .await;
@@ -424,13 +431,13 @@ impl Engine {
     }
 
     /// Bind the plan's workspace, mounts and static assets into a claimed member.
-    fn bind_late(&self, member: &Member, plan: &RunPlan) -> Result<(), RuntimeError> {
-        let dir = self.late_dir(&member.id);
+    fn bind_late(&self, id: &str, layout: &Layout, plan: &RunPlan) -> Result<(), RuntimeError> {
+        let dir = self.late_dir(id);
         let io = |what: String| move |source| RuntimeError::Io { what, source };
         let mut without_assets = plan.clone();
         without_assets.assets.clear();
         let binds = spec::merged_binds(&without_assets);
-        if binds.len() != member.layout.places.len() {
+        if binds.len() != layout.places.len() {
             return Err(RuntimeError::Internal(
                 "the member's layout does not fit the job".into(),
             ));
@@ -466,7 +473,19 @@ impl Engine {
         // Every process of the member is dead (`run_in_member` ends with SIGKILL to all):
         // what is left is containerd's records, the snapshot and the late binds, which the
         // pool's filler removes off the job's path.
-        if let (Ok(_), Some(hook)) = (&result, &self.options.on_claim) {
+        // The claim's relabelling lands first: retiring after it is what leaves `retired`.
+        let relabelled = match member.relabel.await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(member = member.id, error = %e, "relabelling the claimed member");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(member = member.id, error = %e, "relabelling the claimed member");
+                false
+            }
+        };
+        if let (Ok(_), Some(hook), true) = (&result, &self.options.on_claim, relabelled) {
             let labels = HashMap::from([
                 (LABEL_KIND.to_string(), KIND_RETIRED.to_string()),
                 (LABEL_OWNER.to_string(), POOL_OWNER.to_string()),
@@ -503,7 +522,7 @@ impl Engine {
     ) -> Result<ExecResult, RuntimeError> {
         let job = plan.job();
         let env = plan.env();
-        self.bind_late(member, plan)?;
+        self.bind_late(&member.id, &member.layout, plan)?;
         let argv = crate::spec::entry::compose(&env.setup, job.disable_setup, None, &job.command.argv());
         let vars: Vec<(String, String)> = env.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let cwd = member.process.cwd().to_string_lossy().into_owned();
@@ -578,8 +597,14 @@ impl Engine {
     /// the agent, as it runs in a cold container's init.
     pub async fn live_from_member(&self, member: Member, plan: &RunPlan) -> Result<LiveContainer, RuntimeError> {
         let id = member.id.clone();
+        let relabel = member.relabel;
+        tokio::spawn(async move {
+            if let Ok(Err(e)) = relabel.await {
+                tracing::warn!(error = %e, "relabelling the claimed member");
+            }
+        });
         let built = async {
-            self.bind_late(&member, plan)?;
+            self.bind_late(&member.id, &member.layout, plan)?;
             let init_exited = CancellationToken::new();
             {
                 let engine = self.clone();
