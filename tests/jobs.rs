@@ -594,6 +594,17 @@ impl Drop for RemovePool {
         if self.0.join("pools").join(format!("{}.json", self.1)).exists() {
             runner_ctd(&["pool", "rm", self.1], &self.0);
         }
+        unmount_late_base(&self.0);
+    }
+}
+
+/// A state dir's `late` directory is a private bind mount of itself (made with the first
+/// member, kept): a test's temporary state dir unmounts it so the directory can go.
+fn unmount_late_base(state: &Path) {
+    let late = state.join("late");
+    let empty = std::fs::read_dir(&late).map_or(true, |mut d| d.next().is_none());
+    if empty {
+        let _ = nix::mount::umount2(&late, nix::mount::MntFlags::MNT_DETACH);
     }
 }
 
@@ -672,6 +683,33 @@ fn a_warm_pool_in_a_manifest_is_made_before_its_jobs_run() {
         String::from_utf8_lossy(&out.stderr).contains("only containerd Environments have warm pools"),
         "{out:?}"
     );
+    // A mount under another would be hidden by the other's late mount: no pool.
+    let cache = dir.path().join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    let nested = write_manifest(
+        dir.path(),
+        "nested.yaml",
+        &format!(
+            "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: nested}}\nspec:\n  image: local/busybox:latest\n  mounts: [{{source: {0}, target: /opt}}, {{source: {0}, target: /opt/inner, readOnly: true}}]\n",
+            cache.display()
+        ),
+    );
+    let out = runner_ctd(
+        &[
+            "pool",
+            "create",
+            "nested",
+            "-f",
+            nested.to_str().unwrap(),
+            "--workspace",
+        ],
+        &state,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot have a warm pool: /opt/inner lies under /opt"),
+        "{out:?}"
+    );
     let out = runner_ctd(&["export", "-f", f], &state);
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stderr).contains("WarmPool \"wp\" is runner's own and is not exported"));
@@ -707,6 +745,7 @@ fn pools_survive_a_containerd_restart_and_broken_members_are_replaced() {
         run(&["pool", "rm", "bb"]);
         run(&["gc"]);
         run(&["daemon", "stop"]);
+        unmount_late_base(&state);
     });
     let socket = String::from_utf8_lossy(&run(&["daemon", "status"]).stdout)
         .trim()

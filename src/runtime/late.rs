@@ -51,12 +51,32 @@ fn errno(what: impl Into<String>) -> impl FnOnce(nix::Error) -> io::Error {
     move |e| io::Error::new(io::Error::from(e).kind(), format!("{what}: {e}"))
 }
 
-/// Make a member's directory: a shared mount holding an empty directory or file per place,
-/// and the static root when the layout has one.
+/// Make the directory members live in a private mount of its own (once): a bind made under
+/// it (a staging point, a member's directory) then starts outside every peer group of the
+/// host — on a systemd host `/` is shared, and a bind under it would otherwise be copied into
+/// every mount namespace that shares `/`.
+fn private_base(base: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(base)?;
+    let base = std::fs::canonicalize(base)?;
+    if !mount_points()?.contains(&base) {
+        nix::mount::mount(Some(&base), &base, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .map_err(errno(format!("binding {} onto itself", base.display())))?;
+    }
+    nix::mount::mount(None::<&str>, &base, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>)
+        .map_err(errno(format!("making {} private", base.display())))
+}
+
+/// Make a member's directory: a shared mount (a peer group of its own) holding an empty
+/// directory or file per place, and the static root when the layout has one.
 pub fn prepare(dir: &Path, layout: &Layout) -> io::Result<()> {
+    if let Some(base) = dir.parent() {
+        private_base(base)?;
+    }
     std::fs::create_dir_all(dir)?;
     nix::mount::mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>)
         .map_err(errno(format!("binding {} onto itself", dir.display())))?;
+    // Bound from a private parent it is private; shared from here, with no peer but the
+    // copies the member's mount namespace makes.
     nix::mount::mount(None::<&str>, dir, None::<&str>, MsFlags::MS_SHARED, None::<&str>)
         .map_err(errno(format!("making {} shared", dir.display())))?;
     for (i, place) in layout.places.iter().enumerate() {
@@ -165,15 +185,19 @@ fn stage_path(dir: &Path, name: &str) -> PathBuf {
     dir.with_file_name(format!(".stage-{base}-{name}"))
 }
 
-/// Mount points at or under `dir`, deepest first (from /proc/self/mountinfo).
-fn mounts_under(dir: &Path) -> io::Result<Vec<PathBuf>> {
+/// Every mount point of this mount namespace (from /proc/self/mountinfo: resolved paths).
+fn mount_points() -> io::Result<std::collections::HashSet<PathBuf>> {
     let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let mut found: Vec<PathBuf> = info
+    Ok(info
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
         .map(|p| PathBuf::from(unescape(p)))
-        .filter(|p| p.starts_with(dir))
-        .collect();
+        .collect())
+}
+
+/// Mount points at or under `dir` (a resolved path), deepest first.
+fn mounts_under(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut found: Vec<PathBuf> = mount_points()?.into_iter().filter(|p| p.starts_with(dir)).collect();
     found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     found.dedup();
     Ok(found)
@@ -200,6 +224,14 @@ fn unescape(field: &str) -> String {
 /// Unmount everything at or under a member's directory (stacked mounts too), then remove
 /// what is left without crossing a mount point. Errors when a mount would not go.
 pub fn release(dir: &Path) -> io::Result<()> {
+    // mountinfo has resolved paths: so must the comparison (a state dir behind a symlink
+    // would otherwise find no mount, and the removal below would meet a workspace).
+    let dir = match std::fs::canonicalize(dir) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let dir = dir.as_path();
     for _ in 0..8 {
         let mounts = mounts_under(dir)?;
         if mounts.is_empty() {
@@ -212,22 +244,24 @@ pub fn release(dir: &Path) -> io::Result<()> {
     if !mounts_under(dir)?.is_empty() {
         return Err(io::Error::other(format!("{} still has mounts", dir.display())));
     }
+    let mounts = mount_points()?;
     match std::fs::symlink_metadata(dir) {
-        Ok(meta) => remove_same_device(dir, meta.dev()),
+        Ok(meta) => remove_unmounted(dir, meta.dev(), &mounts),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     }
 }
 
-/// Remove a tree, never following a symlink and never entering another filesystem.
-fn remove_same_device(path: &Path, dev: u64) -> io::Result<()> {
+/// Remove a tree, never following a symlink, never entering another filesystem nor any mount
+/// point (a bind from the same filesystem has the same device: the mount table says).
+fn remove_unmounted(path: &Path, dev: u64, mounts: &std::collections::HashSet<PathBuf>) -> io::Result<()> {
     let meta = std::fs::symlink_metadata(path)?;
-    if meta.dev() != dev {
-        return Err(io::Error::other(format!("{} is on another filesystem", path.display())));
+    if meta.dev() != dev || mounts.contains(path) {
+        return Err(io::Error::other(format!("{} is a mount point", path.display())));
     }
     if meta.is_dir() {
         for entry in std::fs::read_dir(path)? {
-            remove_same_device(&entry?.path(), dev)?;
+            remove_unmounted(&entry?.path(), dev, mounts)?;
         }
         std::fs::remove_dir(path)
     } else {
@@ -244,6 +278,47 @@ mod tests {
         assert_eq!(unescape(r"/a\040b\011c\134d"), "/a b\tc\\d");
         assert_eq!(unescape(r"/plain"), "/plain");
         assert_eq!(unescape(r"/end\04"), r"/end\04");
+    }
+
+    /// The workspace bound into a member is unmounted, never emptied, even when the state
+    /// dir is reached through a symlink (mountinfo has resolved paths). Needs root, as the
+    /// suite runs.
+    #[test]
+    fn release_unmounts_a_bound_workspace_and_never_empties_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, tmp.path().join("link")).unwrap();
+        let workspace = tmp.path().join("workspace");
+        std::fs::create_dir(&workspace).unwrap();
+        std::fs::write(workspace.join("precious"), "keep me").unwrap();
+        let member = tmp.path().join("link/late/member");
+        let layout = Layout {
+            places: vec![Place {
+                target: "/work".into(),
+                read_only: false,
+                file: false,
+            }],
+            static_assets: true,
+        };
+        prepare(&member, &layout).expect("prepare (the suite runs as root)");
+        bind_place(&member, 0, &workspace, false).unwrap();
+        bind_asset(&member, "data/f", &workspace.join("precious")).unwrap();
+        assert_eq!(std::fs::read_to_string(member.join("m0/precious")).unwrap(), "keep me");
+        assert_eq!(
+            std::fs::read_to_string(member.join("static/data/f")).unwrap(),
+            "keep me"
+        );
+        // The asset is read-only where it was bound.
+        assert!(std::fs::write(member.join("static/data/f"), "x").is_err());
+        release(&member).unwrap();
+        assert!(!member.exists());
+        assert_eq!(std::fs::read_to_string(workspace.join("precious")).unwrap(), "keep me");
+        let canonical = std::fs::canonicalize(tmp.path()).unwrap();
+        assert!(mounts_under(&canonical.join("real/late/member")).unwrap().is_empty());
+        // The private base stays a mount point; unmount it so the temp dir can go.
+        let base = canonical.join("real/late");
+        let _ = nix::mount::umount2(&base, MntFlags::MNT_DETACH);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use super::{Context, ServiceError, jobs, pools};
 use crate::job::store::DB_FILE;
 use crate::owner::owner_alive;
 use crate::runtime::containerd::Engine;
-use crate::runtime::containerd::pool::{CLAIMED_PREFIX, KIND_POOL, KIND_RETIRED, LABEL_POOL};
+use crate::runtime::containerd::pool::{CLAIMED_PREFIX, KIND_POOL, KIND_RETIRED, LABEL_POOL, LABEL_POOL_KEY};
 use crate::runtime::containerd::{
     LABEL_ATTEMPT, LABEL_JOB, LABEL_KIND, LABEL_MANAGED, LABEL_OWNER, LABEL_STATE_DIR, RUN_DIR_OWNER,
 };
@@ -69,13 +69,27 @@ pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceEr
     for c in client.containers(vec![managed.clone()]).await? {
         let kind = c.labels.get(LABEL_KIND).map(String::as_str);
         if kind == Some(KIND_POOL) || kind == Some(KIND_RETIRED) {
-            if kind == Some(KIND_POOL) && member_kept(ctx, &engine, &c.id, &c.labels, &ours) {
+            // Another state dir's members hold late binds under that dir: its runners (or a
+            // gc there) remove them, unless that dir is gone.
+            let theirs = c.labels.get(LABEL_STATE_DIR).map(PathBuf::from).filter(|d| *d != ours);
+            if theirs.is_some_and(|d| d.exists()) {
                 continue;
             }
-            if let Err(e) = engine.teardown(&c.id).await {
-                tracing::warn!(container = c.id, error = %e, "gc could not remove a pool member completely");
+            let removed = if kind == Some(KIND_RETIRED) {
+                engine.teardown(&c.id).await.map(|()| true)
+            } else if member_kept(ctx, &engine, &c.id, &c.labels, &ours) {
+                continue;
+            } else if engine.member_ready(&c.id) {
+                // Claimed first, so a claimant racing this sees it gone, never killed under it.
+                engine.retire_member(&c.id).await
+            } else {
+                engine.teardown(&c.id).await.map(|()| true)
+            };
+            match removed {
+                Ok(true) => report.containers.push(c.id),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(container = c.id, error = %e, "gc could not remove a pool member completely"),
             }
-            report.containers.push(c.id);
             continue;
         }
         if !dead(&c.labels) {
@@ -122,7 +136,7 @@ pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceEr
             report.snapshots.push(s.name);
         }
     }
-    for l in client.leases(vec![managed]).await? {
+    for l in client.leases(vec![managed.clone()]).await? {
         if dead(&l.labels) {
             client.lease_delete(&l.id).await?;
             report.leases.push(l.id);
@@ -131,9 +145,22 @@ pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceEr
     report.run_dirs = {
         let run_dir = ctx.config.run_dir();
         let late_dir = engine.late_dir("x").parent().map(std::path::Path::to_path_buf);
+        // Owners first, containers after: a directory whose maker was already gone cannot get
+        // a container later (a pool filler exits right after making its member, which the
+        // first listing may have missed).
+        let ownerless = {
+            let (run_dir, late_dir) = (run_dir.clone(), late_dir.clone());
+            Context::blocking(move || Ok(ownerless_dirs(&run_dir, late_dir.as_deref()))).await?
+        };
+        let live: HashSet<String> = client
+            .containers(vec![managed.clone()])
+            .await?
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
         Context::blocking(move || {
-            let mut removed = late_dirs(late_dir.as_deref(), &run_dir, &live);
-            removed.extend(remove_run_dirs(&run_dir, &live));
+            let mut removed = late_dirs(late_dir.as_deref(), &run_dir, &live, &ownerless);
+            removed.extend(remove_run_dirs(&run_dir, &live, &ownerless));
             Ok(removed)
         })
         .await?
@@ -163,7 +190,7 @@ fn member_kept(ctx: &Context, engine: &Engine, id: &str, labels: &HashMap<String
     let run = ctx.config.run_dir().join(id);
     if engine.member_ready(id) {
         let pool = labels.get(LABEL_POOL).cloned().unwrap_or_default();
-        return pools::read_def(ctx, &pool).is_ok();
+        return pools::read_def(ctx, &pool).is_ok_and(|def| labels.get(LABEL_POOL_KEY) == Some(&def.key));
     }
     let claimant = std::fs::read_dir(&run).ok().and_then(|entries| {
         entries.flatten().find_map(|e| {
@@ -179,14 +206,46 @@ fn member_kept(ctx: &Context, engine: &Engine, id: &str, labels: &HashMap<String
 
 /// Release the late binds of containers that are gone (a claimant died between its claim and
 /// its teardown): unmounted before their run directories go, never emptied.
-fn late_dirs(late_dir: Option<&Path>, run_dir: &Path, live: &HashSet<String>) -> Vec<String> {
+/// Names of run and late directories whose maker is gone (or unmarked and old).
+fn ownerless_dirs(run_dir: &Path, late_dir: Option<&Path>) -> HashSet<String> {
+    let names = |dir: Option<&Path>| -> Vec<String> {
+        dir.and_then(|d| std::fs::read_dir(d).ok())
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut all = names(Some(run_dir));
+    all.extend(names(late_dir));
+    all.into_iter()
+        .filter(|name| {
+            let dir = run_dir.join(name);
+            match std::fs::read_to_string(dir.join(RUN_DIR_OWNER)) {
+                Ok(owner) => !owner_alive(owner.trim()),
+                Err(_) => std::fs::metadata(&dir)
+                    .and_then(|m| m.modified())
+                    .map_or(true, |t| t.elapsed().is_ok_and(|age| age > UNMARKED_RUN_DIR_AGE)),
+            }
+        })
+        .collect()
+}
+
+fn late_dirs(
+    late_dir: Option<&Path>,
+    run_dir: &Path,
+    live: &HashSet<String>,
+    ownerless: &HashSet<String>,
+) -> Vec<String> {
     let Some(entries) = late_dir.and_then(|d| std::fs::read_dir(d).ok()) else {
         return Vec::new();
     };
     let mut released = Vec::new();
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
-        if live.contains(&name) || name.starts_with(".stage-") {
+        if live.contains(&name) || name.starts_with(".stage-") || !ownerless.contains(&name) {
             continue;
         }
         let abandoned = std::fs::read_to_string(run_dir.join(&name).join(RUN_DIR_OWNER))
@@ -205,14 +264,14 @@ fn late_dirs(late_dir: Option<&Path>, run_dir: &Path, live: &HashSet<String>) ->
 /// Remove the run directories of containers that do not exist and whose owner is gone: a
 /// directory is filled before its container is created, so only an abandoned one is a
 /// leftover.
-fn remove_run_dirs(run_dir: &std::path::Path, live: &HashSet<String>) -> Vec<String> {
+fn remove_run_dirs(run_dir: &std::path::Path, live: &HashSet<String>, ownerless: &HashSet<String>) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(run_dir) else {
         return Vec::new();
     };
     let mut removed = Vec::new();
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
-        if live.contains(&name) {
+        if live.contains(&name) || !ownerless.contains(&name) {
             continue;
         }
         let abandoned = match std::fs::read_to_string(e.path().join(RUN_DIR_OWNER)) {

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::{Context, ServiceError};
 use crate::manifest::{self, Backend};
 use crate::runtime::containerd::Engine;
-use crate::runtime::containerd::pool::LABEL_POOL;
+use crate::runtime::containerd::pool::{LABEL_POOL, LABEL_POOL_KEY};
 use crate::runtime::{ClaimHook, RuntimeOptions};
 use crate::spec::{self, RunPlan};
 
@@ -111,16 +111,10 @@ pub fn with_pools(ctx: &Context, mut options: RuntimeOptions) -> RuntimeOptions 
         // job's engine names them too (one-shot containers never mount them).
         options.tools = super::sessions::tools();
         let ctx = ctx.clone();
+        // Started before the hook returns: a CLI may exit right after its job.
         options.on_claim = Some(ClaimHook(std::sync::Arc::new(move |pool: &str| {
-            // fork+exec of the filler off the caller's path (a session's answer waits on it).
-            let (ctx, pool) = (ctx.clone(), pool.to_string());
-            let started = std::thread::Builder::new().name("start-filler".into()).spawn(move || {
-                if let Err(e) = spawn_filler(&ctx, &pool) {
-                    tracing::warn!(pool, error = %e, "could not start refilling the pool");
-                }
-            });
-            if let Err(e) = started {
-                tracing::warn!(error = %e, "could not start refilling the pool");
+            if let Err(e) = spawn_filler(&ctx, pool) {
+                tracing::warn!(pool, error = %e, "could not start refilling the pool");
             }
         })));
     }
@@ -290,6 +284,12 @@ pub async fn create(
     };
     let placeholder = tempfile::tempdir().map_err(|e| ServiceError::internal("a placeholder directory", e))?;
     let plan = template(ctx, &def, placeholder.path())?;
+    if let Some(why) = crate::runtime::containerd::pool::unpoolable(&plan) {
+        return Err(ServiceError::field(
+            "environment",
+            format!("Environment {environment:?} cannot have a warm pool: {why} (a late mount would hide it)"),
+        ));
+    }
     let engine = member_engine(ctx).await?;
     def.key = engine.pool_key(&plan).await?.0;
     std::fs::create_dir_all(pools_dir(ctx)).map_err(|e| ServiceError::internal("creating the pools directory", e))?;
@@ -399,11 +399,14 @@ pub async fn fill(ctx: &Context, name: &str) -> Result<FillReport, ServiceError>
     // Read again under the lock: the pool may have been removed or resized meanwhile.
     let def = read_def(ctx, name)?;
     let mut ready = 0usize;
-    for c in engine.members(Some(&def.key)).await? {
+    for c in engine.members(None).await? {
         if c.labels.get(LABEL_POOL) != Some(&def.name) || !engine.member_ready(&c.id) {
             continue;
         }
-        if engine.member_alive(&c.id).await {
+        // Kept: alive, made for what the pool is now (its Environment or image may have
+        // changed since), and within its size.
+        let current = c.labels.get(LABEL_POOL_KEY) == Some(&def.key);
+        if current && ready < def.size as usize && engine.member_alive(&c.id).await {
             ready += 1;
         } else if engine.retire_member(&c.id).await? {
             report.removed.push(c.id);
@@ -453,7 +456,10 @@ pub async fn list(ctx: &Context) -> Result<Vec<PoolStatus>, ServiceError> {
     let mut out = Vec::new();
     for def in defs {
         let (mut ready, mut broken) = (0, 0);
-        for c in members.iter().filter(|c| c.labels.get(LABEL_POOL) == Some(&def.name)) {
+        for c in members
+            .iter()
+            .filter(|c| c.labels.get(LABEL_POOL) == Some(&def.name) && c.labels.get(LABEL_POOL_KEY) == Some(&def.key))
+        {
             if !engine.member_ready(&c.id) {
                 continue;
             }

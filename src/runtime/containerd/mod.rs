@@ -242,9 +242,12 @@ impl Engine {
             .ok_or_else(|| RuntimeError::Refused("spec without process".into()))?;
         let spec_json =
             serde_json::to_vec(&built).map_err(|e| RuntimeError::Refused(format!("encoding the spec: {e}")))?;
-        let mut labels = self.labels(&plan, kind);
+        let labels = self.labels(&plan, kind);
+        // A member's container belongs to its pool; its lease and snapshot stay this
+        // process's while it makes them (gc must not take them from a filler at work).
+        let mut container_labels = labels.clone();
         if let Some(shape) = shape {
-            labels.extend([
+            container_labels.extend([
                 (LABEL_OWNER.to_string(), pool::POOL_OWNER.to_string()),
                 (pool::LABEL_POOL.to_string(), shape.pool.clone()),
                 (pool::LABEL_POOL_KEY.to_string(), shape.key.clone()),
@@ -273,7 +276,7 @@ impl Engine {
                 .snapshot_prepare(&lease, &id, &image.top_chain, labels.clone())
                 .await?;
             self.client
-                .container_create(&lease, &id, &image.name, spec_json, labels.clone())
+                .container_create(&lease, &id, &image.name, spec_json, container_labels)
                 .await?;
             Ok::<_, CtdError>(mounts)
         }
@@ -578,8 +581,10 @@ impl Engine {
         if self.options.use_pools && self.options.exec_via_agent {
             match self.claim(plan, "live").await {
                 Ok(Some(member)) => {
-                    if let Some(hook) = &self.options.on_claim {
-                        (hook.0)(&member.pool);
+                    // Off the session's path (the hook starts a process).
+                    if let Some(hook) = self.options.on_claim.clone() {
+                        let pool = member.pool.clone();
+                        tokio::task::spawn_blocking(move || (hook.0)(&pool));
                     }
                     return self.live_from_member(member, plan).await;
                 }

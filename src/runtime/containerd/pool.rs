@@ -117,6 +117,39 @@ pub fn layout_of(plan: &RunPlan) -> Layout {
     }
 }
 
+/// Why a plan cannot run in a pool member, if it cannot. A late mount lands on the *root* of
+/// the member's mount at its place and would hide a place mounted under it, so no place may
+/// lie under another; and an asset is mounted on the host under the static root, where a
+/// path through another asset (the job author's directory, maybe with symlinks) must never
+/// be resolved, so no asset may lie under another.
+pub fn unpoolable(plan: &RunPlan) -> Option<String> {
+    let under = |a: &str, b: &str| a == b || a.starts_with(&format!("{}/", b.trim_end_matches('/')));
+    let layout = layout_of(plan);
+    for p in &layout.places {
+        if let Some(q) = layout
+            .places
+            .iter()
+            .find(|q| q.target != p.target && under(&p.target, &q.target))
+        {
+            return Some(format!("{} lies under {}", p.target, q.target));
+        }
+        if layout.static_assets && (under(spec::STATIC_ROOT, &p.target) || under(&p.target, spec::STATIC_ROOT)) {
+            return Some(format!("{} and the static assets overlap", p.target));
+        }
+    }
+    for (i, a) in plan.assets.iter().enumerate() {
+        if let Some(b) = plan
+            .assets
+            .iter()
+            .enumerate()
+            .find(|(j, b)| *j != i && under(&a.target, &b.target))
+        {
+            return Some(format!("asset {} lies under asset {}", a.target, b.1.target));
+        }
+    }
+    None
+}
+
 /// Bend a spec built from `member_plan` into a member's: binds come from the places in
 /// `late_dir`, propagating from the host (`rslave`, root included), and a neutral hostname.
 fn bend(spec: &mut Spec, layout: &Layout, late_dir: &Path) -> Result<(), RuntimeError> {
@@ -355,6 +388,10 @@ impl Engine {
         if plan.env().image.is_none() {
             return Ok(None);
         }
+        if let Some(why) = unpoolable(plan) {
+            tracing::debug!(why, "the job cannot run in a pool member");
+            return Ok(None);
+        }
         let t0 = Instant::now();
         let (key, layout) = self.pool_key(plan).await?;
         let mut candidates = self.members(Some(&key)).await?;
@@ -377,6 +414,9 @@ impl Engine {
                 _ => {
                     tracing::warn!(member = c.id, "a pool member was not running; removing it");
                     let _ = self.teardown(&c.id).await;
+                    if let (Some(hook), Some(pool)) = (&self.options.on_claim, c.labels.get(LABEL_POOL)) {
+                        (hook.0)(pool);
+                    }
                     continue;
                 }
             };
@@ -496,6 +536,10 @@ impl Engine {
             }
         }
         let teardown = self.teardown(&member.id).await;
+        // The pool is one member short whatever happened.
+        if let Some(hook) = &self.options.on_claim {
+            (hook.0)(&member.pool);
+        }
         let result = result?;
         teardown?;
         Ok(result)
@@ -545,10 +589,14 @@ impl Engine {
             () = cancel.cancelled() => (None, false, true),
         };
         let status = if timed_out || interrupted {
-            self.stop_member(member, &req.dir_fd).await;
-            tokio::time::timeout(self.options.kill_grace, &mut done)
-                .await
-                .unwrap_or_default()
+            // After a SIGKILL to all the agent is dead too: `done` ends at once, without a status.
+            let killed = self.stop_member(member, &req.dir_fd).await;
+            let wait = if killed {
+                Duration::from_millis(200)
+            } else {
+                self.options.kill_grace
+            };
+            tokio::time::timeout(wait, &mut done).await.unwrap_or_default()
         } else {
             status
         };
@@ -572,7 +620,7 @@ impl Engine {
     /// A timeout or an interrupt: SIGTERM to every process of the member but its agent,
     /// and to the command's main process only when it handles SIGTERM (a cold container's
     /// init, PID 1, ignores signals it has no handler for), then SIGKILL after the grace.
-    async fn stop_member(&self, member: &Member, request: &std::os::fd::OwnedFd) {
+    async fn stop_member(&self, member: &Member, request: &std::os::fd::OwnedFd) -> bool {
         let main = agent::container_pid(request).and_then(|ns| agent::host_pid(member.init_pid, ns));
         let spare_main = main.is_some_and(|pid| !catches(pid, Signal::SIGTERM));
         for pid in cgroupfs::procs(&member.cgroup) {
@@ -586,11 +634,12 @@ impl Engine {
         // The main process's end is what the grace waits for; the caller reads its status.
         while waited.elapsed() < grace {
             if main.is_none_or(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err()) {
-                return;
+                return false;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let _ = self.client.task_kill(&member.id, "", SIGKILL, true).await;
+        true
     }
 
     /// A live container (a session's sandbox) on a claimed member: setup runs first through
