@@ -594,17 +594,6 @@ impl Drop for RemovePool {
         if self.0.join("pools").join(format!("{}.json", self.1)).exists() {
             runner_ctd(&["pool", "rm", self.1], &self.0);
         }
-        unmount_late_base(&self.0);
-    }
-}
-
-/// A state dir's `late` directory is a private bind mount of itself (made with the first
-/// member, kept): a test's temporary state dir unmounts it so the directory can go.
-fn unmount_late_base(state: &Path) {
-    let late = state.join("late");
-    let empty = std::fs::read_dir(&late).map_or(true, |mut d| d.next().is_none());
-    if empty {
-        let _ = nix::mount::umount2(&late, nix::mount::MntFlags::MNT_DETACH);
     }
 }
 
@@ -745,7 +734,6 @@ fn pools_survive_a_containerd_restart_and_broken_members_are_replaced() {
         run(&["pool", "rm", "bb"]);
         run(&["gc"]);
         run(&["daemon", "stop"]);
-        unmount_late_base(&state);
     });
     let socket = String::from_utf8_lossy(&run(&["daemon", "status"]).stdout)
         .trim()

@@ -1011,7 +1011,4 @@ fn sessions_start_from_the_warm_pool_serve_keeps() {
     );
     let out = runner_ctd(&["pool", "rm", "pooled-bb"], &s.state);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    // The state dir's `late` is a private bind mount of itself, kept: unmounted for the
-    // temporary directory to go.
-    let _ = nix::mount::umount2(&s.state.join("late"), nix::mount::MntFlags::MNT_DETACH);
 }
