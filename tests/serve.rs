@@ -14,6 +14,12 @@ use common::*;
 
 const TOKEN: &str = "test-token-0123456789abcdef-serve";
 
+/// Held by the resident-shell test and the warm-pool test so they never overlap. With the
+/// pool's container creation beside it, the resident shell's SIGTERM step sometimes lost its
+/// shell (the shell died after answering); the cause is not found yet (see the stop note of
+/// the warm-pool session). Every other test runs beside both.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 struct Server {
     child: Child,
     url: String,
@@ -763,6 +769,7 @@ fn a_session_takes_a_whole_environment_document() {
 #[test]
 #[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
 fn the_resident_shell_keeps_state_frames_output_and_survives_timeouts() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = server();
     for (image, bash) in [("local/python:3.11", true), ("local/busybox:latest", false)] {
         let id = session(&s, &format!(r#"{{"image": "{image}"}}"#));
@@ -948,6 +955,7 @@ fn swerex_bash_sessions_in_a_sandbox_are_resident_shells() {
 #[test]
 #[ignore = "needs a private containerd: run scripts/test.sh"]
 fn sessions_start_from_the_warm_pool_serve_keeps() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let envs = dir.path().join("envs");
     std::fs::create_dir_all(&envs).unwrap();
