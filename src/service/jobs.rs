@@ -3,7 +3,6 @@
 //! runs on the blocking pool.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime};
@@ -415,29 +414,9 @@ async fn spawn_supervisor(ctx: &Context, store: &SharedStore, name: &str, adopt:
         if adopt {
             cmd.arg("--adopt");
         }
-        // SAFETY: setsid is async-signal-safe; the child only calls it before exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| ServiceError::internal("starting the supervisor", e))?;
-        let pid = child.id();
-        // It outlives a CLI on purpose (init reaps it then). A long-lived server reaps it
-        // itself: a zombie would pile up, and would look like a live supervisor (same PID and
-        // start time) so its job would never be re-adopted.
-        std::thread::Builder::new()
-            .name(format!("reap-{pid}"))
-            .spawn(move || {
-                let _ = child.wait();
-            })
-            .map_err(|e| ServiceError::internal("starting the supervisor's reaper", e))?;
-        Ok(pid)
+        // Reaped by this process when it lives on: a zombie would look like a live
+        // supervisor (same PID and start time), so its job would never be re-adopted.
+        super::spawn_detached(cmd, "supervisor")
     })
     .await?;
     if let Some(start) = process_start_time(pid) {

@@ -181,6 +181,33 @@ impl From<ConfinedError> for ServiceError {
     }
 }
 
+/// Start a `runner` process that outlives its caller: in a session of its own, reaped by a
+/// thread of the caller (a long-lived server would otherwise pile up zombies; a CLI exits
+/// first and init reaps it). `what` names it in errors. Its PID.
+pub fn spawn_detached(mut cmd: std::process::Command, what: &str) -> Result<u32, ServiceError> {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setsid is async-signal-safe; the child only calls it before exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| ServiceError::internal(format!("starting the {what}"), e))?;
+    let pid = child.id();
+    std::thread::Builder::new()
+        .name(format!("reap-{pid}"))
+        .spawn(move || {
+            let _ = child.wait();
+        })
+        .map_err(|e| ServiceError::internal(format!("starting the {what}'s reaper"), e))?;
+    Ok(pid)
+}
+
 /// Whether a call that needs containerd may start runner's private one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Connect {

@@ -123,7 +123,6 @@ pub fn with_pools(ctx: &Context, mut options: RuntimeOptions) -> RuntimeOptions 
 
 /// Start `runner pool fill NAME` in the background, in a session of its own.
 fn spawn_filler(ctx: &Context, pool: &str) -> Result<(), ServiceError> {
-    use std::os::unix::process::CommandExt;
     let config = &ctx.config;
     let exe = config
         .runner_exe()
@@ -154,25 +153,7 @@ fn spawn_filler(ctx: &Context, pool: &str) -> Result<(), ServiceError> {
     if let Some(exe) = &config.runner_exe {
         cmd.arg("--runner-exe").arg(exe);
     }
-    // SAFETY: setsid is async-signal-safe; the child only calls it before exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| ServiceError::internal("starting the pool filler", e))?;
-    // A CLI exits before it (init reaps it then); a server reaps it here.
-    std::thread::Builder::new()
-        .name("reap-filler".into())
-        .spawn(move || {
-            let _ = child.wait();
-        })
-        .map_err(|e| ServiceError::internal("starting the filler's reaper", e))?;
+    super::spawn_detached(cmd, "pool filler")?;
     Ok(())
 }
 
