@@ -59,8 +59,21 @@ async fn main() {
     };
     let engine = Engine::new(client, &state, host.clone(), options);
     let dir = tempfile::tempdir().unwrap();
+    // BENCH_HOST_USERS=1: no user namespace (the default gives each container its own);
+    // BENCH_WORKSPACE=1: the job has a workspace (idmapped in a user namespace).
+    let host_users = if std::env::var_os("BENCH_HOST_USERS").is_some() {
+        "  hostUsers: true\n"
+    } else {
+        ""
+    };
+    let workspace = if std::env::var_os("BENCH_WORKSPACE").is_some() {
+        std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+        "  workspace: ./ws\n"
+    } else {
+        ""
+    };
     let yaml = format!(
-        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: bb}}\nspec:\n  image: {image}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: bench}}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"true\"]\n"
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: bb}}\nspec:\n  image: {image}\n{host_users}---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: bench}}\nspec:\n  environment: bb\n{workspace}  command: [\"sh\", \"-c\", \"true\"]\n"
     );
     let set = manifest::parse_str(&yaml, dir.path(), None).unwrap();
     let bound = set.bind(&set.jobs[0], None).unwrap();

@@ -109,6 +109,17 @@ p_med=$(printf '%s\n' "${p[@]}" | median)
 c2_med=$(printf '%s\n' "${c2[@]}" | median)
 echo "pooled     runner apply from a warm pool: ${p_med} ms   ctr run --rm: ${c2_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $p_med/$c2_med}")  (median of $runs)"
 echo "floor      lifecycle alone (library): ${l_med} ms = $(awk "BEGIN{printf \"%.2f\", $l_med/$c_med}")x ctr run --rm;  ctr version: ${v_med} ms"
+# What a user namespace costs per job (a range lease, idmapped layers and workspace view, the
+# overlay mounted by runner): the library lifecycle with a workspace, with and without
+# `hostUsers: true`, in alternating passes so drift hits both.
+u=(); h=()
+for pass in 1 2 3; do
+  u+=("$(BENCH_WORKSPACE=1 "$bench" oneshot "$runs" | sed -n 's/.*"oneshot_ms_median": \([0-9.]*\).*/\1/p')")
+  h+=("$(BENCH_WORKSPACE=1 BENCH_HOST_USERS=1 "$bench" oneshot "$runs" | sed -n 's/.*"oneshot_ms_median": \([0-9.]*\).*/\1/p')")
+done
+u_med=$(printf '%s\n' "${u[@]}" | sort -n | sed -n 2p)
+h_med=$(printf '%s\n' "${h[@]}" | sort -n | sed -n 2p)
+echo "userns     lifecycle with a workspace, own user namespace: ${u_med} ms   hostUsers: true: ${h_med} ms   cost $(awk "BEGIN{printf \"%+.1f\", $u_med-$h_med}") ms  (median of 3 passes of $runs)"
 
 ctr_ run -d local/busybox:latest anchor sh -c 'sleep 100000' >/dev/null
 e=()

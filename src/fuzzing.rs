@@ -67,7 +67,7 @@ pub fn check(data: &[u8], base: &Path) -> Outcome {
         }
         match spec::build(&plan, host()) {
             Ok(built) => {
-                let violations = spec::hardening::violations(&built);
+                let violations = spec::hardening::violations(&built, plan.env().host_users);
                 assert!(
                     violations.is_empty(),
                     "accepted manifest built an unhardened spec: {violations:?}\ninput: {text:?}"

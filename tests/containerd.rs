@@ -346,7 +346,7 @@ async fn network_none_has_only_loopback_and_host_shares_the_host() {
     let ifaces = r#"["sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort"]"#;
     let r = oneshot(dir.path(), "", "", ifaces).await;
     assert_eq!(r.stdout, "lo\n");
-    let r = oneshot(dir.path(), "  network: host\n", "", ifaces).await;
+    let r = oneshot(dir.path(), "  network: host\n  hostUsers: true\n", "", ifaces).await;
     let host_ifaces = std::fs::read_to_string("/proc/net/dev").unwrap();
     let mut expected: Vec<&str> = host_ifaces
         .lines()
@@ -363,19 +363,24 @@ async fn network_none_has_only_loopback_and_host_shares_the_host() {
 async fn user_is_honoured_and_owns_workspace_files() {
     let dir = tempfile::tempdir().unwrap();
     open_workspace(dir.path());
+    // The workspace belongs to a user of the host: the job (1000 in its user namespace) sees
+    // it as its own, and what it writes there is stored as that user's, never a range id.
+    std::os::unix::fs::chown(dir.path().join("ws"), Some(2001), Some(2002)).unwrap();
     let r = oneshot(
         dir.path(),
         "  user: \"1000:1000\"\n",
         "",
-        r#"["sh", "-c", "id -u; id -g; touch /workspace/by-1000"]"#,
+        r#"["sh", "-c", "id -u; id -g; stat -c %u:%g /workspace; touch /workspace/by-1000"]"#,
     )
     .await;
-    assert_eq!(r.stdout, "1000\n1000\n", "{}", r.stderr);
+    assert_eq!(r.stdout, "1000\n1000\n1000:1000\n", "{}", r.stderr);
     let meta = std::fs::metadata(dir.path().join("ws/by-1000")).unwrap();
-    assert_eq!((meta.uid(), meta.gid()), (1000, 1000));
+    assert_eq!((meta.uid(), meta.gid()), (2001, 2002));
     // user: host = HUID/HGID (the human behind sudo), else the runner's own ids.
     let d2 = dir.path().join("host");
     open_workspace(&d2);
+    // The human owns their workspace; the job, running as them, writes as them.
+    std::os::unix::fs::chown(d2.join("ws"), Some(4321), Some(4322)).unwrap();
     let mut p = plan(
         &d2,
         "  user: host\n",
@@ -446,6 +451,218 @@ async fn twenty_concurrent_jobs_leave_nothing_behind() {
         h.await.unwrap();
     }
     assert_eq!(leftovers(&client().await, "concurrent").await, 0);
+    assert_eq!(ranges_held(&dir.path().join("state")), Vec::<u32>::new());
+}
+
+/// The user-namespace ranges (host bases) a state dir's containers hold.
+fn ranges_held(state: &Path) -> Vec<u32> {
+    let state = std::fs::canonicalize(state).unwrap_or_else(|_| state.to_path_buf());
+    runner::runtime::idmap::Leases::default()
+        .held(&state)
+        .unwrap()
+        .into_iter()
+        .map(|l| l.host_base)
+        .collect()
+}
+
+/// The first line of a `/proc/<pid>/uid_map` as (inside, outside, count).
+fn first_map(text: &str) -> (u32, u32, u32) {
+    let n: Vec<u32> = text
+        .split_whitespace()
+        .take(3)
+        .map(|t| t.parse().unwrap_or_else(|_| panic!("{text:?}")))
+        .collect();
+    (n[0], n[1], n[2])
+}
+
+async fn uid_map_of(live: &ctd::LiveContainer) -> (u32, u32, u32) {
+    let r = live
+        .execute(ExecRequest {
+            argv: vec!["cat".into(), "/proc/self/uid_map".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    first_map(&r.stdout)
+}
+
+/// PIDs in a container's cgroup (v1 pids hierarchy or v2).
+fn container_pids(engine: &Engine, id: &str) -> Vec<u32> {
+    let rel = format!("{}/{id}", engine.cgroup_parent());
+    for root in ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"] {
+        if let Ok(text) = std::fs::read_to_string(format!("{root}{rel}/cgroup.procs")) {
+            return text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        }
+    }
+    panic!("no cgroup for {id}")
+}
+
+/// Real, effective, saved and filesystem uids of a host process.
+fn host_uids(pid: u32) -> Vec<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    line.split_whitespace().skip(1).map(|t| t.parse().unwrap()).collect()
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn root_in_the_sandbox_is_a_range_of_its_own_on_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    // A file only the host's root may read, bound in: root in the sandbox is not that root.
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "s3cret").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let r = oneshot(
+        dir.path(),
+        &format!("  mounts: [{{source: {}, target: /secret}}]\n", secret.display()),
+        "",
+        r#"["sh", "-c", "cat /proc/self/uid_map; id -u; cat /secret || echo refused; echo x > /dev/null && head -c 3 /dev/zero | wc -c; ls /proc/self/ns/user && touch /rootfs-write && echo rootfs-ok"]"#,
+    )
+    .await;
+    let mut lines = r.stdout.lines();
+    let (inside, base, count) = first_map(lines.next().unwrap());
+    assert_eq!((inside, count), (0, 65536), "{}", r.stdout);
+    assert!(base >= 1 << 30, "{base}");
+    assert_eq!(
+        lines.collect::<Vec<_>>(),
+        ["0", "refused", "3", "/proc/self/ns/user", "rootfs-ok"],
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("Permission denied"), "{}", r.stderr);
+
+    // Two live sandboxes: disjoint ranges, and their processes run as range ids on the host.
+    let state = dir.path().join("state");
+    let e = engine(&state).await;
+    let a = e
+        .spawn_live(&plan(&dir.path().join("a"), "", "", r#""true""#))
+        .await
+        .unwrap();
+    let b = e
+        .spawn_live(&plan(&dir.path().join("b"), "  user: \"1000:1000\"\n", "", r#""true""#))
+        .await
+        .unwrap();
+    let (_, base_a, _) = uid_map_of(&a).await;
+    let (_, base_b, _) = uid_map_of(&b).await;
+    assert!(base_a.abs_diff(base_b) >= 65536, "{base_a} {base_b}");
+    let mut held = ranges_held(&state);
+    held.sort();
+    let mut want = vec![base_a, base_b];
+    want.sort();
+    assert_eq!(held, want);
+    for (live, base, uid) in [(&a, base_a, 0), (&b, base_b, 1000)] {
+        let pids = container_pids(&e, live.id());
+        assert!(!pids.is_empty());
+        for pid in pids {
+            for host_uid in host_uids(pid) {
+                assert_eq!(host_uid, base + uid, "pid {pid}");
+            }
+        }
+    }
+    a.cleanup().await.unwrap();
+    b.cleanup().await.unwrap();
+    assert_eq!(ranges_held(&state), Vec::<u32>::new());
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn escape_probes_stay_refused_in_the_user_namespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = client().await;
+    PYTHON
+        .get_or_init(|| async {
+            runner::image::import(&c, &image_dir().join("python-oci.tar"), &Default::default())
+                .await
+                .expect("import python");
+        })
+        .await;
+    // Each probe prints its name and the errno it got (0: it worked). Raw system calls, so
+    // no library can hide a success.
+    let script = r#"
+import ctypes, errno, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def sc(name, nr, *args):
+    r = libc.syscall(nr, *args)
+    print(name, 0 if r >= 0 else ctypes.get_errno())
+sc("mount", 165, b"none", b"/mnt", b"tmpfs", 0, None)
+sc("unshare-user", 272, 0x10000000)
+sc("unshare-mount", 272, 0x00020000)
+sc("setns", 308, os.open("/proc/self/ns/mnt", os.O_RDONLY), 0)
+sc("keyctl", 250, 1, None)
+sc("bpf", 321, 0, None, 0)
+sc("perf_event_open", 298, None, 0, -1, -1, 0)
+sc("init_module", 175, None, 0, b"")
+sc("finit_module", 313, 0, b"", 0)
+sc("kexec_load", 246, 0, 0, None, 0)
+sc("open_by_handle_at", 304, 0, None, 0)
+sc("ptrace-attach-1", 101, 16, 1, 0, 0)
+for name, fam, typ in [("raw-inet", socket.AF_INET, socket.SOCK_RAW), ("packet", 17, socket.SOCK_RAW)]:
+    try:
+        socket.socket(fam, typ, 0 if fam != 17 else 0x0300).close(); print(name, 0)
+    except OSError as e:
+        print(name, e.errno)
+for path, data in [("/proc/sys/kernel/hostname", "x"), ("/proc/sysrq-trigger", "h"), ("/sys/kernel/uevent_helper", "x"), ("/proc/sys/vm/drop_caches", "3")]:
+    try:
+        with open(path, "w") as f: f.write(data)
+        print("write " + path, 0)
+    except OSError as e:
+        print("write " + path, e.errno)
+"#;
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    std::fs::write(dir.path().join("ws/probe.py"), script).unwrap();
+    let yaml = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: py}\nspec:\n  image: local/python:3.11\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: probes}\nspec:\n  environment: py\n  workspace: ./ws\n  command: [\"python3\", \"probe.py\"]\n";
+    let set = manifest::parse_str(yaml, dir.path(), None).unwrap();
+    let mut bound = set.bind(&set.jobs[0], None).unwrap();
+    bound.job.name = unique_name();
+    let p = spec::resolve(&bound, &host(&dir.path().join("state"))).unwrap();
+    let r = engine(&dir.path().join("state"))
+        .await
+        .run_oneshot(&p, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(r.exit_code, Some(0), "{}", r.stderr);
+    let results: Vec<(String, i32)> = r
+        .stdout
+        .lines()
+        .map(|l| {
+            let (name, code) = l.rsplit_once(' ').unwrap();
+            (name.to_string(), code.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(results.len(), 18, "{}", r.stdout);
+    for (name, code) in &results {
+        assert_ne!(*code, 0, "{name} worked inside the sandbox:\n{}", r.stdout);
+    }
+}
+
+static PYTHON: OnceCell<()> = OnceCell::const_new();
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn setuid_binaries_keep_their_bits_and_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = client().await;
+    PYTHON
+        .get_or_init(|| async {
+            runner::image::import(&c, &image_dir().join("python-oci.tar"), &Default::default())
+                .await
+                .expect("import python");
+        })
+        .await;
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    let yaml = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: py}\nspec:\n  image: local/python:3.11\n  user: \"1000:1000\"\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: suid}\nspec:\n  environment: py\n  workspace: ./ws\n  command: [\"sh\", \"-c\", \"stat -c %a:%u:%g /usr/bin/passwd; /usr/bin/passwd --help >/dev/null && echo ran\"]\n";
+    let set = manifest::parse_str(yaml, dir.path(), None).unwrap();
+    let mut bound = set.bind(&set.jobs[0], None).unwrap();
+    bound.job.name = unique_name();
+    let p = spec::resolve(&bound, &host(&dir.path().join("state"))).unwrap();
+    let r = engine(&dir.path().join("state"))
+        .await
+        .run_oneshot(&p, &CancellationToken::new())
+        .await
+        .unwrap();
+    // The image's root-owned setuid binary keeps its bits and owner through the mapping, and
+    // runs (noNewPrivileges keeps it from raising privileges, as in every container of ours).
+    assert_eq!(r.stdout, "4755:0:0\nran\n", "{}", r.stderr);
 }
 
 /// A foreground `runner apply` stopped by `signal` kills the job's whole tree, records it as
@@ -668,6 +885,7 @@ fn gc_readopts_its_own_orphaned_jobs_and_removes_what_no_store_owns() {
     // A job of another store that still exists: not ours to judge.
     let other = dir.path().join("other-state");
     orphan_a_job(dir.path(), &other, "foreign", 966);
+    // Nothing of a running container stays mounted under its state dir: it can be removed.
     std::fs::remove_dir_all(&gone).unwrap();
     // A live container of this (alive) test process must survive gc.
     let p = plan(&dir.path().join("live"), "", "", r#""true""#);
@@ -704,6 +922,10 @@ fn gc_readopts_its_own_orphaned_jobs_and_removes_what_no_store_owns() {
         .unwrap();
     assert_eq!(r.stdout, "still here\n");
     rt.block_on(live.cleanup()).unwrap();
+    // Every range is back: the gone store's by gc, the others' by their teardown.
+    for st in [&state, &gone, &other] {
+        assert_eq!(ranges_held(st), Vec::<u32>::new(), "{}", st.display());
+    }
 }
 
 #[tokio::test]

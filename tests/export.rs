@@ -233,7 +233,7 @@ fn what_kubernetes_cannot_express_is_refused_with_the_field_and_why() {
             "host bind mounts are not exported",
         ),
         (
-            "  network: host\n".into(),
+            "  network: host\n  hostUsers: true\n".into(),
             String::new(),
             vec![],
             "spec.network: cannot be exported to Kubernetes: hostNetwork",
@@ -306,7 +306,7 @@ fn environments_export_as_agent_sandboxes_on_request() {
             "spec.resources.pids: cannot be exported to Kubernetes",
         ),
         (
-            "  image: a:1\n  network: host\n",
+            "  image: a:1\n  network: host\n  hostUsers: true\n",
             "spec.network: cannot be exported to Kubernetes: hostNetwork",
         ),
         (

@@ -49,7 +49,7 @@ fn render(file: &Path) -> serde_json::Value {
         let value = match bound.backend {
             Backend::Containerd => {
                 let built = spec::build(&plan, &host).unwrap_or_else(|e| panic!("{e}"));
-                let violations = spec::hardening::violations(&built);
+                let violations = spec::hardening::violations(&built, plan.env().host_users);
                 assert!(violations.is_empty(), "{}: {violations:?}", file.display());
                 spec::to_json(&built).unwrap()
             }

@@ -293,6 +293,18 @@ fn cases() -> Vec<(&'static str, String, &'static str, &'static str)> {
             "leak",
         ),
         (
+            "an id outside the user namespace",
+            env_with("  user: \"70000:0\"\n"),
+            "6:9: Environment \"env\": spec.user",
+            "outside the container's user namespace",
+        ),
+        (
+            "network: host in a user namespace",
+            env_with("  network: host\n"),
+            "6:12: Environment \"env\": spec.network",
+            "needs hostUsers: true",
+        ),
+        (
             "host backend with none network",
             env_with("  backend: host\n  network: none\n"),
             "spec.network",

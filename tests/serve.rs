@@ -731,7 +731,32 @@ fn a_session_takes_a_whole_environment_document() {
         Some(r#"{"command": ["sh", "-c", "echo $FROM"]}"#),
     );
     assert_eq!(r["stdout"], "document\n");
+    // Sessions get a user namespace of their own by default, and none with hostUsers: true.
+    let uid_map = |id: &str| {
+        let r = ok_json(
+            "POST",
+            &format!("{}/v1/sessions/{id}/exec", s.url),
+            Some(r#"{"command": ["cat", "/proc/self/uid_map"]}"#),
+        );
+        let text = r["stdout"].as_str().unwrap().to_string();
+        text.split_whitespace()
+            .map(|t| t.parse::<u64>().unwrap())
+            .collect::<Vec<_>>()
+    };
+    let map = uid_map(&id);
+    assert!(map[0] == 0 && map[1] >= 1 << 30 && map[2] == 65536, "{map:?}");
     call("DELETE", &format!("{}/v1/sessions/{id}", s.url), Some(TOKEN), None);
+    let host_users = session(
+        &s,
+        r#"{"apiVersion": "runner/v1alpha1", "kind": "Environment", "metadata": {"name": "hu"}, "spec": {"image": "local/busybox:latest", "hostUsers": true}}"#,
+    );
+    assert_eq!(uid_map(&host_users), [0, 0, 4294967295]);
+    call(
+        "DELETE",
+        &format!("{}/v1/sessions/{host_users}", s.url),
+        Some(TOKEN),
+        None,
+    );
     for (bad, field) in [
         (
             r#"{"apiVersion": "runner/v1alpha1", "kind": "Job", "spec": {}}"#,

@@ -38,12 +38,13 @@ pub async fn run(config: &Config, verb: DaemonVerb) -> Result<i32, ServiceError>
 pub async fn gc(ctx: &Context) -> Result<i32, ServiceError> {
     let report = gc::collect(ctx, true).await?;
     println!(
-        "removed {} containers, {} snapshots, {} leases, {} run directories, {} cgroups",
+        "removed {} containers, {} snapshots, {} leases, {} run directories, {} cgroups, {} user-namespace ranges",
         report.containers.len(),
         report.snapshots.len(),
         report.leases.len(),
         report.run_dirs.len(),
-        report.cgroups.len()
+        report.cgroups.len(),
+        report.userns_ranges.len()
     );
     for c in &report.containers {
         println!("container/{c}");

@@ -134,6 +134,12 @@ pub enum ManifestErrorKind {
     UserSyntax { value: String },
     #[error("id {id} is above the limit {max} (CVE-2024-40635: larger ids overflow to root)", max = super::MAX_ID)]
     IdTooLarge { id: u64 },
+    #[error("id {id} is outside the container's user namespace (ids 0 to {}); set hostUsers: true to run without one", size - 1)]
+    IdOutsideUserns { id: u32, size: u64 },
+    #[error(
+        "network: host needs hostUsers: true (the host's network belongs to the host's users; a container in its own user namespace cannot use it)"
+    )]
+    HostNetworkNeedsHostUsers,
     #[error("{0:?} is not a valid environment variable name")]
     EnvName(String),
     #[error("environment variable {0} contains a NUL byte")]

@@ -167,6 +167,10 @@ impl Command {
     }
 }
 
+/// How many ids a container's user namespace maps (Kubernetes' per-pod range): the ids a job
+/// may run as unless its Environment sets `hostUsers: true`.
+pub const USERNS_IDS: u64 = 65_536;
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Environment {
     pub name: String,
@@ -177,6 +181,9 @@ pub struct Environment {
     pub user: Option<UserSpec>,
     pub env: BTreeMap<String, String>,
     pub include_host_env: bool,
+    /// `hostUsers: true`: no user namespace (container root is the host's root, with the
+    /// hardened capabilities). Default false: each container gets a range of its own.
+    pub host_users: bool,
     pub setup: Vec<String>,
     pub mounts: Vec<MountSpec>,
     /// `None` when the manifest does not say: the backend picks (containerd: none, host: host).
@@ -213,6 +220,7 @@ impl Environment {
 pub(crate) struct EnvOrigins {
     image: Option<Location>,
     include_host_env: Option<Location>,
+    host_users: Option<Location>,
     network: Option<Location>,
     /// `Some` when the manifest sets `resources.pids` (the default applies otherwise).
     pids: Option<Origin>,
@@ -410,6 +418,26 @@ pub fn bind(job: &Job, env: &Environment, backend: Option<Backend>) -> Result<Bo
                 "spec.includeHostEnv",
                 env.origins.include_host_env,
                 ManifestErrorKind::HostEnvInContainer,
+            ));
+        }
+        // The host's network namespace belongs to the host's user namespace: a container in
+        // its own cannot mount /sys for it (Kubernetes refuses hostNetwork without hostUsers
+        // too).
+        if network == NetworkMode::Host && !env.host_users {
+            return Err(env_err(
+                "spec.network",
+                env.origins.network,
+                ManifestErrorKind::HostNetworkNeedsHostUsers,
+            ));
+        }
+        if !env.host_users
+            && let Some(UserSpec::Ids { uid, gid }) = env.user
+            && let Some(id) = [uid, gid].into_iter().find(|&id| u64::from(id) >= USERNS_IDS)
+        {
+            return Err(env_err(
+                "spec.user",
+                env.origins.user,
+                ManifestErrorKind::IdOutsideUserns { id, size: USERNS_IDS },
             ));
         }
     }
@@ -987,6 +1015,7 @@ fn validate_environment(
         user,
         env: spec.env,
         include_host_env: spec.include_host_env.as_ref().is_some_and(|b| b.value),
+        host_users: spec.host_users.as_ref().is_some_and(|b| b.value),
         setup: spec.setup.map(|s| s.commands).unwrap_or_default(),
         mounts,
         network: spec.network.as_ref().map(|n| match n.value {
@@ -998,6 +1027,7 @@ fn validate_environment(
         origins: EnvOrigins {
             image: spec.image.as_ref().and_then(|i| at(&i.referenced)),
             include_host_env: spec.include_host_env.as_ref().and_then(|b| at(&b.referenced)),
+            host_users: spec.host_users.as_ref().and_then(|b| at(&b.referenced)),
             network: spec.network.as_ref().and_then(|n| at(&n.referenced)),
             pids: pids_origin,
             user: spec.user.as_ref().and_then(|u| at(&u.referenced)),

@@ -87,6 +87,7 @@ pub struct EnvironmentSpec {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     pub include_host_env: Option<Spanned<bool>>,
+    pub host_users: Option<Spanned<bool>>,
     pub setup: Option<Setup>,
     #[serde(default)]
     pub mounts: Vec<Mount>,

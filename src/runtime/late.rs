@@ -218,6 +218,26 @@ pub fn release(dir: &Path) -> io::Result<()> {
         Err(e) => return Err(e),
     };
     let dir = dir.as_path();
+    unmount_resolved(dir)?;
+    let mounts = mount_points()?;
+    match std::fs::symlink_metadata(dir) {
+        Ok(meta) => remove_unmounted(dir, meta.dev(), &mounts),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Unmount everything at or under `dir` (stacked mounts too) and keep the directory.
+/// Errors when a mount would not go.
+pub fn unmount_all(dir: &Path) -> io::Result<()> {
+    match std::fs::canonicalize(dir) {
+        Ok(d) => unmount_resolved(&d),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn unmount_resolved(dir: &Path) -> io::Result<()> {
     for _ in 0..8 {
         let mounts = mounts_under(dir)?;
         if mounts.is_empty() {
@@ -230,12 +250,7 @@ pub fn release(dir: &Path) -> io::Result<()> {
     if !mounts_under(dir)?.is_empty() {
         return Err(io::Error::other(format!("{} still has mounts", dir.display())));
     }
-    let mounts = mount_points()?;
-    match std::fs::symlink_metadata(dir) {
-        Ok(meta) => remove_unmounted(dir, meta.dev(), &mounts),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
+    Ok(())
 }
 
 /// Remove a tree, never following a symlink, never entering another filesystem nor any mount

@@ -5,6 +5,7 @@
 pub mod cgroupfs;
 pub mod containerd;
 pub mod host;
+pub mod idmap;
 pub mod late;
 pub mod output;
 pub mod tree;

@@ -15,6 +15,7 @@ use crate::runtime::containerd::pool::{CLAIMED_PREFIX, KIND_POOL, KIND_RETIRED, 
 use crate::runtime::containerd::{
     LABEL_ATTEMPT, LABEL_JOB, LABEL_KIND, LABEL_MANAGED, LABEL_OWNER, LABEL_STATE_DIR, RUN_DIR_OWNER,
 };
+use crate::runtime::idmap::Leases;
 
 /// A run directory without an owner mark (made by an older runner) counts as abandoned after this.
 const UNMARKED_RUN_DIR_AGE: Duration = Duration::from_secs(600);
@@ -32,11 +33,18 @@ pub struct GcReport {
     pub adopted: Vec<String>,
     /// Cgroup directories (per hierarchy) of containers that are gone, and their parent.
     pub cgroups: Vec<String>,
+    /// User-namespace ranges (host base ids) given back: their containers are gone.
+    pub userns_ranges: Vec<String>,
 }
 
 impl GcReport {
     fn total(&self) -> usize {
-        self.containers.len() + self.snapshots.len() + self.leases.len() + self.run_dirs.len() + self.cgroups.len()
+        self.containers.len()
+            + self.snapshots.len()
+            + self.leases.len()
+            + self.run_dirs.len()
+            + self.cgroups.len()
+            + self.userns_ranges.len()
     }
 }
 
@@ -158,12 +166,15 @@ pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceEr
             .into_iter()
             .map(|c| c.id)
             .collect();
-        Context::blocking(move || {
+        let (leases, ours, containerd) = (engine.leases.clone(), ours.clone(), engine.containerd_name());
+        let (removed, ranges) = Context::blocking(move || {
             let mut removed = late_dirs(late_dir.as_deref(), &run_dir, &live, &ownerless);
             removed.extend(remove_run_dirs(&run_dir, &live, &ownerless));
-            Ok(removed)
+            Ok((removed, release_ranges(&leases, &containerd, &ours, &run_dir, &live)))
         })
-        .await?
+        .await?;
+        report.userns_ranges = ranges;
+        removed
     };
     // The listing is taken right before the removal: a container created after it reaches
     // runc's mkdir only after its shim starts (tens of ms later), so no cgroup of a starting
@@ -283,8 +294,10 @@ fn remove_run_dirs(run_dir: &std::path::Path, live: &HashSet<String>, ownerless:
         };
         // std's remove_dir_all does not follow symlinks (the agent directory in there was
         // writable by the sandbox).
+        // Unmounted first (a remapped rootfs, a workspace view), never crossing a mount that
+        // would not go: a removal must never reach into a workspace.
         if abandoned {
-            match std::fs::remove_dir_all(e.path()) {
+            match crate::runtime::late::release(&e.path()) {
                 Ok(()) => removed.push(name),
                 Err(err) => {
                     tracing::warn!(dir = %e.path().display(), error = %err, "gc could not remove a run directory")
@@ -293,4 +306,43 @@ fn remove_run_dirs(run_dir: &std::path::Path, live: &HashSet<String>, ownerless:
         }
     }
     removed
+}
+
+/// Give back the user-namespace ranges of this state dir (or of a state dir that is gone)
+/// whose container is gone, whose taker is gone, and whose run directory is removed (while
+/// it stays, something of the container may still be mounted with the range's ids).
+fn release_ranges(
+    leases: &Leases,
+    containerd: &str,
+    ours: &Path,
+    run_dir: &Path,
+    live: &HashSet<String>,
+) -> Vec<String> {
+    let held = match leases.all() {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(error = %e, "gc could not list the user-namespace ranges");
+            return Vec::new();
+        }
+    };
+    let mut released = Vec::new();
+    for lease in held {
+        let theirs = Path::new(&lease.state_dir);
+        if lease.containerd != containerd
+            || (theirs != ours && theirs.exists())
+            || live.contains(&lease.container)
+            || owner_alive(&lease.owner)
+            || run_dir.join(&lease.container).exists()
+        {
+            continue;
+        }
+        let range = crate::spec::IdRange {
+            host_base: lease.host_base,
+        };
+        match leases.release(range, &lease.container) {
+            Ok(()) => released.push(lease.host_base.to_string()),
+            Err(e) => tracing::warn!(error = %e, "gc could not release a user-namespace range"),
+        }
+    }
+    released
 }

@@ -122,7 +122,7 @@ fn plan_all(set: &ManifestSet, host: &HostEnv, backend: Option<Backend>) -> Resu
         let plan = spec::resolve(&bound, host)?;
         if bound.backend == Backend::Containerd {
             let built = spec::build(&plan, host)?;
-            let violations = spec::hardening::violations(&built);
+            let violations = spec::hardening::violations(&built, plan.env().host_users);
             if !violations.is_empty() {
                 return Err(ServiceError::internal(
                     format!("the spec for job {:?}", job.name),

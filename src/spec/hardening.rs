@@ -7,7 +7,8 @@ use super::seccomp::MUST_BLOCK;
 use super::{MASKED_PATHS, READONLY_PATHS};
 
 /// Every way `spec` falls short of the hardened default; empty when it complies.
-pub fn violations(spec: &Spec) -> Vec<String> {
+/// `host_users`: the Environment opted out of a user namespace (`hostUsers: true`).
+pub fn violations(spec: &Spec, host_users: bool) -> Vec<String> {
     let mut out = Vec::new();
     let Some(process) = spec.process() else {
         return vec!["no process".into()];
@@ -104,6 +105,24 @@ pub fn violations(spec: &Spec) -> Vec<String> {
     ] {
         if !namespaces.contains(&ns) {
             out.push(format!("no new {ns:?} namespace"));
+        }
+    }
+    if !host_users {
+        if !namespaces.contains(&LinuxNamespaceType::User) {
+            out.push("no new user namespace".into());
+        }
+        for (what, maps) in [("uid", linux.uid_mappings()), ("gid", linux.gid_mappings())] {
+            let maps = maps.clone().unwrap_or_default();
+            if maps.is_empty() {
+                out.push(format!("no {what} mappings for the user namespace"));
+            }
+            // Host id 0 must never be inside a range: root in the sandbox would be root.
+            if maps
+                .iter()
+                .any(|m| m.host_id() == 0 || m.size() > crate::manifest::USERNS_IDS as u32)
+            {
+                out.push(format!("a {what} mapping includes host root or exceeds 65536 ids"));
+            }
         }
     }
     if linux

@@ -490,6 +490,8 @@ pub fn export_job(bound: &Bound, payload: &Payload, options: &ExportOptions) -> 
     let mut pod = json!({
         "restartPolicy": "Never",
         "automountServiceAccountToken": false,
+        // Each pod in a user namespace of its own, as runner's containers are.
+        "hostUsers": env.host_users,
         "enableServiceLinks": false,
         "terminationGracePeriodSeconds": job.termination_grace.as_secs(),
         "containers": [container],
@@ -615,6 +617,7 @@ pub fn export_sandbox(env: &Environment, options: &ExportOptions) -> Result<Vec<
         "spec": {"podTemplate": {"metadata": {"labels": labels}, "spec": {
             "automountServiceAccountToken": false,
             "enableServiceLinks": false,
+            "hostUsers": env.host_users,
             "containers": [container],
         }}},
     })];

@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
     Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType,
-    LinuxMemoryBuilder, LinuxNamespaceBuilder, LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, Mount,
-    MountBuilder, PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
+    LinuxIdMappingBuilder, LinuxMemoryBuilder, LinuxNamespaceBuilder, LinuxNamespaceType, LinuxPidsBuilder,
+    LinuxResourcesBuilder, Mount, MountBuilder, PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec,
+    SpecBuilder, UserBuilder,
 };
 
 use crate::manifest::{Bound, Command, Environment, Job, NetworkMode, Origin, Resources, UserSpec, paths};
@@ -177,6 +178,30 @@ pub struct RunPlan {
     /// The host file holding the job's stdin (written by the containerd backend before the
     /// container is created; `None` until then).
     pub stdin_file: Option<PathBuf>,
+    /// The host ids the container's user namespace maps, allocated by the containerd backend
+    /// when it creates the container; `None` until then (and for `hostUsers: true`).
+    pub userns: Option<IdRange>,
+}
+
+/// The host ids a container's user namespace maps: container id `n` is host id
+/// `host_base + n`, for `n` below `USERNS_IDS`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IdRange {
+    pub host_base: u32,
+}
+
+impl IdRange {
+    /// Ids per range (Kubernetes gives each pod as many).
+    pub const SIZE: u32 = crate::manifest::USERNS_IDS as u32;
+    /// What a spec shows before the backend allocates a range (`runner spec`, pool keys): the
+    /// first range runner hands out.
+    pub const PLACEHOLDER: IdRange = IdRange { host_base: 1 << 30 };
+
+    /// The host id of container id `id`.
+    pub fn host_id(&self, id: u32) -> u32 {
+        // Saturating: an id outside the range is refused by `build`, never wrapped.
+        self.host_base.saturating_add(id)
+    }
 }
 
 impl RunPlan {
@@ -297,6 +322,7 @@ pub fn resolve(bound: &Bound, host: &HostEnv) -> Result<RunPlan, SpecError> {
         image_env: Vec::new(),
         labels: BTreeMap::new(),
         stdin_file: None,
+        userns: None,
     })
 }
 
@@ -470,6 +496,17 @@ pub fn build(plan: &RunPlan, host: &HostEnv) -> Result<Spec, SpecError> {
             format!("{uid}:{gid} is above {}", crate::manifest::MAX_ID),
         ));
     }
+    let userns = (!env.host_users).then(|| plan.userns.unwrap_or(IdRange::PLACEHOLDER));
+    if userns.is_some() && (uid >= IdRange::SIZE || gid >= IdRange::SIZE) {
+        // `user: host` lands here (the manifest checks numeric ids): HUID is only known now.
+        return Err(refuse(
+            "spec.user",
+            format!(
+                "{uid}:{gid} is outside the container's user namespace (ids 0 to {}); set hostUsers: true to run without one",
+                IdRange::SIZE - 1
+            ),
+        ));
+    }
 
     let caps: std::collections::HashSet<Capability> = DEFAULT_CAPABILITIES.iter().copied().collect();
     let process = ProcessBuilder::default()
@@ -545,12 +582,26 @@ pub fn build(plan: &RunPlan, host: &HostEnv) -> Result<Spec, SpecError> {
     if plan.bound.network != NetworkMode::Host {
         namespaces.push(LinuxNamespaceType::Network);
     }
+    if userns.is_some() {
+        namespaces.push(LinuxNamespaceType::User);
+    }
     let namespaces = namespaces
         .into_iter()
         .map(|t| LinuxNamespaceBuilder::default().typ(t).build())
         .collect::<Result<Vec<_>, _>>()?;
 
-    let linux = LinuxBuilder::default()
+    let mut linux = LinuxBuilder::default();
+    if let Some(range) = userns {
+        let map = vec![
+            LinuxIdMappingBuilder::default()
+                .container_id(0u32)
+                .host_id(range.host_base)
+                .size(IdRange::SIZE)
+                .build()?,
+        ];
+        linux = linux.uid_mappings(map.clone()).gid_mappings(map);
+    }
+    let linux = linux
         .resources(resources(&env.resources)?)
         .namespaces(namespaces)
         .masked_paths(MASKED_PATHS.iter().map(|s| s.to_string()).collect::<Vec<_>>())

@@ -10,6 +10,7 @@ pub mod agent;
 mod io;
 pub mod logger;
 pub mod pool;
+pub mod remap;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -25,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use self::agent::{AGENT_SCRIPT, Agent};
 use self::io::{Fifos, OutputPump};
 use super::cgroupfs;
+use super::idmap;
 use super::late;
 use super::{ExecRequest, ExecResult, ProcessState, Runtime, RuntimeError, RuntimeEvent, RuntimeOptions, SetupResult};
 use crate::containerd::{self as client, Containerd, CtdError, LEASE_EXPIRE_LABEL};
@@ -82,6 +84,8 @@ pub struct Engine {
     pub run_dir: PathBuf,
     pub host: HostEnv,
     pub options: RuntimeOptions,
+    /// The host's user-namespace ranges.
+    pub leases: idmap::Leases,
 }
 
 impl Engine {
@@ -91,7 +95,149 @@ impl Engine {
             client,
             host,
             options,
+            leases: idmap::Leases::default(),
         }
+    }
+
+    /// Which containerd this engine's containers live in (socket#namespace).
+    pub fn containerd_name(&self) -> String {
+        format!("{}#{}", self.client.address().display(), self.client.namespace())
+    }
+
+    /// Take a user-namespace range for container `id`, recorded in its run directory.
+    fn allocate_range(&self, id: &str) -> Result<spec::IdRange, RuntimeError> {
+        let io = |source| RuntimeError::Io {
+            what: "allocating a user-namespace range".into(),
+            source,
+        };
+        let range = self
+            .leases
+            .allocate(&self.state_dir(), &self.containerd_name(), id)
+            .map_err(io)?;
+        if let Err(e) = std::fs::write(
+            self.run_dir.join(id).join(remap::RANGE_FILE),
+            range.host_base.to_string(),
+        ) {
+            let _ = self.leases.release(range, id);
+            return Err(io(e));
+        }
+        Ok(range)
+    }
+
+    /// What `create` needs before containerd: the user-namespace range, the stdin file of a
+    /// one-shot task, the spec, and with a range, the spec's rootfs path and the idmapped
+    /// views of the workspace.
+    fn prepare_created(
+        &self,
+        id: &str,
+        plan: &mut RunPlan,
+        one_shot: bool,
+        shape: Option<&pool::Shape>,
+    ) -> Result<oci_spec::runtime::Spec, RuntimeError> {
+        let io = |what: &str| {
+            let what = what.to_string();
+            move |source| RuntimeError::Io { what, source }
+        };
+        if !plan.env().host_users {
+            plan.userns = Some(self.allocate_range(id)?);
+        }
+        let (uid, gid) = spec::container_user(plan.env(), &self.host);
+        // A live container's init reads nothing (each command gets its own stdin); a one-shot
+        // task reads the job's stdin from a file we mount (see `entry::compose`).
+        let stdin = plan.bound.job.stdin.take();
+        if let (true, Some(data)) = (one_shot, stdin) {
+            let (host_uid, host_gid) = match plan.userns {
+                Some(range) => (range.host_id(uid), range.host_id(gid)),
+                None => (uid, gid),
+            };
+            plan.stdin_file = Some(write_stdin_file(
+                &self.run_dir.join(id),
+                data.as_bytes(),
+                host_uid,
+                host_gid,
+            )?);
+            plan.bound.job.stdin = Some(data);
+        }
+        let mut built = match shape {
+            Some(shape) => pool::member_spec(plan, &self.host, &shape.layout, &self.late_dir(id))?,
+            None => spec::build(plan, &self.host).map_err(|e| RuntimeError::Refused(e.to_string()))?,
+        };
+        let Some(range) = plan.userns else {
+            return Ok(built);
+        };
+        let run = self.run_dir.join(id);
+        let root = oci_spec::runtime::RootBuilder::default()
+            .path(run.join(remap::ROOTFS_DIR))
+            .readonly(false)
+            .build()
+            .map_err(|e| RuntimeError::Internal(format!("root: {e}")))?;
+        built.set_root(Some(root));
+        if let Some(workspace) = &plan.workspace {
+            let owner = remap::workspace_owner(workspace).map_err(io("reading the workspace's owner"))?;
+            let mut mounts = built.mounts().clone().unwrap_or_default();
+            for (i, m) in mounts.iter_mut().enumerate() {
+                let Some(source) = m.source().clone() else { continue };
+                if m.typ().as_deref() != Some("bind") || !source.starts_with(workspace) {
+                    continue;
+                }
+                let read_only = m.options().as_ref().is_some_and(|o| o.iter().any(|x| x == "ro"));
+                let view = remap::workspace_view(&run, i, &source, owner, (uid, gid), range, read_only)
+                    .map_err(io(&format!("mapping {} into the user namespace", source.display())))?;
+                m.set_source(Some(view));
+            }
+            built.set_mounts(Some(mounts));
+        }
+        Ok(built)
+    }
+
+    /// Tasks.Create, then the host's copies of a remapped rootfs and of workspace views are
+    /// unmounted: the container's mount namespace holds its own, and while they stay on the
+    /// host anything removing the state dir would reach through them (a view is the user's
+    /// workspace).
+    async fn create_task(
+        &self,
+        id: &str,
+        rootfs: Vec<containerd_client::types::Mount>,
+        stdio: &client::Stdio,
+    ) -> Result<u32, CtdError> {
+        let created = self.client.task_create(id, rootfs, stdio).await;
+        self.drop_host_mounts(id);
+        created
+    }
+
+    /// The rootfs directory itself stays: runc starts every exec's helper with the rootfs
+    /// path as its working directory (empty is enough; the helper then enters the
+    /// container's mount namespace).
+    fn drop_host_mounts(&self, id: &str) {
+        let run = self.run_dir.join(id);
+        let unmounted =
+            late::unmount_all(&run.join(remap::ROOTFS_DIR)).and_then(|()| late::release(&run.join(remap::VIEWS_DIR)));
+        if let Err(e) = unmounted {
+            tracing::warn!(container = id, error = %e, "could not unmount the container's host mounts");
+        }
+    }
+
+    /// Give back container `id`'s range (if it has one) and remove its run directory:
+    /// everything mounted there first (its rootfs, workspace views), and never crossing a
+    /// mount point that would not go.
+    fn discard_run_dir(&self, id: &str) -> Result<(), RuntimeError> {
+        let dir = self.run_dir.join(id);
+        let range = std::fs::read_to_string(dir.join(remap::RANGE_FILE))
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            .map(|host_base| spec::IdRange { host_base });
+        let removed = late::release(&dir).map_err(|source| RuntimeError::Io {
+            what: format!("removing {}", dir.display()),
+            source,
+        });
+        // A range goes back only once nothing of the container is mounted any more.
+        if removed.is_ok()
+            && let Some(range) = range
+            && let Err(e) = self.leases.release(range, id)
+        {
+            tracing::warn!(container = id, error = %e, "could not release the user-namespace range");
+        }
+        removed
     }
 
     fn labels(&self, plan: &RunPlan, kind: &str) -> HashMap<String, String> {
@@ -156,22 +302,11 @@ impl Engine {
         plan.image_env = image.config.env.clone().unwrap_or_default();
         let id = container_id(&plan.job().name);
         self.claim_run_dir(&id)?;
-        // A live container's init reads nothing (each command gets its own stdin); a one-shot
-        // task reads the job's stdin from a file we mount (see `entry::compose`).
-        let stdin = plan.bound.job.stdin.take();
-        if let (None, Some(data)) = (&args, stdin) {
-            let (uid, gid) = spec::container_user(plan.env(), &self.host);
-            plan.stdin_file = Some(write_stdin_file(&self.run_dir.join(&id), data.as_bytes(), uid, gid)?);
-            plan.bound.job.stdin = Some(data);
-        }
-        let built = match shape {
-            Some(shape) => pool::member_spec(&plan, &self.host, &shape.layout, &self.late_dir(&id)),
-            None => spec::build(&plan, &self.host).map_err(|e| RuntimeError::Refused(e.to_string())),
-        };
-        let mut built = match built {
+        let prepared = self.prepare_created(&id, &mut plan, args.is_none(), shape);
+        let mut built = match prepared {
             Ok(b) => b,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(self.run_dir.join(&id));
+                let _ = self.discard_run_dir(&id);
                 return Err(e);
             }
         };
@@ -188,6 +323,10 @@ impl Engine {
                 .as_ref()
                 .map(|p| (p.user().uid(), p.user().gid()))
                 .unwrap_or((0, 0));
+            let user = match plan.userns {
+                Some(range) => (range.host_id(user.0), range.host_id(user.1)),
+                None => user,
+            };
             let agent = Agent::create(&self.run_dir.join(&id).join("agent"), user.0, user.1)?;
             let mount = oci_spec::runtime::MountBuilder::default()
                 .destination(agent::AGENT_MOUNT)
@@ -254,7 +393,7 @@ impl Engine {
             ]);
             if let Err(source) = late::prepare(&self.late_dir(&id), &shape.layout) {
                 let _ = late::release(&self.late_dir(&id));
-                let _ = std::fs::remove_dir_all(self.run_dir.join(&id));
+                let _ = self.discard_run_dir(&id);
                 return Err(RuntimeError::Io {
                     what: "preparing the member's late binds".into(),
                     source,
@@ -286,14 +425,28 @@ impl Engine {
         if let Err(e) = self.client.lease_delete(&lease).await {
             tracing::warn!(lease, error = %e, "could not delete the create lease (it expires by itself)");
         }
-        let rootfs = match created {
+        // With a user namespace runner mounts the rootfs itself (see `remap`); the task is
+        // then created without rootfs mounts.
+        let rootfs = created
+            .map_err(RuntimeError::from)
+            .and_then(|mounts| match plan.userns {
+                Some(range) => remap::mount_rootfs(&mounts, &self.run_dir.join(&id), range)
+                    .map(|_| Vec::new())
+                    .map_err(|source| RuntimeError::Io {
+                        what: "mounting the remapped rootfs".into(),
+                        source,
+                    }),
+                None => Ok(mounts),
+            });
+        let rootfs = match rootfs {
             Ok(m) => m,
             Err(e) => {
+                let _ = late::release(&self.run_dir.join(&id));
                 let _ = self.client.snapshot_remove(&id).await;
                 let _ = self.client.container_delete(&id).await;
                 let _ = late::release(&self.late_dir(&id));
-                let _ = std::fs::remove_dir_all(self.run_dir.join(&id));
-                return Err(e.into());
+                let _ = self.discard_run_dir(&id);
+                return Err(e);
             }
         };
         Ok(Created {
@@ -329,6 +482,20 @@ impl Engine {
             Ok(_) => {}
             Err(e) => first_error = first_error.or(Some(e)),
         }
+        // A remapped rootfs and workspace views are runner's own mounts: they go before the
+        // snapshot under them, and before anything under the state dir is removed.
+        let run = self.run_dir.join(id);
+        if run.join(remap::ROOTFS_DIR).exists() || run.join(remap::VIEWS_DIR).exists() {
+            for sub in [remap::ROOTFS_DIR, remap::VIEWS_DIR] {
+                if let Err(e) = late::release(&run.join(sub)) {
+                    tracing::warn!(container = id, error = %e, "could not unmount the container's mounts");
+                    return Err(RuntimeError::Io {
+                        what: format!("unmounting {}", run.join(sub).display()),
+                        source: e,
+                    });
+                }
+            }
+        }
         // Independent once the task is gone: the snapshot and the container record.
         let (snapshot, container) = tokio::join!(c.snapshot_remove(id), c.container_delete(id));
         for e in [snapshot.err(), container.err()].into_iter().flatten() {
@@ -346,7 +513,9 @@ impl Engine {
                 source: e,
             });
         }
-        let _ = std::fs::remove_dir_all(self.run_dir.join(id));
+        if let Err(e) = self.discard_run_dir(id) {
+            tracing::warn!(container = id, error = %e, "could not remove the run directory");
+        }
         match first_error {
             Some(e) => {
                 tracing::warn!(container = id, error = %e, "teardown incomplete");
@@ -465,7 +634,7 @@ impl Engine {
             Some(OutputPump::start(&fifos, expect_marker, limit)?)
         };
         let started = Instant::now();
-        self.client.task_create(id, created.rootfs.clone(), &stdio).await?;
+        self.create_task(id, created.rootfs.clone(), &stdio).await?;
         let waiter = {
             let engine = self.clone();
             let id = id.clone();
@@ -620,10 +789,7 @@ impl Engine {
         let limit = self.options.output_limit;
         let mut pumps = OutputPump::start(&fifos, expect_marker, limit)?;
         let started = Instant::now();
-        let init_pid = self
-            .client
-            .task_create(&id, created.rootfs.clone(), &fifos.stdio())
-            .await?;
+        let init_pid = self.create_task(&id, created.rootfs.clone(), &fifos.stdio()).await?;
         let mut waiter = {
             let engine = self.clone();
             let id = id.clone();

@@ -73,6 +73,8 @@ pub struct Member {
     agent: Agent,
     cgroup: String,
     process: oci_spec::runtime::Process,
+    /// Its user namespace's range (`None` with `hostUsers: true`).
+    range: Option<spec::IdRange>,
     /// The relabelling as the claimant's container, done beside the job's start (the
     /// `claimed-<owner>` file already says who holds it); awaited before it is retired.
     relabel: tokio::task::JoinHandle<Result<(), crate::containerd::CtdError>>,
@@ -81,6 +83,12 @@ pub struct Member {
 impl Member {
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Its range and its process's user (container ids), when it has a user namespace.
+    fn userns(&self) -> Option<(spec::IdRange, (u32, u32))> {
+        self.range
+            .map(|r| (r, (self.process.user().uid(), self.process.user().gid())))
     }
 }
 
@@ -319,8 +327,7 @@ impl Engine {
         let started = async {
             // Nothing reads a member's own output: its init writes none, and a FIFO without
             // a reader would stop it after the runner that made it exits.
-            self.client
-                .task_create(&id, created.rootfs.clone(), &crate::containerd::Stdio::default())
+            self.create_task(&id, created.rootfs.clone(), &crate::containerd::Stdio::default())
                 .await?;
             self.client.task_start(&id, "").await?;
             std::fs::write(self.run_dir.join(&id).join(READY_FILE), pool).map_err(|source| RuntimeError::Io {
@@ -440,7 +447,12 @@ impl Engine {
                     .process()
                     .clone()
                     .ok_or_else(|| RuntimeError::Internal("member spec without process".into()))?;
+                let range = super::remap::range_of(&spec);
                 let (uid, gid) = (process.user().uid(), process.user().gid());
+                let (uid, gid) = match range {
+                    Some(r) => (r.host_id(uid), r.host_id(gid)),
+                    None => (uid, gid),
+                };
                 let agent = Agent::open(&dir.join("agent"), uid, gid)?;
                 let hostname: String = plan.job().name.chars().take(63).collect();
                 set_hostname(init_pid, &self.cgroup_path(&c.id), &hostname)?;
@@ -452,6 +464,7 @@ impl Engine {
                     agent,
                     cgroup: self.cgroup_path(&c.id),
                     process,
+                    range,
                     relabel,
                 })
             }
@@ -471,7 +484,13 @@ impl Engine {
     }
 
     /// Bind the plan's workspace, mounts and static assets into a claimed member.
-    fn bind_late(&self, id: &str, layout: &Layout, plan: &RunPlan) -> Result<(), RuntimeError> {
+    fn bind_late(
+        &self,
+        id: &str,
+        layout: &Layout,
+        userns: Option<(spec::IdRange, (u32, u32))>,
+        plan: &RunPlan,
+    ) -> Result<(), RuntimeError> {
         let dir = self.late_dir(id);
         let io = |what: String| move |source| RuntimeError::Io { what, source };
         let mut without_assets = plan.clone();
@@ -482,8 +501,23 @@ impl Engine {
                 "the member's layout does not fit the job".into(),
             ));
         }
+        // In a user namespace the workspace is bound through an idmapped view, as in a cold
+        // container (see `remap::workspace_view`).
+        let owner = match (&userns, &plan.workspace) {
+            (Some(_), Some(ws)) => {
+                Some(super::remap::workspace_owner(ws).map_err(io("reading the workspace's owner".into()))?)
+            }
+            _ => None,
+        };
         for (i, b) in binds.iter().enumerate() {
-            late::bind_place(&dir, i, &b.source, b.read_only).map_err(io(format!("binding {}", b.target)))?;
+            let source = match (userns, owner, &plan.workspace) {
+                (Some((range, user)), Some(owner), Some(ws)) if b.source.starts_with(ws) => {
+                    super::remap::workspace_view(&self.run_dir.join(id), i, &b.source, owner, user, range, b.read_only)
+                        .map_err(io(format!("mapping {} into the user namespace", b.source.display())))?
+                }
+                _ => b.source.clone(),
+            };
+            late::bind_place(&dir, i, &source, b.read_only).map_err(io(format!("binding {}", b.target)))?;
         }
         for a in &plan.assets {
             let save_path = a
@@ -492,6 +526,8 @@ impl Engine {
                 .unwrap_or(&a.target);
             late::bind_asset(&dir, save_path, &a.source).map_err(io(format!("binding {}", a.target)))?;
         }
+        // The places hold their own copies of the views (see `Engine::create_task`).
+        self.drop_host_mounts(id);
         Ok(())
     }
 
@@ -566,7 +602,7 @@ impl Engine {
     ) -> Result<ExecResult, RuntimeError> {
         let job = plan.job();
         let env = plan.env();
-        self.bind_late(&member.id, &member.layout, plan)?;
+        self.bind_late(&member.id, &member.layout, member.userns(), plan)?;
         let argv = crate::spec::entry::compose(&env.setup, job.disable_setup, None, &job.command.argv());
         let vars: Vec<(String, String)> = env.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let cwd = member.process.cwd().to_string_lossy().into_owned();
@@ -646,6 +682,7 @@ impl Engine {
     /// the agent, as it runs in a cold container's init.
     pub async fn live_from_member(&self, member: Member, plan: &RunPlan) -> Result<LiveContainer, RuntimeError> {
         let id = member.id.clone();
+        let userns = member.userns();
         let relabel = member.relabel;
         tokio::spawn(async move {
             if let Ok(Err(e)) = relabel.await {
@@ -653,7 +690,7 @@ impl Engine {
             }
         });
         let built = async {
-            self.bind_late(&member.id, &member.layout, plan)?;
+            self.bind_late(&member.id, &member.layout, userns, plan)?;
             let init_exited = CancellationToken::new();
             {
                 let engine = self.clone();

@@ -1,0 +1,163 @@
+//! A container's rootfs and workspace seen through its user namespace's ids (see
+//! `runtime::idmap` for why runner does this itself).
+//!
+//! Overlayfs cannot be idmapped itself, but it accepts idmapped layers: each lower layer is
+//! bound idmapped (disk id `n` shows as `base + n`), the upper and work directories stay
+//! plain, and the overlay is mounted on the host at the run directory's `rootfs`, which the
+//! spec's `root.path` names; the task is then created without rootfs mounts. Files the
+//! container writes land in its own upper directory with its range's ids, and go with it.
+
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use containerd_client::types::Mount;
+use nix::mount::{MntFlags, MsFlags};
+
+use crate::runtime::idmap::{self, Flags, IdMap};
+use crate::spec::IdRange;
+
+/// Where a remapped container's rootfs is mounted, in its run directory.
+pub const ROOTFS_DIR: &str = "rootfs";
+/// Where the idmapped views of its workspace are mounted, in its run directory.
+pub const VIEWS_DIR: &str = "views";
+/// The file in its run directory naming its range (`host_base`), for teardown.
+pub const RANGE_FILE: &str = "userns";
+
+/// The largest mount data the kernel takes in one page.
+const MOUNT_DATA_MAX: usize = 4095;
+
+/// Mount the snapshot's `mounts` at `run_dir/rootfs` with the image's ids shifted into
+/// `range`. Returns the rootfs path.
+pub fn mount_rootfs(mounts: &[Mount], run_dir: &Path, range: IdRange) -> io::Result<PathBuf> {
+    let [mount] = mounts else {
+        return Err(io::Error::other(format!(
+            "the snapshotter gave {} mounts for a rootfs; remapping handles one",
+            mounts.len()
+        )));
+    };
+    let target = run_dir.join(ROOTFS_DIR);
+    std::fs::create_dir_all(&target)?;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))?;
+    let map = IdMap::range(range);
+    let userns = idmap::user_namespace(&[map], &[map])?;
+    match mount.r#type.as_str() {
+        // A snapshot without parent: a plain directory.
+        "bind" | "rbind" => {
+            let tree = idmap::idmapped_tree(Path::new(&mount.source), userns.as_fd(), Flags::default())?;
+            idmap::attach(tree, &target)?;
+        }
+        "overlay" => {
+            let mut lower: Vec<PathBuf> = Vec::new();
+            let mut upper: Option<PathBuf> = None;
+            let mut data: Vec<String> = Vec::new();
+            for option in &mount.options {
+                match option.split_once('=') {
+                    Some(("lowerdir", dirs)) => lower.extend(dirs.split(':').map(PathBuf::from)),
+                    Some(("upperdir", dir)) => {
+                        upper = Some(PathBuf::from(dir));
+                        data.push(option.clone());
+                    }
+                    _ => data.push(option.clone()),
+                }
+            }
+            if lower.is_empty() {
+                return Err(io::Error::other("an overlay rootfs without lower layers"));
+            }
+            // The merged root takes the upper directory's owner and mode: give it those the
+            // top layer's root shows through the mapping, as if copied up.
+            if let Some(upper) = &upper {
+                let top = std::fs::metadata(&lower[0])?;
+                std::os::unix::fs::lchown(upper, Some(range.host_id(top.uid())), Some(range.host_id(top.gid())))?;
+                std::fs::set_permissions(upper, std::fs::Permissions::from_mode(top.mode() & 0o7777))?;
+            }
+            let layers = run_dir.join("layers");
+            std::fs::create_dir_all(&layers)?;
+            let attached = (|| {
+                let mut names = Vec::new();
+                for (i, dir) in lower.iter().enumerate() {
+                    let at = layers.join(i.to_string());
+                    std::fs::create_dir(&at)?;
+                    idmap::attach(idmap::idmapped_tree(dir, userns.as_fd(), Flags::default())?, &at)?;
+                    names.push(at.display().to_string());
+                }
+                data.push(format!("lowerdir={}", names.join(":")));
+                let data = data.join(",");
+                if data.len() > MOUNT_DATA_MAX {
+                    return Err(io::Error::other(format!(
+                        "the overlay options of this image are {} bytes (the kernel takes {MOUNT_DATA_MAX})",
+                        data.len()
+                    )));
+                }
+                nix::mount::mount(
+                    Some("overlay"),
+                    &target,
+                    Some("overlay"),
+                    MsFlags::empty(),
+                    Some(data.as_str()),
+                )
+                .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("mounting the overlay rootfs: {e}")))
+            })();
+            // The overlay holds its layers; their mount points are not needed any more.
+            for entry in std::fs::read_dir(&layers)?.flatten() {
+                let _ = nix::mount::umount2(&entry.path(), MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW);
+                let _ = std::fs::remove_dir(entry.path());
+            }
+            let _ = std::fs::remove_dir(&layers);
+            attached?;
+        }
+        other => {
+            return Err(io::Error::other(format!(
+                "cannot remap a rootfs mount of type {other:?} (overlay and bind are supported); hostUsers: true runs without a user namespace"
+            )));
+        }
+    }
+    Ok(target)
+}
+
+/// An idmapped view of `source` (a workspace or a path in it) for a container of `range`
+/// running as `user`: the tree's owner (`owner`) shows as the job's user, and what the job
+/// writes is stored as the owner's. Returns where the view is mounted.
+pub fn workspace_view(
+    run_dir: &Path,
+    index: usize,
+    source: &Path,
+    owner: (u32, u32),
+    user: (u32, u32),
+    range: IdRange,
+    read_only: bool,
+) -> io::Result<PathBuf> {
+    let (uids, gids) = idmap::owner_maps(owner, user, range);
+    let userns = idmap::user_namespace(&[uids], &[gids])?;
+    let target = run_dir.join(VIEWS_DIR).join(format!("v{index}"));
+    std::fs::create_dir_all(run_dir.join(VIEWS_DIR))?;
+    idmap::bind_idmapped(
+        source,
+        &target,
+        userns.as_fd(),
+        Flags {
+            read_only,
+            restricted: true,
+        },
+    )?;
+    Ok(target)
+}
+
+/// The owner the workspace's files are stored as: the workspace directory's owner. (With
+/// `user: host` the job runs as HUID/HGID, which usually own it; when they do not, the job
+/// still writes as the directory's owner: the kernel refuses writes to a file whose owner an
+/// idmapped mount does not map, so any other choice would make the workspace read-only.)
+pub fn workspace_owner(workspace: &Path) -> io::Result<(u32, u32)> {
+    let meta = std::fs::metadata(workspace)?;
+    Ok((meta.uid(), meta.gid()))
+}
+
+/// The range a container's spec maps (`None`: no user namespace).
+pub fn range_of(spec: &oci_spec::runtime::Spec) -> Option<IdRange> {
+    let maps = spec.linux().as_ref()?.uid_mappings().clone()?;
+    let first = maps.iter().find(|m| m.container_id() == 0)?;
+    Some(IdRange {
+        host_base: first.host_id(),
+    })
+}

@@ -1,0 +1,448 @@
+//! User namespaces for containers on runtimes that cannot remap ids themselves.
+//!
+//! runc 1.1 has no per-mount id mappings and containerd 1.6 no remapping snapshotter, so runner
+//! does the remapping with the kernel's idmapped mounts (`open_tree` + `mount_setattr` with
+//! `MOUNT_ATTR_IDMAP` + `move_mount`), which cost no copy and no chown:
+//! - the image layers are seen through a mapping that shows on-disk id `n` as host id
+//!   `base + n`, so root's files are root's inside the container's user namespace;
+//! - a workspace is seen through a mapping that shows its owner as the job's user, so what the
+//!   job writes there is stored as the owner's, never as a range id.
+//!
+//! Each live container has a range of 65,536 host ids no other live container of this host
+//! shares. Ranges are leased host-wide (every state dir and runner process on the host takes
+//! them from one directory), not per state dir: two runners on one node must never hand out
+//! the same ids.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use crate::spec::IdRange;
+
+/// The host-wide directory of range leases (override: `RUNNER_USERNS_DIR`).
+pub const DEFAULT_LEASE_DIR: &str = "/run/runner/userns";
+/// Ranges start here: far above the ids of real accounts and the usual `/etc/subuid`
+/// allocations (100000 onwards).
+const FIRST_BASE: u32 = 1 << 30;
+/// How many ranges fit below 2^31 - 2, the largest id we allow (CVE-2024-40635).
+const SLOTS: u32 = ((1u32 << 31) - 2 - FIRST_BASE) / IdRange::SIZE;
+
+/// One line of a `uid_map`: ids `inside..inside+count` of the namespace are host ids
+/// `outside..`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdMap {
+    pub inside: u32,
+    pub outside: u32,
+    pub count: u32,
+}
+
+impl IdMap {
+    /// The whole range: on-disk id `n` is host id `base + n`.
+    pub fn range(range: IdRange) -> Self {
+        IdMap {
+            inside: 0,
+            outside: range.host_base,
+            count: IdRange::SIZE,
+        }
+    }
+}
+
+/// A lease on a range, as stored in its file.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lease {
+    pub host_base: u32,
+    pub state_dir: String,
+    /// The containerd (socket and namespace) the container lives in: only a collection
+    /// that sees that containerd can tell the container is gone.
+    pub containerd: String,
+    pub container: String,
+    /// The process that took it (`pid:start`): a lease of a dead owner without a container is
+    /// a leftover.
+    pub owner: String,
+}
+
+/// The host's range leases.
+#[derive(Clone, Debug)]
+pub struct Leases {
+    dir: PathBuf,
+}
+
+impl Default for Leases {
+    fn default() -> Self {
+        Leases {
+            dir: std::env::var_os("RUNNER_USERNS_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_LEASE_DIR)),
+        }
+    }
+}
+
+impl Leases {
+    pub fn at(dir: &Path) -> Self {
+        Leases { dir: dir.to_path_buf() }
+    }
+
+    fn slot_path(&self, slot: u32) -> PathBuf {
+        self.dir.join(slot.to_string())
+    }
+
+    /// Take the lowest free range for `container`. A lease file is made whole beside its
+    /// name and then linked into place: `link` fails when the name exists, so two processes
+    /// never take one range, and no reader ever sees a half-written lease.
+    pub fn allocate(&self, state_dir: &Path, containerd: &str, container: &str) -> io::Result<IdRange> {
+        std::fs::create_dir_all(&self.dir)?;
+        let reserved = reserved_ranges();
+        let tmp = self.dir.join(format!(".new-{}", crate::owner::unique_tag()));
+        let result = (|| {
+            for slot in 0..SLOTS {
+                let range = IdRange {
+                    host_base: FIRST_BASE + slot * IdRange::SIZE,
+                };
+                let (start, end) = (
+                    u64::from(range.host_base),
+                    u64::from(range.host_base) + u64::from(IdRange::SIZE),
+                );
+                if reserved.iter().any(|&(s, e)| s < end && start < e) {
+                    continue;
+                }
+                let lease = Lease {
+                    host_base: range.host_base,
+                    state_dir: state_dir.display().to_string(),
+                    containerd: containerd.to_string(),
+                    container: container.to_string(),
+                    owner: crate::owner::owner_id(),
+                };
+                std::fs::write(&tmp, serde_json::to_vec(&lease).map_err(io::Error::other)?)?;
+                match std::fs::hard_link(&tmp, self.slot_path(slot)) {
+                    Ok(()) => return Ok(range),
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(io::Error::other(format!(
+                "all {SLOTS} user-namespace ranges of this host are in use ({})",
+                self.dir.display()
+            )))
+        })();
+        let _ = std::fs::remove_file(&tmp);
+        result
+    }
+
+    /// Give a range back, if `container` holds it.
+    pub fn release(&self, range: IdRange, container: &str) -> io::Result<()> {
+        let Some(slot) = range.host_base.checked_sub(FIRST_BASE).map(|o| o / IdRange::SIZE) else {
+            return Ok(());
+        };
+        match self.read(slot) {
+            Some(lease) if lease.container == container => match std::fs::remove_file(self.slot_path(slot)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            },
+            _ => Ok(()),
+        }
+    }
+
+    fn read(&self, slot: u32) -> Option<Lease> {
+        let bytes = std::fs::read(self.slot_path(slot)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// Every lease taken for `state_dir`.
+    pub fn held(&self, state_dir: &Path) -> io::Result<Vec<Lease>> {
+        let state_dir = state_dir.display().to_string();
+        Ok(self.all()?.into_iter().filter(|l| l.state_dir == state_dir).collect())
+    }
+
+    /// Every lease of the host.
+    pub fn all(&self) -> io::Result<Vec<Lease>> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let Some(slot) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Some(lease) = self.read(slot) {
+                out.push(lease);
+            }
+        }
+        out.sort_by_key(|l| l.host_base);
+        Ok(out)
+    }
+}
+
+/// Ranges `/etc/subuid` and `/etc/subgid` give to users (rootless containers, Docker's
+/// userns-remap): runner's ranges stay clear of them.
+fn reserved_ranges() -> Vec<(u64, u64)> {
+    ["/etc/subuid", "/etc/subgid"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter_map(|line| {
+                    let mut parts = line.trim().split(':');
+                    let (_, start, count) = (parts.next()?, parts.next()?, parts.next()?);
+                    let start: u64 = start.parse().ok()?;
+                    Some((start, start + count.parse::<u64>().ok()?))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// A user namespace with these mappings, held by an fd. A child process makes it and exits;
+/// the namespace lives as long as the fd and the mounts idmapped with it.
+pub fn user_namespace(uids: &[IdMap], gids: &[IdMap]) -> io::Result<OwnedFd> {
+    let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+    let (done_r, done_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+    // SAFETY: the child only makes raw system calls (no allocation, no locks) and `_exit`s,
+    // which is all a child of a multithreaded process may do.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        unsafe {
+            // Our copy of the parent's end: with it open, the read below never saw EOF.
+            libc::close(done_w.as_raw_fd());
+            let ok: u8 = u8::from(libc::unshare(libc::CLONE_NEWUSER) == 0);
+            libc::write(ready_w.as_raw_fd(), (&ok as *const u8).cast(), 1);
+            let mut byte = 0u8;
+            libc::read(done_r.as_raw_fd(), (&mut byte as *mut u8).cast(), 1);
+            libc::_exit(0);
+        }
+    }
+    drop(ready_w);
+    drop(done_r);
+    let made = (|| {
+        let mut ok = [0u8; 1];
+        let n = nix::unistd::read(&ready_r, &mut ok).map_err(io::Error::from)?;
+        if n != 1 || ok[0] != 1 {
+            return Err(io::Error::other("the helper could not make a user namespace"));
+        }
+        let text = |maps: &[IdMap]| {
+            maps.iter()
+                .map(|m| format!("{} {} {}\n", m.inside, m.outside, m.count))
+                .collect::<String>()
+        };
+        std::fs::write(format!("/proc/{pid}/uid_map"), text(uids))?;
+        std::fs::write(format!("/proc/{pid}/gid_map"), text(gids))?;
+        let ns = std::fs::File::open(format!("/proc/{pid}/ns/user"))?;
+        Ok(OwnedFd::from(ns))
+    })();
+    drop(done_w);
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+    made
+}
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+fn cstring(path: &Path) -> io::Result<std::ffi::CString> {
+    std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| io::Error::other("path with a NUL byte"))
+}
+
+/// Flags of an idmapped mount besides the mapping.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Flags {
+    pub read_only: bool,
+    /// `nosuid,nodev` (binds of host trees); image layers keep their setuid bits.
+    pub restricted: bool,
+}
+
+/// A detached copy of the mount at `source` (just that mount, no submounts), private, seen
+/// through `userns`'s mapping. `source`'s last component is not followed if a symlink.
+pub fn idmapped_tree(source: &Path, userns: BorrowedFd<'_>, flags: Flags) -> io::Result<OwnedFd> {
+    let path = cstring(source)?;
+    // SAFETY: plain system calls with valid pointers; the fd returned is owned here.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("open_tree {}: {e}", source.display())));
+    }
+    let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let mut set = MOUNT_ATTR_IDMAP;
+    if flags.read_only {
+        set |= MOUNT_ATTR_RDONLY;
+    }
+    if flags.restricted {
+        set |= MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    }
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    let empty = c"";
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        let hint = if e.raw_os_error() == Some(libc::EINVAL) {
+            " (the filesystem may not support idmapped mounts; hostUsers: true runs without a user namespace)"
+        } else {
+            ""
+        };
+        return Err(io::Error::new(
+            e.kind(),
+            format!("idmapping {}: {e}{hint}", source.display()),
+        ));
+    }
+    Ok(tree)
+}
+
+/// Attach a detached mount at `target` (an existing directory or file).
+pub fn attach(tree: OwnedFd, target: &Path) -> io::Result<()> {
+    let path = cstring(target)?;
+    let empty = c"";
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_fd().as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("attaching at {}: {e}", target.display()),
+        ));
+    }
+    Ok(())
+}
+
+/// Mount `source` at `target` (made here: a file or a directory like the source) seen
+/// through `userns`.
+pub fn bind_idmapped(source: &Path, target: &Path, userns: BorrowedFd<'_>, flags: Flags) -> io::Result<()> {
+    let tree = idmapped_tree(source, userns, flags)?;
+    if std::fs::symlink_metadata(source)?.is_dir() {
+        std::fs::create_dir_all(target)?;
+    } else {
+        std::fs::File::create(target)?;
+    }
+    attach(tree, target)
+}
+
+/// The mappings that show a host tree owned by `owner` (uid, gid) as owned by the
+/// container's `user` (uid, gid inside its range): only that one id each way is mapped, so
+/// what the job writes is stored as the owner's and nothing else can be written.
+pub fn owner_maps(owner: (u32, u32), user: (u32, u32), range: IdRange) -> (IdMap, IdMap) {
+    (
+        IdMap {
+            inside: owner.0,
+            outside: range.host_id(user.0),
+            count: 1,
+        },
+        IdMap {
+            inside: owner.1,
+            outside: range.host_id(user.1),
+            count: 1,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+
+    #[test]
+    fn leases_are_exclusive_and_released_by_their_holder_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let leases = Leases::at(dir.path());
+        let state = Path::new("/state");
+        let a = leases.allocate(state, "ctd", "a").unwrap();
+        let b = leases.allocate(state, "ctd", "b").unwrap();
+        assert_ne!(a, b);
+        assert!(a.host_base >= FIRST_BASE && b.host_base >= FIRST_BASE);
+        assert_eq!(leases.held(state).unwrap().len(), 2);
+        assert!(leases.held(Path::new("/other")).unwrap().is_empty());
+        leases.release(a, "b").unwrap();
+        assert_eq!(leases.held(state).unwrap().len(), 2, "only the holder releases");
+        leases.release(a, "a").unwrap();
+        let held = leases.held(state).unwrap();
+        assert_eq!(held.len(), 1);
+        assert_eq!(held[0].container, "b");
+        // The freed range is the lowest free one again.
+        assert_eq!(leases.allocate(state, "ctd", "c").unwrap(), a);
+        let last = FIRST_BASE as u64 + SLOTS as u64 * IdRange::SIZE as u64 - 1;
+        assert!(last <= crate::manifest::MAX_ID);
+    }
+
+    /// An idmapped bind shows the owner as the mapped id and stores writes as the owner's.
+    /// Needs root, as the suite runs.
+    #[test]
+    fn an_idmapped_bind_stores_writes_as_the_owner() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        std::fs::create_dir(&src).unwrap();
+        std::os::unix::fs::chown(&src, Some(1234), Some(1235)).unwrap();
+        let range = IdRange { host_base: FIRST_BASE };
+        let (u, g) = owner_maps((1234, 1235), (0, 0), range);
+        let ns = user_namespace(&[u], &[g]).expect("a user namespace (the suite runs as root)");
+        let target = tmp.path().join("view");
+        bind_idmapped(
+            &src,
+            &target,
+            ns.as_fd(),
+            Flags {
+                read_only: false,
+                restricted: true,
+            },
+        )
+        .unwrap();
+        let seen = std::fs::metadata(&target).unwrap();
+        assert_eq!((seen.uid(), seen.gid()), (FIRST_BASE, FIRST_BASE));
+        // Host root is not mapped: it cannot write there.
+        assert!(std::fs::write(target.join("root"), "x").is_err());
+        // A file made by the mapped id lands as the owner's on disk.
+        let status = std::process::Command::new("/bin/sh")
+            .args(["-c", "echo x > \"$0\"/f"])
+            .arg(&target)
+            .uid(FIRST_BASE)
+            .gid(FIRST_BASE)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let disk = std::fs::metadata(src.join("f")).unwrap();
+        assert_eq!((disk.uid(), disk.gid()), (1234, 1235));
+        nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    }
+}
