@@ -90,6 +90,16 @@ if [ "$left" != 0 ]; then
   exit 1
 fi
 
+# Every user-namespace range the suite's containers took is back (leases are host-wide files
+# naming their containerd).
+ranges=$(grep -l "\"containerd\":\"$CONTAINERD_ADDRESS#$CONTAINERD_NAMESPACE\"" "${RUNNER_USERNS_DIR:-/run/runner/userns}"/* 2>/dev/null | wc -l)
+echo "user-namespace ranges of $CONTAINERD_NAMESPACE after gc: $ranges"
+if [ "$ranges" != 0 ]; then
+  grep -l "\"containerd\":\"$CONTAINERD_ADDRESS#$CONTAINERD_NAMESPACE\"" "${RUNNER_USERNS_DIR:-/run/runner/userns}"/* | xargs cat
+  echo "FAIL: user-namespace ranges left behind" >&2
+  exit 1
+fi
+
 echo "== the Python client's tests (clients/python/run-tests.sh)"
 wait "$pyclient_test" || { cat "$work/pyclient.log"; echo "FAIL: the Python client" >&2; exit 1; }
 tail -3 "$work/pyclient.log"
