@@ -87,11 +87,23 @@ impl Leases {
         self.dir.join(slot.to_string())
     }
 
+    /// Held while a lease is taken or given back: a release reads a lease and unlinks it,
+    /// and without the lock a range taken anew between the two would be unlinked instead.
+    fn lock(&self) -> io::Result<nix::fcntl::Flock<std::fs::File>> {
+        std::fs::create_dir_all(&self.dir)?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.dir.join(".lock"))?;
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| io::Error::from(e))
+    }
+
     /// Take the lowest free range for `container`. A lease file is made whole beside its
     /// name and then linked into place: `link` fails when the name exists, so two processes
     /// never take one range, and no reader ever sees a half-written lease.
     pub fn allocate(&self, state_dir: &Path, containerd: &str, container: &str) -> io::Result<IdRange> {
-        std::fs::create_dir_all(&self.dir)?;
+        let _lock = self.lock()?;
         let reserved = reserved_ranges();
         let tmp = self.dir.join(format!(".new-{}", crate::owner::unique_tag()));
         let result = (|| {
@@ -134,6 +146,7 @@ impl Leases {
         let Some(slot) = range.host_base.checked_sub(FIRST_BASE).map(|o| o / IdRange::SIZE) else {
             return Ok(());
         };
+        let _lock = self.lock()?;
         match self.read(slot) {
             Some(lease) if lease.container == container => match std::fs::remove_file(self.slot_path(slot)) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
@@ -198,7 +211,6 @@ fn reserved_ranges() -> Vec<(u64, u64)> {
 /// the namespace lives as long as the fd and the mounts idmapped with it.
 pub fn user_namespace(uids: &[IdMap], gids: &[IdMap]) -> io::Result<OwnedFd> {
     let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
-    let (done_r, done_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
     // SAFETY: the child only makes raw system calls (no allocation, no locks) and `_exit`s,
     // which is all a child of a multithreaded process may do.
     let pid = unsafe { libc::fork() };
@@ -207,17 +219,16 @@ pub fn user_namespace(uids: &[IdMap], gids: &[IdMap]) -> io::Result<OwnedFd> {
     }
     if pid == 0 {
         unsafe {
-            // Our copy of the parent's end: with it open, the read below never saw EOF.
-            libc::close(done_w.as_raw_fd());
             let ok: u8 = u8::from(libc::unshare(libc::CLONE_NEWUSER) == 0);
             libc::write(ready_w.as_raw_fd(), (&ok as *const u8).cast(), 1);
-            let mut byte = 0u8;
-            libc::read(done_r.as_raw_fd(), (&mut byte as *mut u8).cast(), 1);
-            libc::_exit(0);
+            // Wait to be killed. Not for EOF: a child another thread forked at the same
+            // moment holds copies of our pipes' ends, so EOF could never come.
+            loop {
+                libc::pause();
+            }
         }
     }
     drop(ready_w);
-    drop(done_r);
     let made = (|| {
         let mut ok = [0u8; 1];
         let n = nix::unistd::read(&ready_r, &mut ok).map_err(io::Error::from)?;
@@ -234,7 +245,7 @@ pub fn user_namespace(uids: &[IdMap], gids: &[IdMap]) -> io::Result<OwnedFd> {
         let ns = std::fs::File::open(format!("/proc/{pid}/ns/user"))?;
         Ok(OwnedFd::from(ns))
     })();
-    drop(done_w);
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
     let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
     made
 }

@@ -108,6 +108,10 @@ pub fn violations(spec: &Spec, host_users: bool) -> Vec<String> {
         }
     }
     if !host_users {
+        let size = crate::manifest::USERNS_IDS;
+        if u64::from(process.user().uid()) >= size || u64::from(process.user().gid()) >= size {
+            out.push("the process's ids are outside its user namespace".into());
+        }
         if !namespaces.contains(&LinuxNamespaceType::User) {
             out.push("no new user namespace".into());
         }
@@ -116,12 +120,15 @@ pub fn violations(spec: &Spec, host_users: bool) -> Vec<String> {
             if maps.is_empty() {
                 out.push(format!("no {what} mappings for the user namespace"));
             }
-            // Host id 0 must never be inside a range: root in the sandbox would be root.
-            if maps
-                .iter()
-                .any(|m| m.host_id() == 0 || m.size() > crate::manifest::USERNS_IDS as u32)
-            {
-                out.push(format!("a {what} mapping includes host root or exceeds 65536 ids"));
+            // A range must stay clear of the host's accounts (ids below 65536, root first)
+            // and of ids above the largest we allow.
+            let size = crate::manifest::USERNS_IDS;
+            if maps.iter().any(|m| {
+                u64::from(m.host_id()) < size
+                    || u64::from(m.size()) > size
+                    || u64::from(m.host_id()) + u64::from(m.size()) > crate::manifest::MAX_ID + 1
+            }) {
+                out.push(format!("a {what} mapping reaches host accounts or ids above the limit"));
             }
         }
     }

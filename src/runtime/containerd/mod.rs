@@ -141,6 +141,14 @@ impl Engine {
         if !plan.env().host_users {
             plan.userns = Some(self.allocate_range(id)?);
         }
+        // The run directory will hold the rootfs and workspace views while the container is
+        // made: only root and the container's own root (which runc's init is while it mounts)
+        // may enter it.
+        let run = self.run_dir.join(id);
+        let owner = plan.userns.map(|r| r.host_id(0));
+        std::os::unix::fs::chown(&run, owner, owner)
+            .and_then(|()| std::fs::set_permissions(&run, std::os::unix::fs::PermissionsExt::from_mode(0o700)))
+            .map_err(io("closing the run directory"))?;
         let (uid, gid) = spec::container_user(plan.env(), &self.host);
         // A live container's init reads nothing (each command gets its own stdin); a one-shot
         // task reads the job's stdin from a file we mount (see `entry::compose`).
@@ -220,7 +228,9 @@ impl Engine {
     /// Give back container `id`'s range (if it has one) and remove its run directory:
     /// everything mounted there first (its rootfs, workspace views), and never crossing a
     /// mount point that would not go.
-    fn discard_run_dir(&self, id: &str) -> Result<(), RuntimeError> {
+    /// `release_range`: false when the container may still run (its task or record would not
+    /// go): its range then stays leased until gc finds the container gone.
+    fn discard_run_dir(&self, id: &str, release_range: bool) -> Result<(), RuntimeError> {
         let dir = self.run_dir.join(id);
         let range = std::fs::read_to_string(dir.join(remap::RANGE_FILE))
             .ok()
@@ -232,6 +242,7 @@ impl Engine {
         });
         // A range goes back only once nothing of the container is mounted any more.
         if removed.is_ok()
+            && release_range
             && let Some(range) = range
             && let Err(e) = self.leases.release(range, id)
         {
@@ -302,14 +313,30 @@ impl Engine {
         plan.image_env = image.config.env.clone().unwrap_or_default();
         let id = container_id(&plan.job().name);
         self.claim_run_dir(&id)?;
-        let prepared = self.prepare_created(&id, &mut plan, args.is_none(), shape);
-        let mut built = match prepared {
-            Ok(b) => b,
-            Err(e) => {
-                let _ = self.discard_run_dir(&id);
-                return Err(e);
-            }
-        };
+        let created = self.create_in(&id, plan, &image, args, kind, with_agent, shape).await;
+        if created.is_err() {
+            // Whatever step failed, one way out: nothing of it stays (NotFound is success).
+            let _ = self.client.snapshot_remove(&id).await;
+            let _ = self.client.container_delete(&id).await;
+            let _ = late::release(&self.late_dir(&id));
+            let _ = self.discard_run_dir(&id, true);
+        }
+        created
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn create_in(
+        &self,
+        id: &str,
+        mut plan: RunPlan,
+        image: &image::ImageInfo,
+        args: Option<Vec<String>>,
+        kind: &str,
+        with_agent: bool,
+        shape: Option<&pool::Shape>,
+    ) -> Result<Created, RuntimeError> {
+        let id = id.to_string();
+        let mut built = self.prepare_created(&id, &mut plan, args.is_none(), shape)?;
         let cgroup = self.cgroup_path(&id);
         if let Some(linux) = built.linux_mut() {
             linux.set_cgroups_path(Some(PathBuf::from(&cgroup)));
@@ -392,8 +419,6 @@ impl Engine {
                 (pool::LABEL_POOL_KEY.to_string(), shape.key.clone()),
             ]);
             if let Err(source) = late::prepare(&self.late_dir(&id), &shape.layout) {
-                let _ = late::release(&self.late_dir(&id));
-                let _ = self.discard_run_dir(&id);
                 return Err(RuntimeError::Io {
                     what: "preparing the member's late binds".into(),
                     source,
@@ -438,17 +463,7 @@ impl Engine {
                     }),
                 None => Ok(mounts),
             });
-        let rootfs = match rootfs {
-            Ok(m) => m,
-            Err(e) => {
-                let _ = late::release(&self.run_dir.join(&id));
-                let _ = self.client.snapshot_remove(&id).await;
-                let _ = self.client.container_delete(&id).await;
-                let _ = late::release(&self.late_dir(&id));
-                let _ = self.discard_run_dir(&id);
-                return Err(e);
-            }
-        };
+        let rootfs = rootfs?;
         Ok(Created {
             id,
             rootfs,
@@ -478,9 +493,13 @@ impl Engine {
                 }
             }
         }
+        let mut gone = true;
         match c.task_delete(id).await {
             Ok(_) => {}
-            Err(e) => first_error = first_error.or(Some(e)),
+            Err(e) => {
+                gone = false;
+                first_error = first_error.or(Some(e));
+            }
         }
         // A remapped rootfs and workspace views are runner's own mounts: they go before the
         // snapshot under them, and before anything under the state dir is removed.
@@ -498,6 +517,7 @@ impl Engine {
         }
         // Independent once the task is gone: the snapshot and the container record.
         let (snapshot, container) = tokio::join!(c.snapshot_remove(id), c.container_delete(id));
+        gone &= container.is_ok();
         for e in [snapshot.err(), container.err()].into_iter().flatten() {
             first_error = first_error.or(Some(e));
         }
@@ -513,7 +533,7 @@ impl Engine {
                 source: e,
             });
         }
-        if let Err(e) = self.discard_run_dir(id) {
+        if let Err(e) = self.discard_run_dir(id, gone) {
             tracing::warn!(container = id, error = %e, "could not remove the run directory");
         }
         match first_error {

@@ -45,16 +45,34 @@ pub fn mount_rootfs(mounts: &[Mount], run_dir: &Path, range: IdRange) -> io::Res
     match mount.r#type.as_str() {
         // A snapshot without parent: a plain directory.
         "bind" | "rbind" => {
-            let tree = idmap::idmapped_tree(Path::new(&mount.source), userns.as_fd(), Flags::default())?;
+            let read_only = mount.options.iter().any(|o| o == "ro");
+            let tree = idmap::idmapped_tree(
+                Path::new(&mount.source),
+                userns.as_fd(),
+                Flags {
+                    read_only,
+                    restricted: false,
+                },
+            )?;
             idmap::attach(tree, &target)?;
         }
         "overlay" => {
             let mut lower: Vec<PathBuf> = Vec::new();
             let mut upper: Option<PathBuf> = None;
             let mut data: Vec<String> = Vec::new();
+            let mut flags = MsFlags::empty();
             for option in &mount.options {
+                // Generic mount options are flags, not overlay data (as containerd parses them).
+                if let Some(flag) = mount_flag(option) {
+                    flags |= flag;
+                    continue;
+                }
                 match option.split_once('=') {
                     Some(("lowerdir", dirs)) => lower.extend(dirs.split(':').map(PathBuf::from)),
+                    // A layer added this way would not be idmapped: refuse rather than expose it.
+                    Some((key, _)) if key.starts_with("lowerdir+") || key.starts_with("datadir+") => {
+                        return Err(io::Error::other(format!("cannot remap the overlay option {key:?}")));
+                    }
                     Some(("upperdir", dir)) => {
                         upper = Some(PathBuf::from(dir));
                         data.push(option.clone());
@@ -90,14 +108,8 @@ pub fn mount_rootfs(mounts: &[Mount], run_dir: &Path, range: IdRange) -> io::Res
                         data.len()
                     )));
                 }
-                nix::mount::mount(
-                    Some("overlay"),
-                    &target,
-                    Some("overlay"),
-                    MsFlags::empty(),
-                    Some(data.as_str()),
-                )
-                .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("mounting the overlay rootfs: {e}")))
+                nix::mount::mount(Some("overlay"), &target, Some("overlay"), flags, Some(data.as_str()))
+                    .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("mounting the overlay rootfs: {e}")))
             })();
             // The overlay holds its layers; their mount points are not needed any more.
             for entry in std::fs::read_dir(&layers)?.flatten() {
@@ -159,5 +171,22 @@ pub fn range_of(spec: &oci_spec::runtime::Spec) -> Option<IdRange> {
     let first = maps.iter().find(|m| m.container_id() == 0)?;
     Some(IdRange {
         host_base: first.host_id(),
+    })
+}
+
+/// The mount flag a generic option stands for (`None`: filesystem data).
+fn mount_flag(option: &str) -> Option<MsFlags> {
+    Some(match option {
+        "ro" => MsFlags::MS_RDONLY,
+        "rw" | "defaults" | "suid" | "dev" | "exec" | "async" => MsFlags::empty(),
+        "nosuid" => MsFlags::MS_NOSUID,
+        "nodev" => MsFlags::MS_NODEV,
+        "noexec" => MsFlags::MS_NOEXEC,
+        "sync" => MsFlags::MS_SYNCHRONOUS,
+        "noatime" => MsFlags::MS_NOATIME,
+        "nodiratime" => MsFlags::MS_NODIRATIME,
+        "relatime" => MsFlags::MS_RELATIME,
+        "strictatime" => MsFlags::MS_STRICTATIME,
+        _ => return None,
     })
 }

@@ -7,6 +7,9 @@ mod python;
 mod resident;
 mod shell;
 
+/// The host's `nobody` (and `nogroup`): owner of session scratch workspaces.
+const NOBODY: u32 = 65_534;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -341,9 +344,12 @@ impl SessionManager {
                     .prefix("runner-session-")
                     .tempdir()
                     .map_err(|e| ServiceError::internal("creating a scratch workspace", e))?;
-                // Sandboxes may run as any uid: their scratch workspace is theirs to write.
+                // Sandboxes may run as any uid: their scratch workspace is theirs to write. It
+                // belongs to nobody: in a user namespace what the sandbox writes there is stored
+                // as the workspace's owner, which must not be the host's root.
                 use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+                std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY))
+                    .and_then(|()| std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)))
                     .map_err(|e| ServiceError::internal("opening the scratch workspace", e))?;
                 Some(dir)
             }
@@ -399,7 +405,19 @@ impl SessionManager {
             .await?
         };
         let backend = plan.bound.backend;
+        // Who owns what the file API makes in the workspace. In a user namespace the sandbox
+        // sees the workspace through a view that maps only the workspace's owner: the files
+        // must be that owner's (anything else would be read-only inside).
         let owner = match (backend, spec::container_user(plan.env(), &self.ctx.host)) {
+            (Backend::Containerd, _) if !plan.env().host_users => {
+                let meta = std::fs::metadata(&workspace)
+                    .map_err(|e| ServiceError::internal("reading the workspace's owner", e))?;
+                use std::os::unix::fs::MetadataExt;
+                Some(Owner {
+                    uid: meta.uid(),
+                    gid: meta.gid(),
+                })
+            }
             (Backend::Containerd, (uid, gid)) if (uid, gid) != (0, 0) => Some(Owner { uid, gid }),
             _ => None,
         };
