@@ -328,7 +328,14 @@ fn release_ranges(
     let mut released = Vec::new();
     for lease in held {
         let theirs = Path::new(&lease.state_dir);
-        if lease.containerd != containerd
+        // A lease of another containerd is judged by a gc that sees it, unless that
+        // containerd and the state dir are both gone and no process runs with the range's
+        // ids (a runner killed with a containerd of its own, as a test daemon).
+        let orphaned = || {
+            let socket = lease.containerd.rsplit_once('#').map(|(s, _)| s).unwrap_or("");
+            !Path::new(socket).exists() && !theirs.exists() && !range_has_processes(lease.host_base)
+        };
+        if (lease.containerd != containerd && !orphaned())
             || (theirs != ours && theirs.exists())
             || live.contains(&lease.container)
             || owner_alive(&lease.owner)
@@ -345,4 +352,21 @@ fn release_ranges(
         }
     }
     released
+}
+
+/// Whether any process of the host runs with a uid of the range starting at `base`.
+fn range_has_processes(base: u32) -> bool {
+    let end = u64::from(base) + crate::manifest::USERNS_IDS;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    entries.flatten().any(|e| {
+        let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+        status.lines().find(|l| l.starts_with("Uid:")).is_some_and(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .filter_map(|t| t.parse::<u64>().ok())
+                .any(|uid| (u64::from(base)..end).contains(&uid))
+        })
+    })
 }
