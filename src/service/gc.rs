@@ -167,9 +167,11 @@ pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceEr
             .map(|c| c.id)
             .collect();
         let (leases, ours, containerd) = (engine.leases.clone(), ours.clone(), engine.containerd_name());
+        let roots = engine.roots_dir();
         let (removed, ranges) = Context::blocking(move || {
             let mut removed = late_dirs(late_dir.as_deref(), &run_dir, &live, &ownerless);
             removed.extend(remove_run_dirs(&run_dir, &live, &ownerless));
+            removed.extend(remove_root_dirs(&roots, &live));
             Ok((removed, release_ranges(&leases, &containerd, &ours, &run_dir, &live)))
         })
         .await?;
@@ -369,4 +371,30 @@ fn range_has_processes(base: u32) -> bool {
                 .any(|uid| (u64::from(base)..end).contains(&uid))
         })
     })
+}
+
+/// Remove the rootfs directories (host-wide, per containerd) of containers that are gone.
+/// One is made just before its container: only one older than a create can take is a leftover.
+fn remove_root_dirs(roots: &Path, live: &HashSet<String>) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(roots) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > UNMARKED_RUN_DIR_AGE));
+        if live.contains(&name) || !old {
+            continue;
+        }
+        match crate::runtime::late::release(&e.path()) {
+            Ok(()) => removed.push(format!("rootfs/{name}")),
+            Err(err) => {
+                tracing::warn!(dir = %e.path().display(), error = %err, "gc could not remove a rootfs directory")
+            }
+        }
+    }
+    removed
 }

@@ -99,6 +99,22 @@ impl Engine {
         }
     }
 
+    /// Where container `id`'s remapped rootfs is mounted: a host-wide directory per
+    /// containerd (see `prepare_created` for why not the state dir).
+    pub fn root_dir(&self, id: &str) -> PathBuf {
+        self.roots_dir().join(id)
+    }
+
+    /// The directory of this containerd's rootfs directories.
+    pub fn roots_dir(&self) -> PathBuf {
+        use sha2::Digest;
+        let key = hex::encode(&sha2::Sha256::digest(self.containerd_name().as_bytes())[..8]);
+        std::env::var_os("RUNNER_ROOTFS_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(remap::DEFAULT_ROOTS_DIR))
+            .join(key)
+    }
+
     /// Which containerd this engine's containers live in (socket#namespace).
     pub fn containerd_name(&self) -> String {
         format!("{}#{}", self.client.address().display(), self.client.namespace())
@@ -174,8 +190,17 @@ impl Engine {
             return Ok(built);
         };
         let run = self.run_dir.join(id);
+        // The rootfs lives outside the state dir: runc's init, already the container's root,
+        // binds it by path, so every directory above it must be open to that id (a state dir
+        // under a 0700 home or mktemp directory is not). Only its own directory is closed.
+        let root_dir = self.root_dir(id);
+        std::fs::create_dir_all(root_dir.parent().unwrap_or(&root_dir))
+            .and_then(|()| std::fs::create_dir(&root_dir))
+            .and_then(|()| std::os::unix::fs::chown(&root_dir, Some(range.host_id(0)), Some(range.host_id(0))))
+            .and_then(|()| std::fs::set_permissions(&root_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)))
+            .map_err(io("making the rootfs directory"))?;
         let root = oci_spec::runtime::RootBuilder::default()
-            .path(run.join(remap::ROOTFS_DIR))
+            .path(root_dir.join(remap::ROOTFS_DIR))
             .readonly(false)
             .build()
             .map_err(|e| RuntimeError::Internal(format!("root: {e}")))?;
@@ -218,8 +243,8 @@ impl Engine {
     /// container's mount namespace).
     fn drop_host_mounts(&self, id: &str) {
         let run = self.run_dir.join(id);
-        let unmounted =
-            late::unmount_all(&run.join(remap::ROOTFS_DIR)).and_then(|()| late::release(&run.join(remap::VIEWS_DIR)));
+        let unmounted = late::unmount_all(&self.root_dir(id).join(remap::ROOTFS_DIR))
+            .and_then(|()| late::release(&run.join(remap::VIEWS_DIR)));
         if let Err(e) = unmounted {
             tracing::warn!(container = id, error = %e, "could not unmount the container's host mounts");
         }
@@ -236,10 +261,12 @@ impl Engine {
             .ok()
             .and_then(|t| t.trim().parse::<u32>().ok())
             .map(|host_base| spec::IdRange { host_base });
-        let removed = late::release(&dir).map_err(|source| RuntimeError::Io {
-            what: format!("removing {}", dir.display()),
-            source,
-        });
+        let removed = late::release(&self.root_dir(id))
+            .and_then(|()| late::release(&dir))
+            .map_err(|source| RuntimeError::Io {
+                what: format!("removing {}", dir.display()),
+                source,
+            });
         // A range goes back only once nothing of the container is mounted any more.
         if removed.is_ok()
             && release_range
@@ -455,7 +482,7 @@ impl Engine {
         let rootfs = created
             .map_err(RuntimeError::from)
             .and_then(|mounts| match plan.userns {
-                Some(range) => remap::mount_rootfs(&mounts, &self.run_dir.join(&id), range)
+                Some(range) => remap::mount_rootfs(&mounts, &self.root_dir(&id), range)
                     .map(|_| Vec::new())
                     .map_err(|source| RuntimeError::Io {
                         what: "mounting the remapped rootfs".into(),
@@ -504,15 +531,15 @@ impl Engine {
         // A remapped rootfs and workspace views are runner's own mounts: they go before the
         // snapshot under them, and before anything under the state dir is removed.
         let run = self.run_dir.join(id);
-        if run.join(remap::ROOTFS_DIR).exists() || run.join(remap::VIEWS_DIR).exists() {
-            for sub in [remap::ROOTFS_DIR, remap::VIEWS_DIR] {
-                if let Err(e) = late::release(&run.join(sub)) {
-                    tracing::warn!(container = id, error = %e, "could not unmount the container's mounts");
-                    return Err(RuntimeError::Io {
-                        what: format!("unmounting {}", run.join(sub).display()),
-                        source: e,
-                    });
-                }
+        for dir in [self.root_dir(id), run.join(remap::VIEWS_DIR)] {
+            if dir.exists()
+                && let Err(e) = late::release(&dir)
+            {
+                tracing::warn!(container = id, error = %e, "could not unmount the container's mounts");
+                return Err(RuntimeError::Io {
+                    what: format!("unmounting {}", dir.display()),
+                    source: e,
+                });
             }
         }
         // Independent once the task is gone: the snapshot and the container record.

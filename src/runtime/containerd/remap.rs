@@ -18,8 +18,10 @@ use nix::mount::{MntFlags, MsFlags};
 use crate::runtime::idmap::{self, Flags, IdMap};
 use crate::spec::IdRange;
 
-/// Where a remapped container's rootfs is mounted, in its run directory.
+/// Where a remapped container's rootfs is mounted, in its root directory.
 pub const ROOTFS_DIR: &str = "rootfs";
+/// The host-wide directory of rootfs directories (override: `RUNNER_ROOTFS_DIR`).
+pub const DEFAULT_ROOTS_DIR: &str = "/run/runner/rootfs";
 /// Where the idmapped views of its workspace are mounted, in its run directory.
 pub const VIEWS_DIR: &str = "views";
 /// The file in its run directory naming its range (`host_base`), for teardown.
@@ -28,16 +30,16 @@ pub const RANGE_FILE: &str = "userns";
 /// The largest mount data the kernel takes in one page.
 const MOUNT_DATA_MAX: usize = 4095;
 
-/// Mount the snapshot's `mounts` at `run_dir/rootfs` with the image's ids shifted into
-/// `range`. Returns the rootfs path.
-pub fn mount_rootfs(mounts: &[Mount], run_dir: &Path, range: IdRange) -> io::Result<PathBuf> {
+/// Mount the snapshot's `mounts` at `dir/rootfs` with the image's ids shifted into `range`.
+/// Returns the rootfs path.
+pub fn mount_rootfs(mounts: &[Mount], dir: &Path, range: IdRange) -> io::Result<PathBuf> {
     let [mount] = mounts else {
         return Err(io::Error::other(format!(
             "the snapshotter gave {} mounts for a rootfs; remapping handles one",
             mounts.len()
         )));
     };
-    let target = run_dir.join(ROOTFS_DIR);
+    let target = dir.join(ROOTFS_DIR);
     std::fs::create_dir_all(&target)?;
     std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))?;
     let map = IdMap::range(range);
@@ -57,29 +59,12 @@ pub fn mount_rootfs(mounts: &[Mount], run_dir: &Path, range: IdRange) -> io::Res
             idmap::attach(tree, &target)?;
         }
         "overlay" => {
-            let mut lower: Vec<PathBuf> = Vec::new();
-            let mut upper: Option<PathBuf> = None;
-            let mut data: Vec<String> = Vec::new();
-            let mut flags = MsFlags::empty();
-            for option in &mount.options {
-                // Generic mount options are flags, not overlay data (as containerd parses them).
-                if let Some(flag) = mount_flag(option) {
-                    flags |= flag;
-                    continue;
-                }
-                match option.split_once('=') {
-                    Some(("lowerdir", dirs)) => lower.extend(dirs.split(':').map(PathBuf::from)),
-                    // A layer added this way would not be idmapped: refuse rather than expose it.
-                    Some((key, _)) if key.starts_with("lowerdir+") || key.starts_with("datadir+") => {
-                        return Err(io::Error::other(format!("cannot remap the overlay option {key:?}")));
-                    }
-                    Some(("upperdir", dir)) => {
-                        upper = Some(PathBuf::from(dir));
-                        data.push(option.clone());
-                    }
-                    _ => data.push(option.clone()),
-                }
-            }
+            let Overlay {
+                lower,
+                upper,
+                mut data,
+                flags,
+            } = parse_overlay(&mount.options)?;
             if lower.is_empty() {
                 return Err(io::Error::other("an overlay rootfs without lower layers"));
             }
@@ -90,7 +75,7 @@ pub fn mount_rootfs(mounts: &[Mount], run_dir: &Path, range: IdRange) -> io::Res
                 std::os::unix::fs::lchown(upper, Some(range.host_id(top.uid())), Some(range.host_id(top.gid())))?;
                 std::fs::set_permissions(upper, std::fs::Permissions::from_mode(top.mode() & 0o7777))?;
             }
-            let layers = run_dir.join("layers");
+            let layers = dir.join("layers");
             std::fs::create_dir_all(&layers)?;
             let attached = (|| {
                 let mut names = Vec::new();
@@ -189,4 +174,73 @@ fn mount_flag(option: &str) -> Option<MsFlags> {
         "strictatime" => MsFlags::MS_STRICTATIME,
         _ => return None,
     })
+}
+
+/// An overlay mount's options, split: lower layers, the upper directory, the rest of the data,
+/// and the generic options as mount flags (as containerd parses them).
+#[derive(Debug, PartialEq)]
+struct Overlay {
+    lower: Vec<PathBuf>,
+    upper: Option<PathBuf>,
+    data: Vec<String>,
+    flags: MsFlags,
+}
+
+fn parse_overlay(options: &[String]) -> io::Result<Overlay> {
+    let mut out = Overlay {
+        lower: Vec::new(),
+        upper: None,
+        data: Vec::new(),
+        flags: MsFlags::empty(),
+    };
+    for option in options {
+        if let Some(flag) = mount_flag(option) {
+            out.flags |= flag;
+            continue;
+        }
+        match option.split_once('=') {
+            Some(("lowerdir", dirs)) => out.lower.extend(dirs.split(':').map(PathBuf::from)),
+            // A layer added this way would not be idmapped: refuse rather than expose it.
+            Some((key, _)) if key.starts_with("lowerdir+") || key.starts_with("datadir+") => {
+                return Err(io::Error::other(format!("cannot remap the overlay option {key:?}")));
+            }
+            Some(("upperdir", dir)) => {
+                out.upper = Some(PathBuf::from(dir));
+                out.data.push(option.clone());
+            }
+            _ => out.data.push(option.clone()),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlay_options_split_into_layers_data_and_flags() {
+        let options: Vec<String> = [
+            "index=off",
+            "workdir=/s/3/work",
+            "upperdir=/s/3/fs",
+            "lowerdir=/s/2/fs:/s/1/fs",
+            "ro",
+            "nosuid",
+            "userxattr",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let o = parse_overlay(&options).unwrap();
+        assert_eq!(o.lower, [PathBuf::from("/s/2/fs"), PathBuf::from("/s/1/fs")]);
+        assert_eq!(o.upper, Some(PathBuf::from("/s/3/fs")));
+        assert_eq!(
+            o.data,
+            ["index=off", "workdir=/s/3/work", "upperdir=/s/3/fs", "userxattr"]
+        );
+        assert_eq!(o.flags, MsFlags::MS_RDONLY | MsFlags::MS_NOSUID);
+        // A layer that would bypass the idmapping is refused.
+        assert!(parse_overlay(&["lowerdir+=/s/1/fs".to_string()]).is_err());
+    }
 }
