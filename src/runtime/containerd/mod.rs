@@ -363,7 +363,9 @@ impl Engine {
         shape: Option<&pool::Shape>,
     ) -> Result<Created, RuntimeError> {
         let id = id.to_string();
+        let t0 = Instant::now();
         let mut built = self.prepare_created(&id, &mut plan, args.is_none(), shape)?;
+        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "spec, range and views prepared");
         let cgroup = self.cgroup_path(&id);
         if let Some(linux) = built.linux_mut() {
             linux.set_cgroups_path(Some(PathBuf::from(&cgroup)));
@@ -482,12 +484,15 @@ impl Engine {
         let rootfs = created
             .map_err(RuntimeError::from)
             .and_then(|mounts| match plan.userns {
-                Some(range) => remap::mount_rootfs(&mounts, &self.root_dir(&id), range)
-                    .map(|_| Vec::new())
-                    .map_err(|source| RuntimeError::Io {
+                Some(range) => {
+                    let t0 = Instant::now();
+                    let mounted = remap::mount_rootfs(&mounts, &self.root_dir(&id), range);
+                    tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "remapped rootfs mounted");
+                    mounted.map(|_| Vec::new()).map_err(|source| RuntimeError::Io {
                         what: "mounting the remapped rootfs".into(),
                         source,
-                    }),
+                    })
+                }
                 None => Ok(mounts),
             });
         let rootfs = rootfs?;
