@@ -21,7 +21,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 pub use files::Download;
-pub use shell::{Check, ShellOutput, ShellRequest};
+pub use shell::{Check, SHELL_GONE, ShellOutput, ShellRequest};
 
 use super::{Context, ServiceError};
 use crate::confined::Owner;

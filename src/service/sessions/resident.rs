@@ -76,6 +76,8 @@ pub(super) struct Resident {
     input: pipe::Sender,
     status: BufReader<pipe::Receiver>,
     calls: u64,
+    /// A write found no reader: the shell exited between calls.
+    gone: bool,
 }
 
 /// What a status line says.
@@ -203,6 +205,7 @@ impl Resident {
             input,
             status: BufReader::new(st_rw),
             calls: 0,
+            gone: false,
         };
         let hello = format!(
             "PS1= PS2= PROMPT_COMMAND=; unset HISTFILE MAILCHECK; if [ -n \"${{BASH_VERSION:-}}\" ]; then set +H +o history; fi\n\
@@ -238,10 +241,19 @@ impl Resident {
     }
 
     async fn send(&mut self, text: &str) -> Result<(), ServiceError> {
-        self.input
-            .write_all(text.as_bytes())
-            .await
-            .map_err(|e| ServiceError::internal("writing to the shell", e))
+        let written = self.input.write_all(text.as_bytes()).await;
+        if let Err(e) = &written
+            && e.kind() == std::io::ErrorKind::BrokenPipe
+        {
+            self.gone = true;
+        }
+        written.map_err(|e| ServiceError::internal("writing to the shell", e))
+    }
+
+    /// Whether the shell was found gone (it exited between calls: busybox's ash, for one, can
+    /// act on an interrupt it was sent during the previous call's escalation only later).
+    pub(super) fn gone(&self) -> bool {
+        self.gone
     }
 
     async fn next_line(&mut self) -> Option<Line> {

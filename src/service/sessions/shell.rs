@@ -74,6 +74,10 @@ pub struct ShellRequest {
     pub name: Option<String>,
 }
 
+/// Said first when a call found its shell gone and ran in a new one.
+pub const SHELL_GONE: &str =
+    "runner: the shell had exited since the last call; this command ran in a new one (its state is lost)\n";
+
 /// What a shell command did: stdout and stderr interleaved as a terminal shows them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -123,7 +127,22 @@ impl Session {
                     }
                 }
                 let resident = shell.as_mut().expect("the shell just started");
-                let (output, alive) = resident.run(sandbox, &request.command, timeout, limit).await?;
+                let ran = resident.run(sandbox, &request.command, timeout, limit).await;
+                let (output, alive) = match ran {
+                    // The shell exited after its last answer: the command runs in a new one,
+                    // and the answer says the state is lost (never a 500, never silence).
+                    Err(_) if resident.gone() => {
+                        if let Some(dead) = shell.take() {
+                            dead.stop(sandbox);
+                        }
+                        let mut fresh = Resident::start(runtime.as_ref(), sandbox, &name).await?;
+                        let (mut output, alive) = fresh.run(sandbox, &request.command, timeout, limit).await?;
+                        output.output = format!("{SHELL_GONE}{}", output.output);
+                        *shell = Some(fresh);
+                        (output, alive)
+                    }
+                    other => other?,
+                };
                 if !alive && let Some(dead) = shell.take() {
                     // What it left running (an orphaned command, background jobs) goes too.
                     dead.stop(sandbox);
