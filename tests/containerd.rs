@@ -568,14 +568,6 @@ async fn root_in_the_sandbox_is_a_range_of_its_own_on_the_host() {
 #[ignore = "needs a private containerd: run scripts/test.sh"]
 async fn escape_probes_stay_refused_in_the_user_namespace() {
     let dir = tempfile::tempdir().unwrap();
-    let c = client().await;
-    PYTHON
-        .get_or_init(|| async {
-            runner::image::import(&c, &image_dir().join("python-oci.tar"), &Default::default())
-                .await
-                .expect("import python");
-        })
-        .await;
     // Each probe prints its name and the errno it got (0: it worked). Raw system calls, so
     // no library can hide a success.
     let script = r#"
@@ -610,16 +602,7 @@ for path, data in [("/proc/sys/kernel/hostname", "x"), ("/proc/sysrq-trigger", "
 "#;
     std::fs::create_dir_all(dir.path().join("ws")).unwrap();
     std::fs::write(dir.path().join("ws/probe.py"), script).unwrap();
-    let yaml = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: py}\nspec:\n  image: local/python:3.11\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: probes}\nspec:\n  environment: py\n  workspace: ./ws\n  command: [\"python3\", \"probe.py\"]\n";
-    let set = manifest::parse_str(yaml, dir.path(), None).unwrap();
-    let mut bound = set.bind(&set.jobs[0], None).unwrap();
-    bound.job.name = unique_name();
-    let p = spec::resolve(&bound, &host(&dir.path().join("state"))).unwrap();
-    let r = engine(&dir.path().join("state"))
-        .await
-        .run_oneshot(&p, &CancellationToken::new())
-        .await
-        .unwrap();
+    let r = python_oneshot(dir.path(), "", r#"["python3", "probe.py"]"#).await;
     assert_eq!(r.exit_code, Some(0), "{}", r.stderr);
     let results: Vec<(String, i32)> = r
         .stdout
@@ -637,10 +620,8 @@ for path, data in [("/proc/sys/kernel/hostname", "x"), ("/proc/sysrq-trigger", "
 
 static PYTHON: OnceCell<()> = OnceCell::const_new();
 
-#[tokio::test]
-#[ignore = "needs a private containerd: run scripts/test.sh"]
-async fn setuid_binaries_keep_their_bits_and_run() {
-    let dir = tempfile::tempdir().unwrap();
+/// A one-shot job on the Python image (imported once), with a workspace in `dir`.
+async fn python_oneshot(dir: &Path, env_extra: &str, command: &str) -> ExecResult {
     let c = client().await;
     PYTHON
         .get_or_init(|| async {
@@ -649,17 +630,31 @@ async fn setuid_binaries_keep_their_bits_and_run() {
                 .expect("import python");
         })
         .await;
-    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
-    let yaml = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: py}\nspec:\n  image: local/python:3.11\n  user: \"1000:1000\"\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: suid}\nspec:\n  environment: py\n  workspace: ./ws\n  command: [\"sh\", \"-c\", \"stat -c %a:%u:%g /usr/bin/passwd; /usr/bin/passwd --help >/dev/null && echo ran\"]\n";
-    let set = manifest::parse_str(yaml, dir.path(), None).unwrap();
+    std::fs::create_dir_all(dir.join("ws")).unwrap();
+    let yaml = format!(
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: py}}\nspec:\n  image: local/python:3.11\n{env_extra}---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: py}}\nspec:\n  environment: py\n  workspace: ./ws\n  command: {command}\n"
+    );
+    let set = manifest::parse_str(&yaml, dir, None).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
     let mut bound = set.bind(&set.jobs[0], None).unwrap();
     bound.job.name = unique_name();
-    let p = spec::resolve(&bound, &host(&dir.path().join("state"))).unwrap();
-    let r = engine(&dir.path().join("state"))
+    let p = spec::resolve(&bound, &host(&dir.join("state"))).unwrap();
+    engine(&dir.join("state"))
         .await
         .run_oneshot(&p, &CancellationToken::new())
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn setuid_binaries_keep_their_bits_and_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = python_oneshot(
+        dir.path(),
+        "  user: \"1000:1000\"\n",
+        r#"["sh", "-c", "stat -c %a:%u:%g /usr/bin/passwd; /usr/bin/passwd --help >/dev/null && echo ran"]"#,
+    )
+    .await;
     // The image's root-owned setuid binary keeps its bits and owner through the mapping, and
     // runs (noNewPrivileges keeps it from raising privileges, as in every container of ours).
     assert_eq!(r.stdout, "4755:0:0\nran\n", "{}", r.stderr);
