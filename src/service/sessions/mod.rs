@@ -410,13 +410,9 @@ impl SessionManager {
         // must be that owner's (anything else would be read-only inside).
         let owner = match (backend, spec::container_user(plan.env(), &self.ctx.host)) {
             (Backend::Containerd, _) if !plan.env().host_users => {
-                let meta = std::fs::metadata(&workspace)
+                let (uid, gid) = crate::runtime::containerd::remap::workspace_owner(Path::new(&workspace))
                     .map_err(|e| ServiceError::internal("reading the workspace's owner", e))?;
-                use std::os::unix::fs::MetadataExt;
-                Some(Owner {
-                    uid: meta.uid(),
-                    gid: meta.gid(),
-                })
+                Some(Owner { uid, gid })
             }
             (Backend::Containerd, (uid, gid)) if (uid, gid) != (0, 0) => Some(Owner { uid, gid }),
             _ => None,
