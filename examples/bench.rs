@@ -36,7 +36,7 @@ async fn main() {
     let address = std::env::var("CONTAINERD_ADDRESS").expect("CONTAINERD_ADDRESS");
     let namespace = std::env::var("CONTAINERD_NAMESPACE").unwrap_or_else(|_| "runner-bench".into());
     let state = std::path::PathBuf::from(std::env::var("RUNNER_STATE_DIR").expect("RUNNER_STATE_DIR"));
-    let image = std::env::var("BENCH_IMAGE").unwrap_or_else(|_| "local/busybox:latest".into());
+    let image = std::env::var("BENCH_IMAGE").unwrap_or_else(|_| "local/busybox:1.35".into());
     let client = Containerd::connect(std::path::Path::new(&address), &namespace)
         .await
         .expect("connect");
@@ -151,7 +151,7 @@ async fn main() {
 fn http(n: usize) {
     let url = std::env::var("BENCH_URL").expect("BENCH_URL");
     let token = std::env::var("BENCH_TOKEN").expect("BENCH_TOKEN");
-    let image = std::env::var("BENCH_IMAGE").unwrap_or_else(|_| "local/busybox:latest".into());
+    let image = std::env::var("BENCH_IMAGE").unwrap_or_else(|_| "local/busybox:1.35".into());
     let auth = format!("Bearer {token}");
     let post = |path: &str, body: &str| -> serde_json::Value {
         let r = ureq::post(&format!("{url}{path}"))

@@ -48,7 +48,7 @@ apiVersion: runner/v1alpha1
 kind: Environment
 metadata: {name: bb}
 spec:
-  image: local/busybox:latest
+  image: local/busybox:1.35
 ---
 apiVersion: runner/v1alpha1
 kind: Job
@@ -77,13 +77,13 @@ sed 's/^  image: .*/&\n  hostUsers: true/' "$work/true.yaml" > "$work/true-host-
 
 # Warm every path once (page cache, first shim binary load).
 "$runner" apply -f "$work/true.yaml" >/dev/null
-ctr_ run --rm local/busybox:latest warm sh -c true >/dev/null
+ctr_ run --rm local/busybox:1.35 warm sh -c true >/dev/null
 ctr_ run --rm --config "$work/spec.json" warm-spec >/dev/null
 
 r=(); c=(); s=()
 for i in $(seq 1 "$runs"); do
   r+=("$(ms_of "$runner" apply -f "$work/true.yaml")")
-  c+=("$(ms_of ctr_ run --rm local/busybox:latest "b$i" sh -c true)")
+  c+=("$(ms_of ctr_ run --rm local/busybox:1.35 "b$i" sh -c true)")
   s+=("$(ms_of ctr_ run --rm --config "$work/spec.json" "s$i")")
 done
 r_med=$(printf '%s\n' "${r[@]}" | median)
@@ -104,7 +104,7 @@ p=(); c2=()
 for i in $(seq 1 "$runs"); do
   p+=("$(ms_of "$runner" apply -f "$work/true.yaml")")
   "$runner" pool fill bb >/dev/null
-  c2+=("$(ms_of ctr_ run --rm local/busybox:latest "p$i" sh -c true)")
+  c2+=("$(ms_of ctr_ run --rm local/busybox:1.35 "p$i" sh -c true)")
 done
 "$runner" pool rm bb >/dev/null
 p_med=$(printf '%s\n' "${p[@]}" | median)
@@ -123,7 +123,7 @@ u_med=$(printf '%s\n' "${u[@]}" | sort -n | sed -n 2p)
 h_med=$(printf '%s\n' "${h[@]}" | sort -n | sed -n 2p)
 echo "userns     lifecycle with a workspace, own user namespace: ${u_med} ms   hostUsers: true: ${h_med} ms   cost $(awk "BEGIN{printf \"%+.1f\", $u_med-$h_med}") ms  (median of 3 passes of $runs)"
 
-ctr_ run -d local/busybox:latest anchor sh -c 'sleep 100000' >/dev/null
+ctr_ run -d local/busybox:1.35 anchor sh -c 'sleep 100000' >/dev/null
 e=()
 for i in $(seq 1 "$runs"); do e+=("$(ms_of ctr_ task exec --exec-id "e$i" anchor /bin/true)"); done
 e_med=$(printf '%s\n' "${e[@]}" | median)
@@ -149,7 +149,7 @@ echo "http       busybox: $http"
 echo "http       python (bash resident shell): $http_py"
 # The same from warm pools `serve --pool` keeps (sessions claim a member; the pool refills).
 mkdir -p "$work/envs"
-printf 'apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nspec:\n  image: local/busybox:latest\n---\napiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: py}\nspec:\n  image: local/python:3.11\n' > "$work/envs/envs.yaml"
+printf 'apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nspec:\n  image: local/busybox:1.35\n---\napiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: py}\nspec:\n  image: local/python:3.11\n' > "$work/envs/envs.yaml"
 "$runner" serve --listen 127.0.0.1:0 --token-file "$work/token" --env-dir "$work/envs" --pool bb=2 --pool py=2 > "$work/serve2.out" 2>"$work/serve2.err" &
 serve_pid=$!
 for _ in $(seq 1 200); do grep -q listening "$work/serve2.out" 2>/dev/null && break; sleep 0.05; done

@@ -36,13 +36,17 @@ pub struct Config {
     pub runner_exe: Option<PathBuf>,
     /// The log filter handed to the processes runner starts (supervisors).
     pub log: String,
+    /// How registries are reached: hosts.toml directories and plain-HTTP hosts.
+    pub registry: crate::image::registry::RegistryConfig,
 }
 
 impl Config {
     /// The defaults, with a state directory.
     pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+        let state_dir = state_dir.into();
         Config {
-            state_dir: state_dir.into(),
+            registry: crate::image::registry::RegistryConfig::with_defaults(&state_dir),
+            state_dir,
             namespace: DEFAULT_NAMESPACE.to_string(),
             address: None,
             env_dir: None,
@@ -50,6 +54,21 @@ impl Config {
             runner_exe: None,
             log: "warn".to_string(),
         }
+    }
+
+    /// The registry settings as command-line flags, for the runner processes this one starts
+    /// (supervisors and pool fillers pull images too).
+    pub fn registry_args(&self) -> Vec<std::ffi::OsString> {
+        let mut args = Vec::new();
+        for dir in &self.registry.hosts_dirs {
+            args.push("--hosts-dir".into());
+            args.push(dir.clone().into_os_string());
+        }
+        for host in &self.registry.insecure {
+            args.push("--insecure-registry".into());
+            args.push(host.into());
+        }
+        args
     }
 
     /// Per-job output and results.

@@ -223,7 +223,7 @@ async fn each_kind_of_failure_has_its_status() {
         .call(
             "POST",
             "/v1/sessions",
-            Some(json!({"environment": {"image": "local/busybox:latest"}})),
+            Some(json!({"environment": {"image": "local/busybox:1.35"}})),
         )
         .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
@@ -603,7 +603,7 @@ async fn a_dropped_stream_stops_its_command_and_frees_the_session() {
 #[tokio::test]
 async fn a_containerd_job_is_refused_while_containerd_is_unreachable() {
     let api = api();
-    let manifest = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: c}\nspec: {image: local/busybox:latest}\n---\n\
+    let manifest = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: c}\nspec: {image: local/busybox:1.35}\n---\n\
                     apiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: never}\nspec: {environment: c, command: \"true\"}\n";
     let (status, body) = api.send("POST", "/v1/jobs", Some(TOKEN), Body::from(manifest)).await;
     assert_eq!(

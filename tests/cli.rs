@@ -160,7 +160,7 @@ fn setup_output_is_reported_apart_and_a_failing_setup_fails_the_job() {
 fn validate_exits_2_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let base =
-        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec:\n  image: local/busybox:latest\n";
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec:\n  image: local/busybox:1.35\n";
     let cases = [
         ("  colour: blue\n", "spec.colour"),
         ("  resources: {memory: lots}\n", "spec.resources.memory"),

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use common::*;
 
-const IMAGE: &str = "local/busybox:latest";
+const IMAGE: &str = "local/busybox:1.35";
 
 static IMPORTED: OnceCell<()> = OnceCell::const_new();
 
@@ -107,7 +107,7 @@ async fn image_import_in_all_three_formats() {
     let dir = tempfile::tempdir().unwrap();
     let images = image_dir();
     let imports: [(&str, &[&str], &str); 3] = [
-        ("busybox-oci.tar", &[], "local/busybox:latest"),
+        ("busybox-oci.tar", &[], "local/busybox:1.35"),
         ("busybox-docker.tar", &["--name", "local/bbd:1"], "local/bbd:1"),
         (
             "busybox-rootfs.tar",
@@ -130,7 +130,7 @@ async fn image_import_in_all_three_formats() {
     }
     let ls = runner_ctd(&["image", "ls"], dir.path());
     let listing = String::from_utf8_lossy(&ls.stdout);
-    for name in ["local/busybox:latest", "local/bbd:1", "local/bbr:1"] {
+    for name in ["local/busybox:1.35", "local/bbd:1", "local/bbr:1"] {
         assert!(listing.contains(name), "{name} missing from:\n{listing}");
     }
     // A rootfs tarball without a name is refused with a clear message.
@@ -160,7 +160,7 @@ async fn image_import_in_all_three_formats() {
         .await
         .unwrap();
     c.lease_delete_sync("runner-test-gc-trigger").await.unwrap();
-    for name in ["local/busybox:latest", "local/bbd:1", "local/bbr:1"] {
+    for name in ["local/busybox:1.35", "local/bbd:1", "local/bbr:1"] {
         runner::image::resolve(&c, name)
             .await
             .unwrap_or_else(|e| panic!("{name} after GC: {e}"));

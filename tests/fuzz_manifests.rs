@@ -99,7 +99,7 @@ fn seeds() -> Vec<Vec<u8>> {
     seeds.sort();
     // One seed touching most of the Job and Environment fields.
     seeds.push(
-        b"apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec:\n  image: local/busybox:latest\n  workdir: /workspace\n  network: none\n  resources: {memory: 64Mi, cpu: 500m, pids: 16}\n  env: {A: b}\n  user: \"1000:1000\"\n  setup:\n    commands: [\"true\"]\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: j, labels: {a: b}}\nspec:\n  environment: e\n  command: [\"sh\", \"-c\", \"true\"]\n  stdin: \"x\"\n  timeoutSeconds: 5\n  completions: 2\n  parallelism: 2\n  completionMode: Indexed\n  backoffLimit: 1\n"
+        b"apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec:\n  image: local/busybox:1.35\n  workdir: /workspace\n  network: none\n  resources: {memory: 64Mi, cpu: 500m, pids: 16}\n  env: {A: b}\n  user: \"1000:1000\"\n  setup:\n    commands: [\"true\"]\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: j, labels: {a: b}}\nspec:\n  environment: e\n  command: [\"sh\", \"-c\", \"true\"]\n  stdin: \"x\"\n  timeoutSeconds: 5\n  completions: 2\n  parallelism: 2\n  completionMode: Indexed\n  backoffLimit: 1\n"
             .to_vec(),
     );
     seeds

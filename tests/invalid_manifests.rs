@@ -9,7 +9,7 @@ use runner::manifest;
 use runner::spec::{self, HostEnv};
 
 const ENV: &str =
-    "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: env}\nspec:\n  image: local/busybox:latest\n";
+    "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: env}\nspec:\n  image: local/busybox:1.35\n";
 const JOB: &str = "---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: job}\nspec:\n  environment: env\n  workspace: ./ws\n  command: [\"true\"]\n";
 
 fn host(state_dir: &Path) -> HostEnv {
@@ -282,7 +282,7 @@ fn cases() -> Vec<(&'static str, String, &'static str, &'static str)> {
         ),
         (
             "image missing for containerd",
-            format!("{ENV}{JOB}").replace("  image: local/busybox:latest\n", "  workdir: /workspace\n"),
+            format!("{ENV}{JOB}").replace("  image: local/busybox:1.35\n", "  workdir: /workspace\n"),
             "spec.image",
             "required",
         ),

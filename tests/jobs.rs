@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::*;
 
 const ENV: &str =
-    "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nspec:\n  image: local/busybox:latest\n";
+    "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nspec:\n  image: local/busybox:1.35\n";
 
 fn job(name: &str, command: &str, extra: &str) -> String {
     format!(
@@ -287,7 +287,7 @@ fn gc_removes_the_cgroups_runc_leaves_behind() {
         "{said}"
     );
     assert_eq!(parents(), Vec::<std::path::PathBuf>::new());
-    assert_eq!(run(&["image", "rm", "local/busybox:latest"]).status.code(), Some(0));
+    assert_eq!(run(&["image", "rm", "local/busybox:1.35"]).status.code(), Some(0));
 }
 
 #[test]
@@ -342,7 +342,7 @@ fn stdin_reaches_a_foreground_job_after_setup_and_absent_stdin_is_eof() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     import_busybox(&state);
-    let manifest = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb-setup}\nspec:\n  image: local/busybox:latest\n  setup:\n    commands: [\"cat; echo setup-done\"]\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: fg-stdin}\nspec:\n  environment: bb-setup\n  command: \"cat; echo done\"\n  stdin: \"line one\\nline two\\n\"\n  timeoutSeconds: 20\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: fg-no-stdin}\nspec:\n  environment: bb\n  command: \"cat; echo eof\"\n  timeoutSeconds: 20\n";
+    let manifest = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb-setup}\nspec:\n  image: local/busybox:1.35\n  setup:\n    commands: [\"cat; echo setup-done\"]\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: fg-stdin}\nspec:\n  environment: bb-setup\n  command: \"cat; echo done\"\n  stdin: \"line one\\nline two\\n\"\n  timeoutSeconds: 20\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: fg-no-stdin}\nspec:\n  environment: bb\n  command: \"cat; echo eof\"\n  timeoutSeconds: 20\n";
     let file = write_manifest(dir.path(), "fg.yaml", &format!("{ENV}---\n{manifest}"));
     let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
@@ -401,7 +401,7 @@ const POOL_ENV: &str = r#"apiVersion: runner/v1alpha1
 kind: Environment
 metadata: {name: pooled}
 spec:
-  image: local/busybox:latest
+  image: local/busybox:1.35
   workdir: /workspace
   user: "1000:1000"
   env: {GREETING: "hello world", TZ: UTC}
@@ -639,7 +639,7 @@ fn a_warm_pool_in_a_manifest_is_made_before_its_jobs_run() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     import_busybox(&state);
-    let text = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: wp-env}\nspec:\n  image: local/busybox:latest\n  env: {WHO: pooled}\n---\napiVersion: runner/v1alpha1\nkind: WarmPool\nmetadata: {name: wp}\nspec:\n  environment: wp-env\n  size: 2\n  workspace: false\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: wp-job}\nspec:\n  environment: wp-env\n  command: [\"sh\", \"-c\", \"echo $WHO on $(hostname)\"]\n";
+    let text = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: wp-env}\nspec:\n  image: local/busybox:1.35\n  env: {WHO: pooled}\n---\napiVersion: runner/v1alpha1\nkind: WarmPool\nmetadata: {name: wp}\nspec:\n  environment: wp-env\n  size: 2\n  workspace: false\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: wp-job}\nspec:\n  environment: wp-env\n  command: [\"sh\", \"-c\", \"echo $WHO on $(hostname)\"]\n";
     let file = write_manifest(dir.path(), "wp.yaml", text);
     let f = file.to_str().unwrap();
     let out = runner_ctd(&["validate", "-f", f], &state);
@@ -665,7 +665,7 @@ fn a_warm_pool_in_a_manifest_is_made_before_its_jobs_run() {
     let host = write_manifest(
         dir.path(),
         "host.yaml",
-        &text.replace("  image: local/busybox:latest\n", "  backend: host\n"),
+        &text.replace("  image: local/busybox:1.35\n", "  backend: host\n"),
     );
     let out = runner_ctd(&["validate", "-f", host.to_str().unwrap()], &state);
     assert!(
@@ -679,7 +679,7 @@ fn a_warm_pool_in_a_manifest_is_made_before_its_jobs_run() {
         dir.path(),
         "nested.yaml",
         &format!(
-            "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: nested}}\nspec:\n  image: local/busybox:latest\n  mounts: [{{source: {0}, target: /opt}}, {{source: {0}, target: /opt/inner, readOnly: true}}]\n",
+            "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: nested}}\nspec:\n  image: local/busybox:1.35\n  mounts: [{{source: {0}, target: /opt}}, {{source: {0}, target: /opt/inner, readOnly: true}}]\n",
             cache.display()
         ),
     );

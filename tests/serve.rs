@@ -449,7 +449,7 @@ fn ipython_runs_the_python_of_an_image_that_has_it() {
 #[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
 fn files_round_trip_through_the_workspace() {
     let s = server();
-    let id = session(&s, r#"{"image": "local/busybox:latest"}"#);
+    let id = session(&s, r#"{"image": "local/busybox:1.35"}"#);
     let base = format!("{}/v1/sessions/{id}", s.url);
     let (status, _) = call(
         "PUT",
@@ -513,7 +513,7 @@ fn files_round_trip_through_the_workspace() {
 #[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
 fn jobs_over_http_use_the_cli_code_paths() {
     let s = server();
-    let manifest = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nspec:\n  image: local/busybox:latest\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: http-job}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"cat; echo from-http\"]\n  stdin: \"via-http\\n\"\n";
+    let manifest = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nspec:\n  image: local/busybox:1.35\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: http-job}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"cat; echo from-http\"]\n  stdin: \"via-http\\n\"\n";
     let created = ok_json("POST", &format!("{}/v1/jobs", s.url), Some(manifest));
     assert_eq!(created["created"][0], "http-job");
     let start = Instant::now();
@@ -591,7 +591,7 @@ fn the_file_api_never_leaves_the_workspace() {
     std::fs::write(outside.join("secret"), "host secret").unwrap();
     std::fs::write(outside.join("sub/secret"), "host secret").unwrap();
     let before = snapshot(host.path());
-    let id = session(&s, r#"{"image": "local/busybox:latest"}"#);
+    let id = session(&s, r#"{"image": "local/busybox:1.35"}"#);
     let base = format!("{}/v1/sessions/{id}", s.url);
     let out = outside.display().to_string();
     let sh = |script: &str| {
@@ -723,7 +723,7 @@ fn the_file_api_never_leaves_the_workspace() {
 #[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
 fn a_session_takes_a_whole_environment_document() {
     let s = server();
-    let doc = r#"{"apiVersion": "runner/v1alpha1", "kind": "Environment", "metadata": {"name": "pasted"}, "spec": {"image": "local/busybox:latest", "env": {"FROM": "document"}}}"#;
+    let doc = r#"{"apiVersion": "runner/v1alpha1", "kind": "Environment", "metadata": {"name": "pasted"}, "spec": {"image": "local/busybox:1.35", "env": {"FROM": "document"}}}"#;
     let id = session(&s, doc);
     let r = ok_json(
         "POST",
@@ -748,7 +748,7 @@ fn a_session_takes_a_whole_environment_document() {
     call("DELETE", &format!("{}/v1/sessions/{id}", s.url), Some(TOKEN), None);
     let host_users = session(
         &s,
-        r#"{"apiVersion": "runner/v1alpha1", "kind": "Environment", "metadata": {"name": "hu"}, "spec": {"image": "local/busybox:latest", "hostUsers": true}}"#,
+        r#"{"apiVersion": "runner/v1alpha1", "kind": "Environment", "metadata": {"name": "hu"}, "spec": {"image": "local/busybox:1.35", "hostUsers": true}}"#,
     );
     assert_eq!(uid_map(&host_users), [0, 0, 4294967295]);
     call(
@@ -796,7 +796,7 @@ fn a_session_takes_a_whole_environment_document() {
 fn the_resident_shell_keeps_state_frames_output_and_survives_timeouts() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = server();
-    for (image, bash) in [("local/python:3.11", true), ("local/busybox:latest", false)] {
+    for (image, bash) in [("local/python:3.11", true), ("local/busybox:1.35", false)] {
         let id = session(&s, &format!(r#"{{"image": "{image}"}}"#));
         let base = format!("{}/v1/sessions/{id}", s.url);
         let sh = |command: &str, timeout: u32| {
@@ -997,7 +997,7 @@ fn sessions_start_from_the_warm_pool_serve_keeps() {
     std::fs::create_dir_all(&envs).unwrap();
     std::fs::write(
         envs.join("pooled.yaml"),
-        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: pooled-bb}\nspec:\n  image: local/busybox:latest\n  workdir: /workspace\n  user: \"1000:1000\"\n  env: {FOO: bar}\n  setup:\n    commands: [\"echo set up > /tmp/setup-ran\"]\n",
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: pooled-bb}\nspec:\n  image: local/busybox:1.35\n  workdir: /workspace\n  user: \"1000:1000\"\n  env: {FOO: bar}\n  setup:\n    commands: [\"echo set up > /tmp/setup-ran\"]\n",
     )
     .unwrap();
     let envs = envs.to_str().unwrap().to_string();

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # A tiny test image from Debian's busybox-static: /bin/busybox and its applets, a passwd with
 # root, nobody and a uid 1000 user, /tmp. Usage: build.sh OUT.tar [oci|docker|rootfs]
-# Name: $IMAGE_NAME (default local/busybox:latest).
+# Name: $IMAGE_NAME (default local/busybox:1.35).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
 
 out=${1:?usage: build.sh OUT.tar [oci|docker|rootfs]}
 format=${2:-oci}
-name=${IMAGE_NAME:-local/busybox:latest}
+name=${IMAGE_NAME:-local/busybox:1.35}
 busybox=/bin/busybox
 [ -x "$busybox" ] || { echo "busybox-static is not installed (apt-get install busybox-static)" >&2; exit 1; }
 file -L "$busybox" 2>/dev/null | grep -q "statically linked" || ldd "$busybox" 2>&1 | grep -q "not a dynamic" \

@@ -50,6 +50,26 @@ pub struct Global {
     /// Log lines as text or as JSON objects.
     #[arg(long, global = true, env = "RUNNER_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Directories of containerd-style registry host configs (`HOST[:PORT]/hosts.toml`:
+    /// mirrors, plain HTTP, CA files), searched in order [default: STATE_DIR/certs.d,
+    /// /etc/containerd/certs.d, /etc/docker/certs.d].
+    #[arg(
+        long = "hosts-dir",
+        global = true,
+        env = "RUNNER_HOSTS_DIR",
+        value_delimiter = ':',
+        value_name = "DIR"
+    )]
+    pub hosts_dirs: Vec<PathBuf>,
+    /// A registry (`HOST[:PORT]`) spoken to over plain HTTP; never implied. Repeatable.
+    #[arg(
+        long = "insecure-registry",
+        global = true,
+        env = "RUNNER_INSECURE_REGISTRY",
+        value_delimiter = ',',
+        value_name = "HOST[:PORT]"
+    )]
+    pub insecure_registries: Vec<String>,
     /// The runner binary supervisors and output loggers run (default: this one).
     #[arg(long, global = true, hide = true)]
     pub runner_exe: Option<PathBuf>,
@@ -88,13 +108,18 @@ impl Cli {
 impl Global {
     /// The configuration, built once here: nothing below `cli` sees clap.
     pub fn config(&self) -> Config {
-        Config {
+        let mut config = Config {
             address: self.address.clone(),
             namespace: self.namespace.clone(),
             log: self.log.clone().unwrap_or_else(|| "warn".into()),
             runner_exe: self.runner_exe.clone(),
             ..Config::new(&self.state_dir)
+        };
+        if !self.hosts_dirs.is_empty() {
+            config.registry.hosts_dirs = self.hosts_dirs.clone();
         }
+        config.registry.insecure = self.insecure_registries.clone();
+        config
     }
 }
 
@@ -431,6 +456,29 @@ pub enum ImageVerb {
         #[arg(long)]
         user: Option<String>,
     },
+    /// Pull an image from a registry (`python:3.12` is `docker.io/library/python:3.12`).
+    Pull {
+        /// The reference: `[HOST[:PORT]/]NAME[:TAG|@DIGEST]`.
+        reference: String,
+        /// The platform to pull from a multi-platform index [default: this machine's].
+        #[arg(long)]
+        platform: Option<String>,
+        /// `json`: one JSON event per line on stdout, then the result.
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<OutputFormat>,
+    },
+    /// Push a local image to the registry its name points at.
+    Push {
+        /// The image (`HOST[:PORT]/NAME:TAG`; tag a local image first with `runner image tag`).
+        reference: String,
+        /// The platform's manifest to push when the image is a multi-platform index.
+        #[arg(long)]
+        platform: Option<String>,
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<OutputFormat>,
+    },
+    /// Give a local image another name.
+    Tag { source: String, target: String },
     /// List images.
     #[command(alias = "list")]
     Ls {

@@ -24,7 +24,8 @@ pub fn age(created: &str) -> String {
     match t.elapsed().map(|d| d.as_secs()).unwrap_or(0) {
         s if s < 120 => format!("{s}s"),
         s if s < 7200 => format!("{}m", s / 60),
-        s => format!("{}h", s / 3600),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
     }
 }
 

@@ -207,12 +207,14 @@ pub struct JsonDescriptor {
     pub platform: Option<JsonPlatform>,
 }
 
-#[derive(Deserialize, serde::Serialize, Clone, Debug)]
+#[derive(Deserialize, serde::Serialize, Clone, Debug, Default)]
 pub struct JsonPlatform {
     #[serde(default)]
     pub architecture: String,
     #[serde(default)]
     pub os: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -238,6 +240,13 @@ pub struct JsonManifest {
 pub struct JsonImageConfig {
     #[serde(default)]
     pub config: Option<JsonRunConfig>,
+    #[serde(default)]
+    pub os: Option<String>,
+    #[serde(default)]
+    pub architecture: Option<String>,
+    /// When the image was built (RFC 3339), for `image ls`.
+    #[serde(default)]
+    pub created: Option<String>,
     pub rootfs: JsonRootfs,
 }
 

@@ -4,6 +4,8 @@
 //! overlayfs snapshotter. Also: looking an image up for a run.
 
 pub mod archive;
+pub mod registry;
+pub mod remote;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -44,6 +46,8 @@ pub enum ImageError {
     NotFound(String),
     #[error("{0:?} is not a valid image name")]
     Name(String),
+    #[error("{0}")]
+    Registry(String),
     #[error("layer {index} unpacked to {got}, but the image config says {expected}")]
     DiffIdMismatch {
         index: usize,
@@ -743,6 +747,40 @@ pub async fn resolve(client: &Containerd, name: &str) -> Result<ImageInfo, Image
         top_chain,
         config: config.config.unwrap_or_default(),
     })
+}
+
+/// Size of an image's content for this platform (manifest, config, compressed layers) and
+/// when it was built, for `image ls`; `None` where a blob is missing.
+pub async fn summary(client: &Containerd, target: &Descriptor) -> (Option<i64>, Option<String>) {
+    let mut target = target.clone();
+    let mut size = 0;
+    if target.media_type == archive::OCI_INDEX || target.media_type == archive::DOCKER_MANIFEST_LIST {
+        let Ok(blob) = read_blob(client, &target.digest).await else {
+            return (None, None);
+        };
+        let Ok(index) = parse_json::<JsonIndex>("index", &blob) else {
+            return (None, None);
+        };
+        let Some(chosen) = pick_platform(&index.manifests) else {
+            return (None, None);
+        };
+        size += target.size;
+        target = descriptor(chosen);
+    }
+    let Ok(blob) = read_blob(client, &target.digest).await else {
+        return (None, None);
+    };
+    let Ok(manifest) = parse_json::<JsonManifest>("manifest", &blob) else {
+        return (None, None);
+    };
+    size += target.size + manifest.config.size + manifest.layers.iter().map(|l| l.size).sum::<i64>();
+    let created = match read_blob(client, &manifest.config.digest).await {
+        Ok(c) => parse_json::<JsonImageConfig>("image config", &c)
+            .ok()
+            .and_then(|c| c.created),
+        Err(_) => None,
+    };
+    (Some(size), created)
 }
 
 #[cfg(test)]

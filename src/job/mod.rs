@@ -40,6 +40,9 @@ pub enum Reason {
     BackoffLimitExceeded,
     /// Our fault, never the submission's.
     InfraError,
+    /// The image is not present and could not be pulled (the registry's answer is the
+    /// message), or `imagePullPolicy: Never` found none: Kubernetes' `ErrImagePull`.
+    ErrImagePull,
     /// Stopped by the user (Ctrl-C, delete).
     Interrupted,
     /// A `podFailurePolicy` rule with action FailJob matched.
@@ -367,7 +370,12 @@ async fn run_host(
 }
 
 fn infra_error(e: &RuntimeError) -> AttemptStatus {
-    AttemptStatus::failed(Reason::InfraError, e.to_string(), None)
+    use crate::image::ImageError;
+    let reason = match e {
+        RuntimeError::Image(ImageError::Registry(_) | ImageError::NotFound(_)) => Reason::ErrImagePull,
+        _ => Reason::InfraError,
+    };
+    AttemptStatus::failed(reason, e.to_string(), None)
 }
 
 async fn attempt(rt: &dyn Runtime, plan: &RunPlan, started: Instant) -> AttemptStatus {

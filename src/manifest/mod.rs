@@ -184,6 +184,8 @@ pub struct Environment {
     /// `hostUsers: true`: no user namespace (container root is the host's root, with the
     /// hardened capabilities). Default false: each container gets a range of its own.
     pub host_users: bool,
+    /// `imagePullPolicy`; `None`: Kubernetes' default for the image's tag.
+    pub image_pull_policy: Option<crate::image::remote::PullPolicy>,
     pub setup: Vec<String>,
     pub mounts: Vec<MountSpec>,
     /// `None` when the manifest does not say: the backend picks (containerd: none, host: host).
@@ -193,6 +195,16 @@ pub struct Environment {
 }
 
 impl Environment {
+    /// The pull policy in force: the Environment's, else Kubernetes' default for its image.
+    pub fn pull_policy(&self) -> crate::image::remote::PullPolicy {
+        use crate::image::remote::PullPolicy;
+        self.image_pull_policy.unwrap_or_else(|| {
+            self.image
+                .as_deref()
+                .map_or(PullPolicy::IfNotPresent, PullPolicy::default_for)
+        })
+    }
+
     /// The file this Environment was read from.
     pub fn origins_file(&self) -> Option<PathBuf> {
         self.origins.file.clone()
@@ -1016,6 +1028,7 @@ fn validate_environment(
         env: spec.env,
         include_host_env: spec.include_host_env.as_ref().is_some_and(|b| b.value),
         host_users: spec.host_users.as_ref().is_some_and(|b| b.value),
+        image_pull_policy: spec.image_pull_policy.as_ref().map(|p| p.value),
         setup: spec.setup.map(|s| s.commands).unwrap_or_default(),
         mounts,
         network: spec.network.as_ref().map(|n| match n.value {

@@ -285,6 +285,8 @@ pub struct RuntimeOptions {
     /// job left its used member retired for whoever refills to remove (the job's result does
     /// not wait for the teardown). Without a hook the used member is torn down at once.
     pub on_claim: Option<ClaimHook>,
+    /// containerd: how images are pulled when an Environment's `imagePullPolicy` says so.
+    pub registry: crate::image::registry::RegistryConfig,
 }
 
 /// What runs when a pool member is claimed: given the pool's name.
@@ -310,6 +312,7 @@ impl Default for RuntimeOptions {
             tools: Vec::new(),
             use_pools: false,
             on_claim: None,
+            registry: crate::image::registry::RegistryConfig::default(),
         }
     }
 }

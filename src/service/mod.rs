@@ -137,6 +137,10 @@ impl From<ImageError> for ServiceError {
                 ServiceError::field("image", e.to_string())
             }
             e @ ImageError::Io { .. } => ServiceError::internal("the image", e),
+            ImageError::Registry(reason) => ServiceError::Unavailable {
+                what: "the registry",
+                reason,
+            },
         }
     }
 }
@@ -283,6 +287,7 @@ impl Context {
             RuntimeOptions {
                 output_limit: self.config.output_limit,
                 logger_binary: self.config.runner_exe.clone(),
+                registry: self.config.registry.clone(),
                 ..RuntimeOptions::default()
             },
         )

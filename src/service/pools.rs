@@ -153,6 +153,7 @@ fn spawn_filler(ctx: &Context, pool: &str) -> Result<(), ServiceError> {
     if let Some(exe) = &config.runner_exe {
         cmd.arg("--runner-exe").arg(exe);
     }
+    cmd.args(config.registry_args());
     super::spawn_detached(cmd, "pool filler")?;
     Ok(())
 }

@@ -472,7 +472,7 @@ pub fn export_job(bound: &Bound, payload: &Payload, options: &ExportOptions) -> 
     let mut container = json!({
         "name": CONTAINER,
         "image": image,
-        "imagePullPolicy": "IfNotPresent",
+        "imagePullPolicy": env.pull_policy().as_str(),
         "command": literal_argv(argv),
         "workingDir": env.workdir,
         "securityContext": security,
@@ -600,7 +600,7 @@ pub fn export_sandbox(env: &Environment, options: &ExportOptions) -> Result<Vec<
     let mut container = json!({
         "name": "sandbox",
         "image": env.image,
-        "imagePullPolicy": "IfNotPresent",
+        "imagePullPolicy": env.pull_policy().as_str(),
         // Setup, then idle: commands arrive with exec.
         "command": literal_argv(entry::compose(&env.setup, false, None, &Command::Shell("trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done".into()).argv())),
         "workingDir": env.workdir,

@@ -334,7 +334,8 @@ impl Engine {
             .clone()
             .ok_or_else(|| RuntimeError::Refused("spec.image is required".into()))?;
         let t0 = Instant::now();
-        let image = image::resolve(&self.client, &image_name).await?;
+        let image =
+            image::remote::ensure(&self.client, &image_name, env.image_pull_policy, &self.options.registry).await?;
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "image resolved");
         let mut plan = plan.clone();
         plan.image_env = image.config.env.clone().unwrap_or_default();

@@ -288,7 +288,13 @@ impl Engine {
             .image
             .clone()
             .ok_or_else(|| RuntimeError::Refused("spec.image is required".into()))?;
-        let image = crate::image::resolve(&self.client, &image_name).await?;
+        let image = crate::image::remote::ensure(
+            &self.client,
+            &image_name,
+            plan.env().image_pull_policy,
+            &self.options.registry,
+        )
+        .await?;
         let mut member = member_plan(plan);
         member.image_env = image.config.env.clone().unwrap_or_default();
         let layout = layout_of(plan);

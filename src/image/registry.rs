@@ -1,0 +1,454 @@
+//! Where a registry is reached and how: containerd's `hosts.toml` directories (mirrors,
+//! plain HTTP, CA files), `--insecure-registry`, and Docker's credentials
+//! (`~/.docker/config.json` auths and credential helpers).
+//!
+//! A registry `HOST[:PORT]` is looked up in each hosts directory in turn, as containerd and
+//! nerdctl do: `DIR/HOST[:PORT]/hosts.toml`, or Docker's layout of `*.crt` CA files in
+//! `DIR/HOST[:PORT]/`. The first directory that has the host decides. Mirrors come first,
+//! in file order, then the registry itself (`server`, default `https://HOST`). Plain HTTP is
+//! never implied: it takes an `http://` URL in hosts.toml or `--insecure-registry`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
+use oci_client::secrets::RegistryAuth;
+
+use super::ImageError;
+
+/// How registries are reached (built at the edge from flags, environment and the state dir).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RegistryConfig {
+    /// hosts.toml directories, searched in order.
+    pub hosts_dirs: Vec<PathBuf>,
+    /// `HOST[:PORT]`s spoken to over plain HTTP (`--insecure-registry`).
+    pub insecure: Vec<String>,
+}
+
+/// Docker's name for Docker Hub in credential stores.
+const DOCKER_HUB_AUTH_KEY: &str = "https://index.docker.io/v1/";
+
+impl RegistryConfig {
+    /// The default search path: the state dir's own `certs.d`, then containerd's and
+    /// Docker's system directories (as nerdctl reads them).
+    pub fn with_defaults(state_dir: &Path) -> Self {
+        RegistryConfig {
+            hosts_dirs: vec![
+                state_dir.join("certs.d"),
+                PathBuf::from("/etc/containerd/certs.d"),
+                PathBuf::from("/etc/docker/certs.d"),
+            ],
+            insecure: Vec::new(),
+        }
+    }
+
+    /// The endpoints to try for `registry`, mirrors first.
+    pub fn endpoints(&self, registry: &str) -> Result<Vec<Endpoint>, ImageError> {
+        let upstream_host = if registry == "docker.io" {
+            "index.docker.io".to_string()
+        } else {
+            registry.to_string()
+        };
+        let plain = self.insecure.iter().any(|h| h == registry);
+        let default = Endpoint {
+            host: upstream_host.clone(),
+            plain_http: plain,
+            ca: Vec::new(),
+            skip_verify: false,
+            mirror: false,
+            pull: true,
+            push: true,
+        };
+        for dir in &self.hosts_dirs {
+            let host_dir = dir.join(registry);
+            if !host_dir.is_dir() {
+                continue;
+            }
+            let file = host_dir.join("hosts.toml");
+            if file.is_file() {
+                let mut eps = parse_hosts_toml(&file, registry, &upstream_host)?;
+                if plain {
+                    for ep in eps.iter_mut().filter(|e| !e.mirror) {
+                        ep.plain_http = true;
+                    }
+                }
+                return Ok(eps);
+            }
+            return Ok(vec![docker_certs_dir(&host_dir, default)?]);
+        }
+        Ok(vec![default])
+    }
+}
+
+/// One place a registry's content can be fetched from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `HOST[:PORT]` requests go to.
+    pub host: String,
+    pub plain_http: bool,
+    /// Extra CA certificates (PEM) to trust.
+    pub ca: Vec<PathBuf>,
+    pub skip_verify: bool,
+    /// A mirror (pull only) rather than the registry itself.
+    pub mirror: bool,
+    /// Pulls may come from here.
+    pub pull: bool,
+    /// Pushes may go here.
+    pub push: bool,
+}
+
+impl Endpoint {
+    pub fn scheme(&self) -> &'static str {
+        if self.plain_http { "http" } else { "https" }
+    }
+
+    /// An oci-client for this endpoint.
+    pub fn client(&self) -> Result<oci_client::Client, ImageError> {
+        install_crypto_provider();
+        let mut certs = Vec::new();
+        for path in &self.ca {
+            let data = std::fs::read(path).map_err(|source| ImageError::Io {
+                what: format!("reading the CA file {}", path.display()),
+                source,
+            })?;
+            certs.push(Certificate {
+                encoding: CertificateEncoding::Pem,
+                data,
+            });
+        }
+        let config = ClientConfig {
+            protocol: if self.plain_http {
+                ClientProtocol::Http
+            } else {
+                ClientProtocol::Https
+            },
+            accept_invalid_certificates: self.skip_verify,
+            extra_root_certificates: certs,
+            connect_timeout: Some(std::time::Duration::from_secs(30)),
+            read_timeout: Some(std::time::Duration::from_secs(120)),
+            // Index entries are chosen by runner (with --platform); the client must never
+            // pick one behind our back.
+            platform_resolver: None,
+            user_agent: concat!("runner/", env!("CARGO_PKG_VERSION")),
+            ..ClientConfig::default()
+        };
+        oci_client::Client::try_from(config)
+            .map_err(|e| ImageError::Registry(format!("setting up a client for {}: {e}", self.host)))
+    }
+
+    /// Credentials for this endpoint from Docker's config (anonymous when it has none).
+    pub fn auth(&self) -> Result<RegistryAuth, ImageError> {
+        let key = if self.host == "index.docker.io" {
+            DOCKER_HUB_AUTH_KEY
+        } else {
+            &self.host
+        };
+        credentials(key)
+    }
+}
+
+/// rustls needs one process-wide crypto provider; reqwest is built without one so that the
+/// same `ring` the Kubernetes client uses serves both.
+fn install_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Err means another part of the process installed one first: that one serves.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// Docker's client config: `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`.
+fn docker_config_file() -> Option<PathBuf> {
+    let dir = match std::env::var_os("DOCKER_CONFIG") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => PathBuf::from(std::env::var_os("HOME")?).join(".docker"),
+    };
+    Some(dir.join("config.json"))
+}
+
+/// Docker's credentials for `key` (a host, or Docker Hub's URL): its `auths`, `credsStore`
+/// or `credHelpers`. No config file, or no entry for the host, is anonymous access.
+pub fn credentials(key: &str) -> Result<RegistryAuth, ImageError> {
+    use docker_credential::{CredentialRetrievalError as E, DockerCredential};
+    let Some(file) = docker_config_file().filter(|f| f.exists()) else {
+        return Ok(RegistryAuth::Anonymous);
+    };
+    let read = |key: &str| {
+        let f = std::fs::File::open(&file).map_err(|_| E::ConfigReadError)?;
+        docker_credential::get_credential_from_reader(std::io::BufReader::new(f), key)
+    };
+    // Docker's config keeps some hosts under a URL (`https://host`): try that spelling too.
+    let found = read(key).or_else(|e| match e {
+        E::NoCredentialConfigured if !key.contains("://") => read(&format!("https://{key}")),
+        other => Err(other),
+    });
+    match found {
+        Ok(DockerCredential::UsernamePassword(user, password)) => Ok(RegistryAuth::Basic(user, password)),
+        Ok(DockerCredential::IdentityToken(token)) => Ok(RegistryAuth::Bearer(token)),
+        Err(E::NoCredentialConfigured) => Ok(RegistryAuth::Anonymous),
+        Err(e) => Err(ImageError::Registry(format!(
+            "reading the credentials for {key} from {}: {e:?}",
+            file.display()
+        ))),
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostsFile {
+    server: Option<String>,
+    ca: Option<OneOrMany>,
+    skip_verify: Option<bool>,
+    client: Option<toml::Value>,
+    capabilities: Option<Vec<String>>,
+    override_path: Option<bool>,
+    header: Option<toml::Value>,
+    #[serde(default)]
+    host: toml::Table,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostEntry {
+    capabilities: Option<Vec<String>>,
+    ca: Option<OneOrMany>,
+    skip_verify: Option<bool>,
+    client: Option<toml::Value>,
+    override_path: Option<bool>,
+    header: Option<toml::Value>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn paths(&self, base: &Path) -> Vec<PathBuf> {
+        let list = match self {
+            OneOrMany::One(p) => vec![p.clone()],
+            OneOrMany::Many(ps) => ps.clone(),
+        };
+        list.into_iter().map(|p| base.join(p)).collect()
+    }
+}
+
+/// `scheme://host[:port][/path]` → (plain HTTP?, `host[:port]`).
+fn split_url(url: &str, file: &Path) -> Result<(bool, String), ImageError> {
+    let bad = || {
+        ImageError::Registry(format!(
+            "{}: {url:?} is not a registry URL (http://HOST[:PORT] or https://HOST[:PORT])",
+            file.display()
+        ))
+    };
+    let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
+    let plain = match scheme {
+        "http" => true,
+        "https" => false,
+        _ => return Err(bad()),
+    };
+    let host = rest.trim_end_matches('/');
+    // A path is how containerd reaches registries under a prefix (`override_path`); the
+    // distribution API is always at `/v2/`, so a path other than it is refused.
+    let host = host.strip_suffix("/v2").unwrap_or(host);
+    if host.is_empty() || host.contains('/') {
+        return Err(bad());
+    }
+    Ok((plain, host.to_string()))
+}
+
+fn unsupported(
+    file: &Path,
+    what: &str,
+    client: &Option<toml::Value>,
+    header: &Option<toml::Value>,
+    over: Option<bool>,
+) -> Result<(), ImageError> {
+    if client.is_some() {
+        return Err(ImageError::Registry(format!(
+            "{}: {what}: client certificates (`client`) are not supported: the registry client \
+             (oci-client 0.18) cannot present one",
+            file.display()
+        )));
+    }
+    if header.is_some() {
+        return Err(ImageError::Registry(format!(
+            "{}: {what}: extra request headers (`header`) are not supported",
+            file.display()
+        )));
+    }
+    if over == Some(true) {
+        return Err(ImageError::Registry(format!(
+            "{}: {what}: `override_path` is not supported (the registry must serve /v2/)",
+            file.display()
+        )));
+    }
+    Ok(())
+}
+
+fn parse_hosts_toml(file: &Path, registry: &str, upstream_host: &str) -> Result<Vec<Endpoint>, ImageError> {
+    let text = std::fs::read_to_string(file).map_err(|source| ImageError::Io {
+        what: format!("reading {}", file.display()),
+        source,
+    })?;
+    let parsed: HostsFile =
+        toml::from_str(&text).map_err(|e| ImageError::Registry(format!("{}: {e}", file.display())))?;
+    let base = file.parent().unwrap_or(Path::new("/"));
+    unsupported(file, "server", &parsed.client, &parsed.header, parsed.override_path)?;
+    let mut out = Vec::new();
+    // toml::Table keeps keys sorted unless `preserve_order`; containerd tries hosts in file
+    // order, so recover that order from the text.
+    let mut keys: Vec<(usize, &String)> = parsed
+        .host
+        .keys()
+        .map(|k| (text.find(&format!("\"{k}\"")).unwrap_or(usize::MAX), k))
+        .collect();
+    keys.sort();
+    for (_, key) in keys {
+        let entry: HostEntry = parsed.host[key]
+            .clone()
+            .try_into()
+            .map_err(|e| ImageError::Registry(format!("{}: host {key:?}: {e}", file.display())))?;
+        unsupported(
+            file,
+            &format!("host {key:?}"),
+            &entry.client,
+            &entry.header,
+            entry.override_path,
+        )?;
+        let (plain_http, host) = split_url(key, file)?;
+        let caps = entry
+            .capabilities
+            .unwrap_or_else(|| vec!["pull".into(), "resolve".into(), "push".into()]);
+        if !caps.iter().any(|c| c == "pull") && !caps.iter().any(|c| c == "push") {
+            continue;
+        }
+        out.push(Endpoint {
+            host,
+            plain_http,
+            ca: entry.ca.map(|c| c.paths(base)).unwrap_or_default(),
+            skip_verify: entry.skip_verify.unwrap_or(false),
+            mirror: !caps.iter().any(|c| c == "push"),
+            pull: caps.iter().any(|c| c == "pull"),
+            push: caps.iter().any(|c| c == "push"),
+        });
+    }
+    let (plain_http, host) = match &parsed.server {
+        Some(url) => split_url(url, file)?,
+        None => (false, upstream_host.to_string()),
+    };
+    let server_caps = parsed
+        .capabilities
+        .unwrap_or_else(|| vec!["pull".into(), "resolve".into(), "push".into()]);
+    out.push(Endpoint {
+        host,
+        plain_http,
+        ca: parsed.ca.map(|c| c.paths(base)).unwrap_or_default(),
+        skip_verify: parsed.skip_verify.unwrap_or(false),
+        mirror: false,
+        pull: server_caps.iter().any(|c| c == "pull"),
+        push: server_caps.iter().any(|c| c == "push"),
+    });
+    tracing::debug!(registry, file = %file.display(), endpoints = ?out, "registry hosts");
+    Ok(out)
+}
+
+/// Docker's `certs.d/HOST/` layout: `*.crt` are CA roots; `*.cert` + `*.key` a client pair.
+fn docker_certs_dir(dir: &Path, mut endpoint: Endpoint) -> Result<Endpoint, ImageError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| ImageError::Io {
+        what: format!("reading {}", dir.display()),
+        source,
+    })?;
+    let mut names: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for e in entries.flatten() {
+        names.insert(e.file_name().to_string_lossy().into_owned(), e.path());
+    }
+    for (name, path) in names {
+        if name.ends_with(".crt") {
+            endpoint.ca.push(path);
+        } else if name.ends_with(".cert") {
+            return Err(ImageError::Registry(format!(
+                "{}: client certificates are not supported: the registry client (oci-client 0.18) \
+                 cannot present one",
+                path.display()
+            )));
+        }
+    }
+    Ok(endpoint)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_with(host: &str, toml: &str) -> (tempfile::TempDir, RegistryConfig) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join(host)).unwrap();
+        std::fs::write(dir.path().join(host).join("hosts.toml"), toml).unwrap();
+        let config = RegistryConfig {
+            hosts_dirs: vec![dir.path().to_path_buf()],
+            insecure: Vec::new(),
+        };
+        (dir, config)
+    }
+
+    #[test]
+    fn mirrors_come_first_in_file_order_then_the_server() {
+        let (dir, config) = config_with(
+            "docker.io",
+            r#"
+server = "https://registry-1.docker.io"
+[host."http://zmirror:5000"]
+  capabilities = ["pull", "resolve"]
+[host."https://amirror:5001"]
+  capabilities = ["pull", "resolve"]
+  ca = "ca.pem"
+"#,
+        );
+        let eps = config.endpoints("docker.io").unwrap();
+        let hosts: Vec<_> = eps.iter().map(|e| (e.host.as_str(), e.plain_http, e.mirror)).collect();
+        assert_eq!(
+            hosts,
+            [
+                ("zmirror:5000", true, true),
+                ("amirror:5001", false, true),
+                ("registry-1.docker.io", false, false)
+            ]
+        );
+        assert_eq!(eps[1].ca, [dir.path().join("docker.io/ca.pem")]);
+    }
+
+    #[test]
+    fn plain_http_is_never_implied_and_unknown_registries_use_https() {
+        let config = RegistryConfig::default();
+        let eps = config.endpoints("localhost:5000").unwrap();
+        assert_eq!(eps.len(), 1);
+        assert!(!eps[0].plain_http);
+        let insecure = RegistryConfig {
+            insecure: vec!["localhost:5000".into()],
+            ..RegistryConfig::default()
+        };
+        assert!(insecure.endpoints("localhost:5000").unwrap()[0].plain_http);
+        assert!(!insecure.endpoints("localhost:5001").unwrap()[0].plain_http);
+        assert_eq!(config.endpoints("docker.io").unwrap()[0].host, "index.docker.io");
+    }
+
+    #[test]
+    fn what_the_client_cannot_do_is_refused_by_name() {
+        let (_d, config) = config_with("r:1", "server = \"https://r:1\"\nclient = [[\"a.cert\", \"a.key\"]]\n");
+        let e = config.endpoints("r:1").unwrap_err().to_string();
+        assert!(e.contains("client certificates"), "{e}");
+        let (_d, config) = config_with("r:1", "server = \"ftp://r:1\"\n");
+        assert!(
+            config
+                .endpoints("r:1")
+                .unwrap_err()
+                .to_string()
+                .contains("not a registry URL")
+        );
+        let (_d, config) = config_with("r:1", "servr = \"https://r:1\"\n");
+        assert!(config.endpoints("r:1").unwrap_err().to_string().contains("servr"));
+    }
+}
