@@ -8,6 +8,9 @@
 #   http:     runner serve on loopback: session create → first shell answer, shell and exec
 #             round trips, on busybox (sh) and on the Python image (bash), cold and from
 #             warm pools (`serve --pool`)
+#   pull:     the Python image from a loopback registry (docker-registry): `runner image pull`
+#             vs `ctr image pull --plain-http`, wall time and peak RSS, into a second private
+#             containerd whose content is deleted and garbage-collected between runs
 # Usage: scripts/bench.sh [RUNS] [CONCURRENT]   (defaults 15 and 20)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +33,10 @@ cleanup() {
   # ctr puts its containers' cgroups under /<namespace>; runc leaves that parent behind.
   for h in /sys/fs/cgroup /sys/fs/cgroup/*/; do rmdir "$h/$CONTAINERD_NAMESPACE" 2>/dev/null || true; done
   "$runner" daemon stop >/dev/null 2>&1 || true
+  RUNNER_STATE_DIR="$work/pull-state" "$runner" daemon stop >/dev/null 2>&1 || true
+  if [ -f "$work/registries/pids" ]; then
+    while read -r pid; do kill "$pid" 2>/dev/null || true; done <"$work/registries/pids"
+  fi
   rm -rf "$work"
 }
 ctr_() { ctr --address "$CONTAINERD_ADDRESS" --namespace "$CONTAINERD_NAMESPACE" "$@"; }
@@ -162,3 +169,45 @@ kill "$serve_pid"; wait "$serve_pid" 2>/dev/null || true
 echo "http pool  busybox: $http_pool"
 echo "http pool  python: $http_pool_py"
 echo "http exec  session exec over HTTP: ${h_exec} ms   ctr task exec: ${e_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $h_exec/$e_med}")"
+
+# Pulls. The registry gets the Python image from runner's push; the pulls go to a containerd
+# of their own, so no blob is shared with the images above, and each pull's image is deleted
+# and garbage-collected before the next (every run downloads and unpacks everything).
+scripts/registries.sh "$work/registries" >/dev/null
+# shellcheck disable=SC1091
+. "$work/registries/env"
+ref="$RUNNER_TEST_REGISTRY/bench/python:3.11"
+"$runner" image tag local/python:3.11 "$ref" >/dev/null
+"$runner" --insecure-registry "$RUNNER_TEST_REGISTRY" image push "$ref" >/dev/null 2>&1
+RUNNER_STATE_DIR="$work/pull-state" "$runner" daemon start >/dev/null
+pull_addr=$(RUNNER_STATE_DIR="$work/pull-state" "$runner" daemon status | sed -n 's/^running (pid [0-9]*) at //p')
+timed_rss() { # run a command; print "wall-ms peak-rss-KiB" (fails loudly if it fails)
+  python3 - "$@" <<'PY'
+import resource, subprocess, sys, time
+t = time.monotonic()
+r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+if r.returncode != 0:
+    sys.exit(f"{sys.argv[1:]} failed: {r.stderr.decode()[-500:]}")
+print(round((time.monotonic() - t) * 1000), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+PY
+}
+wipe() {
+  ctr --address "$pull_addr" -n "$1" images rm "$ref" >/dev/null
+  local lease
+  lease=$(ctr --address "$pull_addr" -n "$1" leases create | awk '{print $1}')
+  ctr --address "$pull_addr" -n "$1" leases delete --sync "$lease" >/dev/null
+}
+pull_runs=3
+: > "$work/pull-r"; : > "$work/pull-c"
+for i in $(seq 1 "$pull_runs"); do
+  CONTAINERD_ADDRESS="$pull_addr" CONTAINERD_NAMESPACE="r$i" RUNNER_STATE_DIR="$work/pull-state" \
+    timed_rss "$runner" --insecure-registry "$RUNNER_TEST_REGISTRY" image pull "$ref" >> "$work/pull-r"
+  wipe "r$i"
+  timed_rss ctr --address "$pull_addr" -n "c$i" image pull --plain-http "$ref" >> "$work/pull-c"
+  wipe "c$i"
+done
+pr=$(awk '{print $1*1000}' "$work/pull-r" | median); pc=$(awk '{print $1*1000}' "$work/pull-c" | median)
+rr=$(awk 'BEGIN{m=0} {if ($2>m) m=$2} END{printf "%.1f", m/1024}' "$work/pull-r")
+rc=$(awk 'BEGIN{m=0} {if ($2>m) m=$2} END{printf "%.1f", m/1024}' "$work/pull-c")
+echo "pull       python image (171 MiB) from a loopback registry: runner image pull ${pr} ms   ctr image pull --plain-http ${pc} ms   ratio $(awk "BEGIN{printf \"%.2f\", $pr/$pc}")  (median of $pull_runs)"
+echo "           peak RSS: runner ${rr} MiB   ctr ${rc} MiB"

@@ -31,6 +31,10 @@ export CONTAINERD_NAMESPACE="runner-test-$$"
 quickstart_state="$work/quickstart-state"
 cleanup() {
   kill "$pyclient_test" 2>/dev/null || true
+  # The test registries, by the PIDs scripts/registries.sh recorded.
+  if [ -f "$work/registries/pids" ]; then
+    while read -r pid; do kill "$pid" 2>/dev/null || true; done <"$work/registries/pids"
+  fi
   # Whatever a failed test left running (its owner, the test process, is gone) goes first.
   "$runner" gc >/dev/null 2>&1 || true
   "$runner" daemon stop >/dev/null 2>&1 || true
@@ -44,6 +48,11 @@ echo "== private containerd"
 export CONTAINERD_ADDRESS
 CONTAINERD_ADDRESS=$("$runner" daemon status | sed -n 's/^running (pid [0-9]*) at //p')
 echo "containerd at $CONTAINERD_ADDRESS, namespace $CONTAINERD_NAMESPACE"
+
+echo "== test registries (docker-registry on loopback: plain HTTP, and TLS with htpasswd)"
+scripts/registries.sh "$work/registries"
+# shellcheck disable=SC1091
+. "$work/registries/env"
 
 echo "== test images"
 export RUNNER_TEST_IMAGES="$work/images"

@@ -85,8 +85,10 @@ impl Cli {
     /// Start logging to stderr with the filter and format asked for.
     pub fn init_logging(&self) {
         let default = match self.command {
-            Verb::Serve { .. } => "warn,runner::access=info",
-            _ => "warn",
+            // rustls' verifier logs each failed handshake as an error of its own; the pull's
+            // error already says it (with the reference), once.
+            Verb::Serve { .. } => "warn,runner::access=info,rustls_platform_verifier=off",
+            _ => "warn,rustls_platform_verifier=off",
         };
         let filter = self.global.log.as_deref().unwrap_or(default);
         let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|e| {

@@ -812,7 +812,7 @@ pub async fn push(client: &Containerd, text: &str, options: &PullOptions) -> Res
             });
         }
     };
-    let (mut uploaded, mut skipped) = (0, 0);
+    let (mut uploaded, mut skipped, mut sent_bytes) = (0, 0, 0);
     for blob in manifest.layers.iter().chain(std::iter::once(&manifest.config)) {
         let total = blob.size.max(0) as u64;
         if remote
@@ -841,12 +841,9 @@ pub async fn push(client: &Containerd, text: &str, options: &PullOptions) -> Res
             .push_blob_stream(&addressed, counted, &blob.digest, Some(total))
             .await
             .map_err(|e| registry_error(&format!("{what}: blob {}", blob.digest), e))?;
-        event(
-            &blob.digest,
-            "uploaded",
-            sent.load(std::sync::atomic::Ordering::Relaxed),
-            total,
-        );
+        let n = sent.load(std::sync::atomic::Ordering::Relaxed);
+        sent_bytes += n;
+        event(&blob.digest, "uploaded", n, total);
         uploaded += 1;
     }
     let content_type = http::HeaderValue::from_str(&media_type)
@@ -856,7 +853,7 @@ pub async fn push(client: &Containerd, text: &str, options: &PullOptions) -> Res
         .push_manifest_raw(&addressed, manifest_bytes.clone(), content_type)
         .await
         .map_err(|e| registry_error(&format!("{what}: the manifest"), e))?;
-    event("", "done", 0, 0);
+    event("", "done", sent_bytes, sent_bytes);
     Ok(Pushed {
         name,
         digest: sha256(&manifest_bytes),

@@ -55,6 +55,8 @@ pub enum Outcome {
     Failed {
         exit_code: i32,
         reason: Reason,
+        /// What the attempt said when no command ran (ErrImagePull: the registry's answer).
+        message: Option<String>,
     },
     /// Our fault (a dead shim, containerd unreachable): never counted against the job.
     Infra {
@@ -226,7 +228,11 @@ pub fn step(policy: &JobPolicy, state: &mut JobState, event: Event, now_ms: u64)
                     let shift = state.infra_failures.saturating_sub(1).min(10);
                     state.not_before_ms = now_ms + INFRA_BACKOFF_MS.saturating_mul(1 << shift);
                 }
-                Outcome::Failed { exit_code, reason } => {
+                Outcome::Failed {
+                    exit_code,
+                    reason,
+                    message,
+                } => {
                     let rule = policy.rules.iter().find(|r| r.matches(exit_code));
                     match rule.map(|r| r.action) {
                         Some(RuleAction::FailJob) => {
@@ -246,7 +252,8 @@ pub fn step(policy: &JobPolicy, state: &mut JobState, event: Event, now_ms: u64)
                                 // No retries were asked for: the attempt's own reason says
                                 // more than "limit exceeded".
                                 if policy.backoff_limit == 0 {
-                                    return state.finish(Phase::Failed, reason, format!("exit code {exit_code}"));
+                                    let message = message.unwrap_or_else(|| format!("exit code {exit_code}"));
+                                    return state.finish(Phase::Failed, reason, message);
                                 }
                                 return state.finish(
                                     Phase::Failed,
@@ -319,6 +326,7 @@ mod tests {
             outcome: Outcome::Failed {
                 exit_code: code,
                 reason: Reason::Error,
+                message: None,
             },
         }
     }
@@ -383,6 +391,7 @@ mod tests {
             outcome: Outcome::Failed {
                 exit_code: 143,
                 reason: Reason::Timeout,
+                message: None,
             },
         };
         assert_eq!(step(&p, &mut s, timeout, 10), vec![Action::Done]);

@@ -74,6 +74,10 @@ fn outcome_of(status: &AttemptStatus) -> Outcome {
         _ => Outcome::Failed {
             exit_code: status.result.as_ref().map(|r| r.status_code()).unwrap_or(1),
             reason: status.reason,
+            // No command ran: the registry's answer says more than an exit code.
+            message: (status.reason == Reason::ErrImagePull)
+                .then(|| status.message.clone())
+                .flatten(),
         },
     }
 }

@@ -137,10 +137,8 @@ impl From<ImageError> for ServiceError {
                 ServiceError::field("image", e.to_string())
             }
             e @ ImageError::Io { .. } => ServiceError::internal("the image", e),
-            ImageError::Registry(reason) => ServiceError::Unavailable {
-                what: "the registry",
-                reason,
-            },
+            // The registry's answer (401, unknown manifest, TLS, DNS) is the caller's to act on.
+            ImageError::Registry(reason) => ServiceError::Invalid(Invalid::Rejected(reason)),
         }
     }
 }
