@@ -37,7 +37,7 @@ pub struct Config {
     /// The log filter handed to the processes runner starts (supervisors).
     pub log: String,
     /// How registries are reached: hosts.toml directories and plain-HTTP hosts.
-    pub registry: crate::image::registry::RegistryConfig,
+    pub registry: RegistryConfig,
 }
 
 impl Config {
@@ -45,7 +45,7 @@ impl Config {
     pub fn new(state_dir: impl Into<PathBuf>) -> Self {
         let state_dir = state_dir.into();
         Config {
-            registry: crate::image::registry::RegistryConfig::with_defaults(&state_dir),
+            registry: RegistryConfig::with_defaults(&state_dir),
             state_dir,
             namespace: DEFAULT_NAMESPACE.to_string(),
             address: None,
@@ -134,6 +134,31 @@ pub enum ServeEvent {
     /// containerd could not be reached at start: only host-backend sessions and jobs work
     /// until it can.
     ContainerdUnavailable(String),
+}
+
+/// How registries are reached (built at the edge from flags, environment and the state dir;
+/// `image::registry` reads it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RegistryConfig {
+    /// hosts.toml directories, searched in order.
+    pub hosts_dirs: Vec<PathBuf>,
+    /// `HOST[:PORT]`s spoken to over plain HTTP (`--insecure-registry`).
+    pub insecure: Vec<String>,
+}
+
+impl RegistryConfig {
+    /// The default search path: the state dir's own `certs.d`, then containerd's and
+    /// Docker's system directories (as nerdctl reads them).
+    pub fn with_defaults(state_dir: &std::path::Path) -> Self {
+        RegistryConfig {
+            hosts_dirs: vec![
+                state_dir.join("certs.d"),
+                PathBuf::from("/etc/containerd/certs.d"),
+                PathBuf::from("/etc/docker/certs.d"),
+            ],
+            insecure: Vec::new(),
+        }
+    }
 }
 
 #[cfg(test)]

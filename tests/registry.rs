@@ -389,6 +389,29 @@ fn push_then_pull_by_tag_and_digest_and_skopeo_reads_what_we_push() {
         .unwrap();
     assert!(copy.status.success(), "{}", String::from_utf8_lossy(&copy.stderr));
 
+    // The Python image too (171 MiB): pushed by runner, read by skopeo.
+    src.ok(&[
+        "image",
+        "import",
+        image_dir().join("python-oci.tar").to_str().unwrap(),
+        "--name",
+        "local/python:3.11",
+    ]);
+    let py = format!("{}/{}:3.11", reg.plain, repo("round-python"));
+    src.ok(&["image", "tag", "local/python:3.11", &py]);
+    let pushed_py = json_of(
+        &src.ok(&["--insecure-registry", &reg.plain, "image", "push", &py, "-o", "json"])
+            .stdout_last_line(),
+    );
+    let inspect = Command::new("skopeo")
+        .args(["--insecure-policy", "inspect", "--tls-verify=false"])
+        .arg(format!("docker://{py}"))
+        .output()
+        .unwrap();
+    assert!(inspect.status.success(), "{}", String::from_utf8_lossy(&inspect.stderr));
+    let info: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    assert_eq!(info["Digest"], pushed_py["digest"]);
+
     // Another namespace pulls by tag and by digest, and runs it.
     let dst = Place::new("push-dst");
     let pulled = json_of(
@@ -692,6 +715,36 @@ fn a_tls_registry_with_auth_takes_a_ca_from_hosts_toml_and_docker_credentials() 
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(err.contains("401") && err.contains(&name), "{err}");
+    // A credential helper (`credHelpers`), as Docker runs them: `docker-credential-NAME get`
+    // with the server on stdin, JSON on stdout.
+    let helpers = place.state.path().join("helpers");
+    std::fs::create_dir_all(&helpers).unwrap();
+    let helper = helpers.join("docker-credential-runnertest");
+    std::fs::write(
+        &helper,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = get ] || exit 1\nread server\n[ \"$server\" = {} ] || exit 1\nprintf '{{\"ServerURL\":\"%s\",\"Username\":\"{}\",\"Secret\":\"{}\"}}' \"$server\"\n",
+            reg.tls, reg.user, reg.password
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let helper_config = place.state.path().join("docker-helper");
+    std::fs::create_dir_all(&helper_config).unwrap();
+    std::fs::write(
+        helper_config.join("config.json"),
+        format!("{{\"credHelpers\":{{\"{}\":\"runnertest\"}}}}", reg.tls),
+    )
+    .unwrap();
+    dst.docker_config = Some(helper_config);
+    let path = format!("{}:{}", helpers.display(), std::env::var("PATH").unwrap_or_default());
+    let out = dst
+        .command(&["--hosts-dir", hosts_arg, "image", "pull", &name])
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "pull with a credential helper: {}", stderr(&out));
+    dst.ctr(&["images", "rm", &name]);
     dst.docker_config = Some(good);
     dst.ok(&["--hosts-dir", hosts_arg, "image", "pull", &name]);
     // Unknown tags carry the registry's own message.

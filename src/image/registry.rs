@@ -14,34 +14,14 @@ use std::path::{Path, PathBuf};
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::secrets::RegistryAuth;
 
-use super::ImageError;
+pub use crate::config::RegistryConfig;
 
-/// How registries are reached (built at the edge from flags, environment and the state dir).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RegistryConfig {
-    /// hosts.toml directories, searched in order.
-    pub hosts_dirs: Vec<PathBuf>,
-    /// `HOST[:PORT]`s spoken to over plain HTTP (`--insecure-registry`).
-    pub insecure: Vec<String>,
-}
+use super::ImageError;
 
 /// Docker's name for Docker Hub in credential stores.
 const DOCKER_HUB_AUTH_KEY: &str = "https://index.docker.io/v1/";
 
 impl RegistryConfig {
-    /// The default search path: the state dir's own `certs.d`, then containerd's and
-    /// Docker's system directories (as nerdctl reads them).
-    pub fn with_defaults(state_dir: &Path) -> Self {
-        RegistryConfig {
-            hosts_dirs: vec![
-                state_dir.join("certs.d"),
-                PathBuf::from("/etc/containerd/certs.d"),
-                PathBuf::from("/etc/docker/certs.d"),
-            ],
-            insecure: Vec::new(),
-        }
-    }
-
     /// The endpoints to try for `registry`, mirrors first.
     pub fn endpoints(&self, registry: &str) -> Result<Vec<Endpoint>, ImageError> {
         let upstream_host = if registry == "docker.io" {

@@ -23,6 +23,8 @@ use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
 use sha2::{Digest, Sha256};
 
+pub use crate::manifest::PullPolicy;
+
 use super::archive::{self, JsonDescriptor, JsonImageConfig, JsonIndex, JsonManifest, parse_json};
 use super::registry::{Endpoint, RegistryConfig};
 use super::{
@@ -44,50 +46,6 @@ const MAX_METADATA_BYTES: usize = 16 << 20;
 const PARALLEL_LAYERS: usize = 3;
 /// How often a pull waiting for another pull's download looks again.
 const LOCK_POLL: Duration = Duration::from_millis(200);
-
-/// Kubernetes' `imagePullPolicy`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
-pub enum PullPolicy {
-    IfNotPresent,
-    Always,
-    Never,
-}
-
-impl PullPolicy {
-    /// Kubernetes' default: `Always` for `:latest` or no tag (and no digest), else `IfNotPresent`.
-    pub fn default_for(image: &str) -> PullPolicy {
-        let last = image.rsplit('/').next().unwrap_or(image);
-        if image.contains('@') {
-            return PullPolicy::IfNotPresent;
-        }
-        match last.split_once(':') {
-            Some((_, "latest")) | None => PullPolicy::Always,
-            Some(_) => PullPolicy::IfNotPresent,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PullPolicy::IfNotPresent => "IfNotPresent",
-            PullPolicy::Always => "Always",
-            PullPolicy::Never => "Never",
-        }
-    }
-}
-
-impl FromStr for PullPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "IfNotPresent" => Ok(PullPolicy::IfNotPresent),
-            "Always" => Ok(PullPolicy::Always),
-            "Never" => Ok(PullPolicy::Never),
-            other => Err(format!(
-                "{other:?} is not an image pull policy (IfNotPresent, Always or Never)"
-            )),
-        }
-    }
-}
 
 /// `os/arch[/variant]`, as `--platform` takes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -237,6 +195,10 @@ fn registry_error(what: &str, e: OciDistributionError) -> ImageError {
                     text.push_str(&more);
                 }
                 source = s.source();
+            }
+            if text.contains("InvalidContentType") {
+                // rustls' words for an answer that is not TLS at all.
+                text.push_str(" (the registry does not speak TLS: if it serves plain HTTP, say so with --insecure-registry HOST[:PORT] or an http:// host in hosts.toml)");
             }
             text
         }

@@ -167,6 +167,50 @@ impl Command {
     }
 }
 
+/// Kubernetes' `imagePullPolicy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub enum PullPolicy {
+    IfNotPresent,
+    Always,
+    Never,
+}
+
+impl PullPolicy {
+    /// Kubernetes' default: `Always` for `:latest` or no tag (and no digest), else `IfNotPresent`.
+    pub fn default_for(image: &str) -> PullPolicy {
+        let last = image.rsplit('/').next().unwrap_or(image);
+        if image.contains('@') {
+            return PullPolicy::IfNotPresent;
+        }
+        match last.split_once(':') {
+            Some((_, "latest")) | None => PullPolicy::Always,
+            Some(_) => PullPolicy::IfNotPresent,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::IfNotPresent => "IfNotPresent",
+            PullPolicy::Always => "Always",
+            PullPolicy::Never => "Never",
+        }
+    }
+}
+
+impl std::str::FromStr for PullPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "IfNotPresent" => Ok(PullPolicy::IfNotPresent),
+            "Always" => Ok(PullPolicy::Always),
+            "Never" => Ok(PullPolicy::Never),
+            other => Err(format!(
+                "{other:?} is not an image pull policy (IfNotPresent, Always or Never)"
+            )),
+        }
+    }
+}
+
 /// How many ids a container's user namespace maps (Kubernetes' per-pod range): the ids a job
 /// may run as unless its Environment sets `hostUsers: true`.
 pub const USERNS_IDS: u64 = 65_536;
@@ -185,7 +229,7 @@ pub struct Environment {
     /// hardened capabilities). Default false: each container gets a range of its own.
     pub host_users: bool,
     /// `imagePullPolicy`; `None`: Kubernetes' default for the image's tag.
-    pub image_pull_policy: Option<crate::image::remote::PullPolicy>,
+    pub image_pull_policy: Option<PullPolicy>,
     pub setup: Vec<String>,
     pub mounts: Vec<MountSpec>,
     /// `None` when the manifest does not say: the backend picks (containerd: none, host: host).
@@ -196,8 +240,7 @@ pub struct Environment {
 
 impl Environment {
     /// The pull policy in force: the Environment's, else Kubernetes' default for its image.
-    pub fn pull_policy(&self) -> crate::image::remote::PullPolicy {
-        use crate::image::remote::PullPolicy;
+    pub fn pull_policy(&self) -> PullPolicy {
         self.image_pull_policy.unwrap_or_else(|| {
             self.image
                 .as_deref()

@@ -88,7 +88,7 @@ pub struct EnvironmentSpec {
     pub env: BTreeMap<String, String>,
     pub include_host_env: Option<Spanned<bool>>,
     pub host_users: Option<Spanned<bool>>,
-    pub image_pull_policy: Option<Spanned<crate::image::remote::PullPolicy>>,
+    pub image_pull_policy: Option<Spanned<super::PullPolicy>>,
     pub setup: Option<Setup>,
     #[serde(default)]
     pub mounts: Vec<Mount>,
