@@ -55,6 +55,14 @@ struct Place {
     docker_config: Option<PathBuf>,
 }
 
+/// What the test's containers left in the host (the namespace's cgroup parents, ranges) is
+/// removed as `runner gc` removes it; scripts/test.sh fails on any of it left behind.
+impl Drop for Place {
+    fn drop(&mut self) {
+        let _ = self.run(&["gc"]);
+    }
+}
+
 impl Place {
     fn new(test: &str) -> Self {
         let (_, base) = containerd_env();
