@@ -110,6 +110,18 @@ if [ "$ranges" != 0 ]; then
   exit 1
 fi
 
+# Nothing of the bridge network stays: no container interface on runner0, no IPAM lease,
+# no pinned namespace under the suite's directories.
+veths=$(ip -o link show master runner0 2>/dev/null | wc -l)
+leases=$(find /var/lib/cni/networks/runner -maxdepth 1 -type f ! -name 'last_reserved_ip*' ! -name lock 2>/dev/null | wc -l)
+pins=$({ grep -F "$work" /proc/self/mountinfo || true; } | { grep -c nsfs || true; })
+echo "bridge network after the suite: interfaces=$veths ipam-leases=$leases pinned-namespaces=$pins"
+if [ "$veths$leases$pins" != "000" ]; then
+  ip -o link show master runner0; ls /var/lib/cni/networks/runner; grep -F "$work" /proc/self/mountinfo
+  echo "FAIL: bridge network state left behind" >&2
+  exit 1
+fi
+
 echo "== the Python client's tests (clients/python/run-tests.sh)"
 wait "$pyclient_test" || { cat "$work/pyclient.log"; echo "FAIL: the Python client" >&2; exit 1; }
 tail -3 "$work/pyclient.log"

@@ -125,10 +125,10 @@ fn cases() -> Vec<(&'static str, String, &'static str, &'static str)> {
             "unknown variant `wifi`",
         ),
         (
-            "bridge network",
-            env_with("  network: bridge\n"),
+            "bridge network on the host backend",
+            env_with("  backend: host\n  network: bridge\n"),
             "spec.network",
-            "not supported yet",
+            "not supported by the host backend",
         ),
         (
             "bind of /proc",

@@ -174,8 +174,6 @@ pub enum ManifestErrorKind {
     HostNetwork(&'static str),
     #[error("mounts need backend containerd (the host backend runs in the host's own filesystem)")]
     HostMounts,
-    #[error("network bridge is not supported yet (use none or host)")]
-    BridgeUnsupported,
     #[error("command must not be empty")]
     EmptyCommand,
     #[error("timeoutSeconds must be a number of seconds above 0 and at most {max}", max = super::MAX_TIMEOUT_SECONDS)]

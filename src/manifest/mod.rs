@@ -435,11 +435,11 @@ pub fn bind(job: &Job, env: &Environment, backend: Option<Backend>) -> Result<Bo
             .with_file(&job.file)
     };
     let network = match (backend, env.network) {
-        (_, Some(NetworkMode::Bridge)) => {
+        (Backend::Host, Some(NetworkMode::Bridge)) => {
             return Err(env_err(
                 "spec.network",
                 env.origins.network,
-                ManifestErrorKind::BridgeUnsupported,
+                ManifestErrorKind::HostNetwork("bridge"),
             ));
         }
         (Backend::Host, Some(NetworkMode::None)) => {

@@ -265,6 +265,15 @@ fn late_dirs(
             .map(|o| !owner_alive(o.trim()))
             .unwrap_or(true);
         if abandoned {
+            // Off the bridge network first (CNI DEL with the cached result): its veth, IPAM
+            // lease and firewall rules go with it.
+            let net = e.path().join(crate::runtime::containerd::network::NET_DIR);
+            if net.exists()
+                && let Err(err) = crate::runtime::containerd::network::detach(&net)
+            {
+                tracing::warn!(dir = %net.display(), error = %err, "gc could not detach a container from the network");
+                continue;
+            }
             match crate::runtime::late::release(&e.path()) {
                 Ok(()) => released.push(format!("late/{name}")),
                 Err(err) => tracing::warn!(dir = %e.path().display(), error = %err, "gc could not release late binds"),
@@ -299,6 +308,15 @@ fn remove_run_dirs(run_dir: &std::path::Path, live: &HashSet<String>, ownerless:
         // Unmounted first (a remapped rootfs, a workspace view), never crossing a mount that
         // would not go: a removal must never reach into a workspace.
         if abandoned {
+            // Off the bridge network first (CNI DEL with the cached result): its veth, IPAM
+            // lease and firewall rules go with it.
+            let net = e.path().join(crate::runtime::containerd::network::NET_DIR);
+            if net.exists()
+                && let Err(err) = crate::runtime::containerd::network::detach(&net)
+            {
+                tracing::warn!(dir = %net.display(), error = %err, "gc could not detach a container from the network");
+                continue;
+            }
             match crate::runtime::late::release(&e.path()) {
                 Ok(()) => removed.push(name),
                 Err(err) => {

@@ -9,6 +9,7 @@
 pub mod agent;
 mod io;
 pub mod logger;
+pub mod network;
 pub mod pool;
 pub mod remap;
 
@@ -257,6 +258,12 @@ impl Engine {
     /// go): its range then stays leased until gc finds the container gone.
     fn discard_run_dir(&self, id: &str, release_range: bool) -> Result<(), RuntimeError> {
         let dir = self.run_dir.join(id);
+        // Off the network first (CNI DEL while the netns is still pinned); a failure keeps
+        // the directory, with what DEL needs, for gc to try again.
+        if dir.join(network::NET_DIR).exists() {
+            network::detach(&dir.join(network::NET_DIR))
+                .map_err(|e| RuntimeError::Internal(format!("detaching {id} from the bridge network: {e}")))?;
+        }
         let range = std::fs::read_to_string(dir.join(remap::RANGE_FILE))
             .ok()
             .and_then(|t| t.trim().parse::<u32>().ok())
@@ -367,6 +374,20 @@ impl Engine {
         let t0 = Instant::now();
         let mut built = self.prepare_created(&id, &mut plan, args.is_none(), shape)?;
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "spec, range and views prepared");
+        if plan.bound.network == crate::manifest::NetworkMode::Bridge {
+            let t1 = Instant::now();
+            let dir = self.run_dir.join(&id).join(network::NET_DIR);
+            let (range, cid) = (plan.userns, id.clone());
+            let attached = tokio::task::spawn_blocking(move || {
+                let pinned = network::pin_namespaces(&dir, range)?;
+                network::attach(&dir, &cid, pinned)
+            })
+            .await
+            .map_err(|e| RuntimeError::Internal(format!("the network setup task: {e}")))?
+            .map_err(|e| RuntimeError::Internal(format!("attaching to the bridge network: {e}")))?;
+            join_namespaces(&mut built, &attached.pinned);
+            tracing::debug!(ms = t1.elapsed().as_secs_f64() * 1e3, ip = %attached.ip, "attached to the bridge network");
+        }
         let cgroup = self.cgroup_path(&id);
         if let Some(linux) = built.linux_mut() {
             linux.set_cgroups_path(Some(PathBuf::from(&cgroup)));
@@ -1572,4 +1593,25 @@ impl Runtime for LiveContainer {
         }
         self.engine.teardown(&self.id).await
     }
+}
+
+/// Name the pinned namespaces in the spec: runc joins them instead of making its own.
+fn join_namespaces(spec: &mut oci_spec::runtime::Spec, pinned: &network::Pinned) {
+    use oci_spec::runtime::LinuxNamespaceType;
+    let Some(linux) = spec.linux_mut() else {
+        return;
+    };
+    let mut namespaces = linux.namespaces().clone().unwrap_or_default();
+    for ns in namespaces.iter_mut() {
+        match ns.typ() {
+            LinuxNamespaceType::Network => {
+                ns.set_path(Some(pinned.netns.clone()));
+            }
+            LinuxNamespaceType::User if pinned.userns.is_some() => {
+                ns.set_path(pinned.userns.clone());
+            }
+            _ => {}
+        }
+    }
+    linux.set_namespaces(Some(namespaces));
 }

@@ -1,0 +1,451 @@
+//! `network: bridge`: a network namespace runner makes and pins itself, attached to a Linux
+//! bridge by the CNI plugins (Debian's containernetworking-plugins), and walled in with
+//! nftables.
+//!
+//! The namespaces. A container in a user namespace can mount `sysfs` only in a network
+//! namespace its own user namespace owns (runc 1.1 mounts sysfs and has no fallback), so a
+//! netns made in the host's user namespace (`ip netns add`) makes runc fail with EPERM. For a
+//! container with a range, runner therefore makes the user namespace itself (the range's
+//! maps), makes the network namespace inside it, pins both (bind mounts of their nsfs files in
+//! the container's run directory), and names both by path in the spec; runc joins them
+//! instead of making its own. With `hostUsers: true` only the netns is made.
+//!
+//! The plugins run per the CNI spec (0.4.0/1.0.0 as the installed 1.1 plugins speak it):
+//! `CNI_COMMAND`, `CNI_CONTAINERID`, `CNI_NETNS`, `CNI_IFNAME`, `CNI_PATH` in the environment,
+//! the plugin's config on stdin with `name`, `cniVersion` and the previous plugin's result
+//! (`prevResult`); ADD in list order, DEL in reverse with the cached ADD result. The result is
+//! cached in the run directory before anything else can fail, so every teardown path (and
+//! `runner gc`) can DEL. All invocations on a host hold one lock: the bridge and firewall
+//! plugins edit shared host state (the bridge, iptables chains).
+//!
+//! The wall (`nft` table `inet runner`): traffic from the bridge to anywhere but the
+//! bridge's own network is dropped (forward hook), and so is traffic from it to the host
+//! itself (input hook) unless it answers a connection the host opened. There is no NAT.
+
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+
+use crate::spec::IdRange;
+
+/// Where the pins and the cached CNI result live, inside a container's run directory.
+pub const NET_DIR: &str = "net";
+const USERNS_PIN: &str = "userns";
+const NETNS_PIN: &str = "netns";
+const CNI_CACHE: &str = "cni.json";
+/// The interface the container sees.
+const IFNAME: &str = "eth0";
+/// The bridge network every `network: bridge` container joins.
+pub const BRIDGE: &str = "runner0";
+pub const SUBNET: &str = "10.89.0.0/16";
+const GATEWAY: &str = "10.89.0.1";
+const NETWORK_NAME: &str = "runner";
+const CNI_VERSION: &str = "1.0.0";
+/// Where Debian (and most distributions) install the CNI plugins.
+const DEFAULT_CNI_PATH: &str = "/usr/lib/cni:/opt/cni/bin";
+/// Host-wide: every runner on the host shares the bridge, its IPAM and its firewall.
+const LOCK_FILE: &str = "/run/runner/cni.lock";
+const NFT_TABLE: &str = "runner";
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("CNI plugin {plugin} ({command}) failed: {message}")]
+    Plugin {
+        plugin: String,
+        command: &'static str,
+        message: String,
+    },
+    #[error("nftables: {0}")]
+    Nft(String),
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> NetworkError {
+    let what = what.into();
+    move |source| NetworkError::Io { what, source }
+}
+
+/// The namespaces a container joins, by path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pinned {
+    pub userns: Option<PathBuf>,
+    pub netns: PathBuf,
+}
+
+/// What a container got on the network.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attached {
+    pub pinned: Pinned,
+    /// Its address on the bridge (`10.89.0.7`).
+    pub ip: String,
+}
+
+/// Make and pin the namespaces in `dir` (created): a user namespace with `range`'s maps and
+/// a network namespace it owns, or (no range) a network namespace of the host's user
+/// namespace.
+pub fn pin_namespaces(dir: &Path, range: Option<IdRange>) -> Result<Pinned, NetworkError> {
+    std::fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
+    let (to_parent_r, to_parent_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io_err("a pipe")(e.into()))?;
+    let (to_child_r, to_child_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io_err("a pipe")(e.into()))?;
+    let with_user = range.is_some();
+    // SAFETY: the child makes raw system calls only and never returns (see
+    // idmap::user_namespace for why that is all a child of a threaded process may do).
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io_err("forking the namespace helper")(io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        unsafe {
+            let mut ok: u8 = 1;
+            if with_user {
+                ok = u8::from(libc::unshare(libc::CLONE_NEWUSER) == 0);
+                libc::write(to_parent_w.as_raw_fd(), (&ok as *const u8).cast(), 1);
+                // Wait for the maps: a netns made before them would belong to a user
+                // namespace whose root is nobody.
+                let mut b = 0u8;
+                libc::read(to_child_r.as_raw_fd(), (&mut b as *mut u8).cast(), 1);
+            }
+            if ok == 1 {
+                ok = u8::from(libc::unshare(libc::CLONE_NEWNET) == 0);
+            }
+            libc::write(to_parent_w.as_raw_fd(), (&ok as *const u8).cast(), 1);
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    drop(to_parent_w);
+    drop(to_child_r);
+    let helper = nix::unistd::Pid::from_raw(pid);
+    let made = (|| {
+        let step = |what: &str| -> Result<(), NetworkError> {
+            let mut b = [0u8; 1];
+            match nix::unistd::read(&to_parent_r, &mut b) {
+                Ok(1) if b[0] == 1 => Ok(()),
+                _ => Err(io_err(format!(
+                    "the namespace helper could not make the {what} namespace"
+                ))(io::Error::other("unshare failed"))),
+            }
+        };
+        let mut userns = None;
+        if let Some(range) = range {
+            step("user")?;
+            let map = format!("0 {} {}\n", range.host_base, IdRange::SIZE);
+            std::fs::write(format!("/proc/{pid}/uid_map"), &map).map_err(io_err("writing uid_map"))?;
+            std::fs::write(format!("/proc/{pid}/gid_map"), &map).map_err(io_err("writing gid_map"))?;
+            nix::unistd::write(&to_child_w, &[1u8]).map_err(|e| io_err("the namespace helper")(e.into()))?;
+            let pin = dir.join(USERNS_PIN);
+            bind_ns(&format!("/proc/{pid}/ns/user"), &pin)?;
+            userns = Some(pin);
+        }
+        step("network")?;
+        let netns = dir.join(NETNS_PIN);
+        bind_ns(&format!("/proc/{pid}/ns/net"), &netns)?;
+        Ok(Pinned { userns, netns })
+    })();
+    let _ = nix::sys::signal::kill(helper, nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::wait::waitpid(helper, None);
+    if made.is_err() {
+        let _ = unpin(dir);
+    }
+    made
+}
+
+/// Pin a namespace: bind its nsfs file onto an empty file.
+fn bind_ns(source: &str, target: &Path) -> Result<(), NetworkError> {
+    std::fs::File::create(target).map_err(io_err(format!("creating {}", target.display())))?;
+    nix::mount::mount(
+        Some(source),
+        target,
+        None::<&str>,
+        nix::mount::MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|e| io_err(format!("pinning {source} at {}", target.display()))(e.into()))
+}
+
+/// Unpin the namespaces of `dir` (the namespaces end with their last user).
+pub fn unpin(dir: &Path) -> io::Result<()> {
+    for name in [NETNS_PIN, USERNS_PIN] {
+        let pin = dir.join(name);
+        if pin.exists() {
+            match nix::mount::umount2(&pin, nix::mount::MntFlags::MNT_DETACH) {
+                Ok(()) | Err(nix::errno::Errno::EINVAL) => {}
+                Err(e) => return Err(e.into()),
+            }
+            std::fs::remove_file(&pin)?;
+        }
+    }
+    Ok(())
+}
+
+/// The network's plugin list (a CNI conflist's `plugins`).
+fn plugins() -> Vec<Value> {
+    vec![
+        json!({
+            "type": "bridge",
+            "bridge": BRIDGE,
+            "isGateway": true,
+            // No NAT: nothing leaves the network (see the nft wall).
+            "ipMasq": false,
+            "hairpinMode": true,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": SUBNET, "gateway": GATEWAY}]],
+                "routes": [{"dst": "0.0.0.0/0"}],
+            },
+        }),
+        // Accepts the network's traffic in iptables' FORWARD chain, where a host with Docker
+        // has a DROP policy: without it containers could not even reach each other.
+        json!({"type": "firewall"}),
+    ]
+}
+
+fn cni_path() -> String {
+    std::env::var("RUNNER_CNI_PATH").unwrap_or_else(|_| DEFAULT_CNI_PATH.to_string())
+}
+
+fn find_plugin(name: &str) -> Result<PathBuf, NetworkError> {
+    for dir in cni_path().split(':') {
+        let p = Path::new(dir).join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    Err(NetworkError::Plugin {
+        plugin: name.into(),
+        command: "find",
+        message: format!(
+            "not found in {} (install containernetworking-plugins, or set RUNNER_CNI_PATH)",
+            cni_path()
+        ),
+    })
+}
+
+/// Run one plugin; its parsed stdout.
+fn invoke(
+    command: &'static str,
+    plugin: &Value,
+    container: &str,
+    netns: &Path,
+    prev: Option<&Value>,
+) -> Result<Value, NetworkError> {
+    let kind = plugin["type"].as_str().unwrap_or_default().to_string();
+    let binary = find_plugin(&kind)?;
+    let mut config = plugin.clone();
+    config["name"] = json!(NETWORK_NAME);
+    config["cniVersion"] = json!(CNI_VERSION);
+    if let Some(prev) = prev {
+        config["prevResult"] = prev.clone();
+    }
+    let mut child = Command::new(&binary)
+        .env_clear()
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", container)
+        .env("CNI_NETNS", netns)
+        .env("CNI_IFNAME", IFNAME)
+        .env("CNI_PATH", cni_path())
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(io_err(format!("running {}", binary.display())))?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(config.to_string().as_bytes())
+        .map_err(io_err(format!("writing to {}", binary.display())))?;
+    let out = child
+        .wait_with_output()
+        .map_err(io_err(format!("running {}", binary.display())))?;
+    if !out.status.success() {
+        // The spec's error object: {code, msg, details}.
+        let message = serde_json::from_slice::<Value>(&out.stdout)
+            .ok()
+            .and_then(|v| {
+                let msg = v["msg"].as_str()?.to_string();
+                Some(match v["details"].as_str() {
+                    Some(d) if !d.is_empty() => format!("{msg}: {d}"),
+                    _ => msg,
+                })
+            })
+            .unwrap_or_else(|| {
+                format!(
+                    "{} {}",
+                    String::from_utf8_lossy(&out.stdout).trim(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )
+            });
+        return Err(NetworkError::Plugin {
+            plugin: kind,
+            command,
+            message,
+        });
+    }
+    if out.stdout.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| NetworkError::Plugin {
+        plugin: kind,
+        command,
+        message: format!("unreadable result: {e}"),
+    })
+}
+
+/// The host-wide lock every plugin invocation holds (released when the guard drops).
+fn lock() -> Result<nix::fcntl::Flock<std::fs::File>, NetworkError> {
+    let path = Path::new(LOCK_FILE);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io_err(format!("creating {}", parent.display())))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(io_err(format!("opening {LOCK_FILE}")))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| io_err(format!("locking {LOCK_FILE}"))(e.into()))
+}
+
+/// Attach container `id` (its pinned namespaces in `dir`) to the bridge network: CNI ADD of
+/// every plugin, the wall in place. On failure what was added is deleted again.
+pub fn attach(dir: &Path, id: &str, pinned: Pinned) -> Result<Attached, NetworkError> {
+    let _lock = lock()?;
+    ensure_wall()?;
+    // The cache names what DEL needs before ADD runs: a crash mid-ADD is undone by gc.
+    write_cache(dir, id, &pinned.netns, None)?;
+    let mut prev: Option<Value> = None;
+    let list = plugins();
+    for (i, plugin) in list.iter().enumerate() {
+        match invoke("ADD", plugin, id, &pinned.netns, prev.as_ref()) {
+            Ok(result) => prev = Some(result),
+            Err(e) => {
+                for done in list[..i].iter().rev() {
+                    let _ = invoke("DEL", done, id, &pinned.netns, prev.as_ref());
+                }
+                let _ = invoke("DEL", plugin, id, &pinned.netns, prev.as_ref());
+                let _ = std::fs::remove_file(dir.join(CNI_CACHE));
+                return Err(e);
+            }
+        }
+    }
+    let result = prev.unwrap_or(Value::Null);
+    write_cache(dir, id, &pinned.netns, Some(&result))?;
+    let ip = result["ips"][0]["address"]
+        .as_str()
+        .and_then(|a| a.split('/').next())
+        .unwrap_or_default()
+        .to_string();
+    Ok(Attached { pinned, ip })
+}
+
+fn write_cache(dir: &Path, id: &str, netns: &Path, result: Option<&Value>) -> Result<(), NetworkError> {
+    let cache = json!({"containerId": id, "netns": netns, "ifname": IFNAME, "plugins": plugins(), "result": result});
+    let tmp = dir.join(format!("{CNI_CACHE}.tmp"));
+    std::fs::write(&tmp, cache.to_string())
+        .and_then(|()| std::fs::rename(&tmp, dir.join(CNI_CACHE)))
+        .map_err(io_err("caching the CNI result"))
+}
+
+/// Undo `attach` and `pin_namespaces` for the run directory `dir` (a container's `net/`):
+/// CNI DEL with the cached result (in reverse order), then the pins. Nothing there is
+/// success; every step is tried even when one fails, and the first error is returned.
+pub fn detach(dir: &Path) -> Result<(), NetworkError> {
+    let cache_file = dir.join(CNI_CACHE);
+    let mut first: Option<NetworkError> = None;
+    if let Ok(text) = std::fs::read_to_string(&cache_file) {
+        let cache: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let id = cache["containerId"].as_str().unwrap_or_default().to_string();
+        let netns = PathBuf::from(cache["netns"].as_str().unwrap_or_default());
+        let result = cache.get("result").filter(|r| !r.is_null()).cloned();
+        let list = cache["plugins"].as_array().cloned().unwrap_or_default();
+        match lock() {
+            Ok(_lock) => {
+                for plugin in list.iter().rev() {
+                    if let Err(e) = invoke("DEL", plugin, &id, &netns, result.as_ref()) {
+                        first.get_or_insert(e);
+                    }
+                }
+            }
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+        if first.is_none() {
+            let _ = std::fs::remove_file(&cache_file);
+        }
+    }
+    if let Err(e) = unpin(dir) {
+        first.get_or_insert(NetworkError::Io {
+            what: format!("unpinning the namespaces in {}", dir.display()),
+            source: e,
+        });
+    }
+    match first {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The nftables wall, made once per host (idempotent: `nft -f` of a table that exists
+/// replaces nothing and adds the same rules only when the table is new).
+fn ensure_wall() -> Result<(), NetworkError> {
+    let listed = Command::new("nft")
+        .args(["list", "table", "inet", NFT_TABLE])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| NetworkError::Nft(format!("running nft (install nftables): {e}")))?;
+    if listed.success() {
+        return Ok(());
+    }
+    let rules = format!(
+        "table inet {NFT_TABLE} {{
+  chain forward {{
+    type filter hook forward priority filter - 10; policy accept;
+    iifname \"{BRIDGE}\" oifname \"{BRIDGE}\" accept
+    iifname \"{BRIDGE}\" drop
+    oifname \"{BRIDGE}\" ct state established,related accept
+    oifname \"{BRIDGE}\" drop
+  }}
+  chain input {{
+    type filter hook input priority filter - 10; policy accept;
+    iifname \"{BRIDGE}\" ct state established,related accept
+    iifname \"{BRIDGE}\" drop
+  }}
+}}
+"
+    );
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| NetworkError::Nft(format!("running nft (install nftables): {e}")))?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(rules.as_bytes())
+        .map_err(|e| NetworkError::Nft(e.to_string()))?;
+    let out = child.wait_with_output().map_err(|e| NetworkError::Nft(e.to_string()))?;
+    if !out.status.success() {
+        return Err(NetworkError::Nft(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
+    }
+    Ok(())
+}
