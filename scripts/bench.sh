@@ -8,6 +8,7 @@
 #   http:     runner serve on loopback: session create → first shell answer, shell and exec
 #             round trips, on busybox (sh) and on the Python image (bash), cold and from
 #             warm pools (`serve --pool`)
+#   network:  one-shot `runner apply` with `network: bridge` vs `network: none`
 #   pull:     the Python image from a loopback registry (docker-registry): `runner image pull`
 #             vs `ctr image pull --plain-http`, wall time and peak RSS, into a second private
 #             containerd whose content is deleted and garbage-collected between runs
@@ -169,6 +170,17 @@ kill "$serve_pid"; wait "$serve_pid" 2>/dev/null || true
 echo "http pool  busybox: $http_pool"
 echo "http pool  python: $http_pool_py"
 echo "http exec  session exec over HTTP: ${h_exec} ms   ctr task exec: ${e_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $h_exec/$e_med}")"
+
+# network: bridge against network: none, the same one-shot job, alternating.
+sed 's/^  image: local\/busybox:1.35$/  image: local\/busybox:1.35\n  network: bridge/' "$work/true.yaml" > "$work/bridge.yaml"
+grep -q 'network: bridge' "$work/bridge.yaml"
+nb=(); nn=()
+for _ in $(seq 1 "$runs"); do
+  nb+=("$(ms_of "$runner" apply -f "$work/bridge.yaml")")
+  nn+=("$(ms_of "$runner" apply -f "$work/true.yaml")")
+done
+b_med=$(printf '%s\n' "${nb[@]}" | median); n_med=$(printf '%s\n' "${nn[@]}" | median)
+echo "network    one-shot runner apply, network: bridge ${b_med} ms   network: none ${n_med} ms   added $(awk "BEGIN{printf \"%+.1f\", $b_med-$n_med}") ms  (median of $runs)"
 
 # Pulls. The registry gets the Python image from runner's push; the pulls go to a containerd
 # of their own, so no blob is shared with the images above, and each pull's image is deleted
