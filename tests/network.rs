@@ -13,6 +13,7 @@ use std::time::Duration;
 use common::*;
 
 const IMAGE: &str = "local/busybox:1.35";
+const PYTHON: &str = "local/python:3.11";
 /// host-local's leases: one file per address in use.
 const IPAM_DIR: &str = "/var/lib/cni/networks/runner";
 
@@ -98,6 +99,20 @@ fn twenty_concurrent_bridge_jobs_get_distinct_addresses_and_leave_nothing() {
     assert_released(&state, &ips.into_iter().collect::<Vec<_>>());
 }
 
+/// A `runner apply` that is stopped as Ctrl-C stops it (its job torn down) when the test
+/// ends, failing or not: a failed assertion must not leave a job on the bridge.
+struct Stop(Child);
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.0.wait();
+    }
+}
+
 /// A python HTTP server on the host, on every address (so the bridge's gateway too).
 struct HostServer {
     child: Child,
@@ -146,15 +161,17 @@ fn containers_on_the_bridge_reach_each_other_and_nothing_else() {
     // A: a web server that says its address through its workspace.
     let ws = dir.path().join("server-ws");
     std::fs::create_dir_all(&ws).unwrap();
-    let server = apply(
-        dir.path(),
-        &state,
-        "server",
+    let server = Stop(
+        apply(
+            dir.path(),
+            &state,
+            "server",
         "ip -4 -o addr show eth0 > /workspace/ip.tmp && mv /workspace/ip.tmp /workspace/ip; mkdir -p /tmp/www; echo pong > /tmp/www/index.html; exec httpd -f -p 7070 -h /tmp/www",
-        Some(&ws),
-    )
-    .spawn()
-    .unwrap();
+            Some(&ws),
+        )
+        .spawn()
+        .unwrap(),
+    );
     assert!(
         eventually(Duration::from_secs(20), || ws.join("ip").exists()),
         "the server never started"
@@ -192,7 +209,7 @@ fn containers_on_the_bridge_reach_each_other_and_nothing_else() {
     // Deleting the server's job tears its network down.
     let del = runner_ctd(&["delete", "job", "server"], &state);
     assert!(del.status.success(), "{}", String::from_utf8_lossy(&del.stderr));
-    let _ = server.wait_with_output();
+    drop(server);
     assert_released(&state, &[server_ip]);
 }
 
@@ -225,4 +242,172 @@ fn a_killed_runner_leaves_no_network_behind_after_gc_and_delete() {
     assert!(del.status.success(), "{}", String::from_utf8_lossy(&del.stderr));
     assert!(eventually(Duration::from_secs(10), || processes_matching("sleep 963").is_empty()));
     assert_released(&state, &[ip]);
+}
+
+/// A host of the test's own: a network namespace behind a veth pair, with TCP servers on
+/// ports 8080 and 8081 and a UDP listener on 9090 that records what it receives.
+struct Upstream {
+    ns: String,
+    host_if: String,
+    addr: String,
+    udp_log: PathBuf,
+    server: Child,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+        let _ = Command::new("ip").args(["link", "del", &self.host_if]).status();
+    }
+}
+
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn upstream(dir: &Path) -> Upstream {
+    let n = std::process::id() % 250 + 1;
+    let ns = format!("rtup{}", std::process::id());
+    let host_if = format!("rtu{}", std::process::id());
+    let peer = format!("rtp{}", std::process::id());
+    let addr = format!("10.199.{n}.2");
+    sh(&["ip", "netns", "add", &ns]);
+    sh(&["ip", "link", "add", &host_if, "type", "veth", "peer", "name", &peer]);
+    sh(&["ip", "link", "set", &peer, "netns", &ns]);
+    sh(&["ip", "addr", "add", &format!("10.199.{n}.1/30"), "dev", &host_if]);
+    sh(&["ip", "link", "set", &host_if, "up"]);
+    sh(&["ip", "-n", &ns, "addr", "add", &format!("{addr}/30"), "dev", &peer]);
+    sh(&["ip", "-n", &ns, "link", "set", &peer, "up"]);
+    sh(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
+    let udp_log = dir.join("udp.log");
+    std::fs::write(&udp_log, "").unwrap();
+    let script = format!(
+        r#"
+import socket, threading
+def tcp(port):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("{addr}", port)); s.listen(16)
+    while True:
+        c, _ = s.accept(); c.recv(1024)
+        c.sendall(b"HTTP/1.0 200 OK\r\n\r\nupstream %d\n" % port); c.close()
+def udp():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("{addr}", 9090))
+    while True:
+        data, peer = s.recvfrom(1024)
+        with open("{log}", "a") as f: f.write(data.decode(errors="replace"))
+for p in (8080, 8081): threading.Thread(target=tcp, args=(p,), daemon=True).start()
+udp()
+"#,
+        log = udp_log.display()
+    );
+    let server = Command::new("ip")
+        .args(["netns", "exec", &ns, "python3", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let up = Upstream {
+        ns,
+        host_if,
+        addr,
+        udp_log,
+        server,
+    };
+    // The host reaches it (so a refusal from a container is the wall's doing).
+    assert!(eventually(Duration::from_secs(10), || std::net::TcpStream::connect((
+        up.addr.as_str(),
+        8080
+    ))
+    .is_ok()));
+    up
+}
+
+#[test]
+#[ignore = "needs a private containerd and the CNI plugins: run scripts/test.sh"]
+fn egress_is_denied_unless_allowed_by_address_and_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let out = runner_ctd(
+        &["image", "import", image_dir().join("python-oci.tar").to_str().unwrap()],
+        &state,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let up = upstream(dir.path());
+    let a = &up.addr;
+    // Probes in Python (busybox's nc has no UDP): each TCP port's answer, then one datagram.
+    let probes = format!(
+        "python3 -c '\nimport os, socket\nfor p in (8080, 8081):\n    try:\n        s = socket.create_connection((\"{a}\", p), timeout=3)\n        s.sendall(b\"GET / HTTP/1.0\\r\\n\\r\\n\")\n        print(\"tcp%d\" % p, s.recv(200).decode().strip().splitlines()[-1])\n    except OSError as e:\n        print(\"tcp%d\" % p, \"refused:\", e)\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(os.environ[\"UDP_MARK\"].encode(), (\"{a}\", 9090))\nprint(\"sent\")\n'"
+    );
+    let run = |name: &str, allow: &str, mark: &str| -> String {
+        let env_extra = if allow.is_empty() {
+            format!("  env: {{UDP_MARK: {mark}}}\n")
+        } else {
+            format!("  env: {{UDP_MARK: {mark}}}\n  egress:\n    allow: [{allow}]\n")
+        };
+        let text = manifest(name, &probes, None, &env_extra).replace(IMAGE, PYTHON);
+        let file = write_manifest(dir.path(), &format!("{name}.yaml"), &text);
+        let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state);
+        stdout_of(&out)
+    };
+    let reached = |text: &str, probe: &str| text.contains(&format!("{probe} upstream {}", &probe[3..]));
+
+    let closed = run("egress-none", "", "from-closed");
+    assert!(!reached(&closed, "tcp8080") && !reached(&closed, "tcp8081"), "{closed}");
+    let port = run("egress-port", &format!("\"{a}:8080\""), "from-port");
+    assert!(reached(&port, "tcp8080"), "{port}");
+    assert!(!reached(&port, "tcp8081"), "{port}");
+    let open = run(
+        "egress-cidr",
+        &format!("\"{}/30\"", a.trim_end_matches(".2").to_string() + ".0"),
+        "from-cidr",
+    );
+    assert!(reached(&open, "tcp8080") && reached(&open, "tcp8081"), "{open}");
+    // UDP: only the container whose rule has no port got a datagram through.
+    assert!(eventually(Duration::from_secs(5), || std::fs::read_to_string(
+        &up.udp_log
+    )
+    .unwrap()
+    .contains("from-cidr")));
+    let udp = std::fs::read_to_string(&up.udp_log).unwrap();
+    assert!(!udp.contains("from-closed") && !udp.contains("from-port"), "{udp}");
+    // The containers' rules went with them.
+    let rules = Command::new("nft")
+        .args(["list", "table", "inet", "runner"])
+        .output()
+        .unwrap();
+    let rules = String::from_utf8_lossy(&rules.stdout);
+    assert!(!rules.contains("runner:egress-"), "{rules}");
+    assert_released(&state, &[]);
+}
+
+#[test]
+fn egress_entries_are_checked_with_their_place() {
+    let dir = tempfile::tempdir().unwrap();
+    for (allow, network, want) in [
+        ("[\"example.com\"]", "bridge", "domain names are not supported yet"),
+        ("[\"10.0.0.1/33\"]", "bridge", "not a prefix length"),
+        ("[\"10.0.0.1/8\"]", "bridge", "bits set beyond /8"),
+        ("[\"10.0.0.0/8:0\"]", "bridge", "not a port"),
+        ("[\"::1\"]", "bridge", "IPv6"),
+        ("[\"10.0.0.0/8\"]", "none", "egress needs network: bridge"),
+    ] {
+        let text = format!(
+            "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: e}}\nspec:\n  image: {IMAGE}\n  network: {network}\n  egress:\n    allow: {allow}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: j}}\nspec:\n  environment: e\n  command: \"true\"\n"
+        );
+        let file = write_manifest(dir.path(), "e.yaml", &text);
+        let out = runner(&["validate", "-f", file.to_str().unwrap()], &dir.path().join("state"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{allow} on {network} was accepted");
+        assert!(
+            err.contains(want) && err.contains("spec.egress.allow[0]") && err.contains(":8:"),
+            "{allow}: {err}"
+        );
+    }
 }

@@ -211,6 +211,67 @@ impl std::str::FromStr for PullPolicy {
     }
 }
 
+/// One `egress.allow` entry: an IPv4 address or CIDR, optionally with a port (TCP and UDP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EgressRule {
+    pub addr: std::net::Ipv4Addr,
+    pub prefix: u8,
+    pub port: Option<u16>,
+}
+
+impl EgressRule {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let t = text.trim();
+        let (net, port) = match t.rsplit_once(':') {
+            Some((net, port)) if !net.contains(':') => (
+                net,
+                Some(
+                    port.parse::<u16>()
+                        .ok()
+                        .filter(|&p| p > 0)
+                        .ok_or_else(|| format!("{t:?}: {port:?} is not a port (1 to 65535)"))?,
+                ),
+            ),
+            Some(_) => return Err(format!("{t:?}: IPv6 is not supported (bridge networks are IPv4)")),
+            None => (t, None),
+        };
+        let (addr, prefix) = match net.split_once('/') {
+            Some((a, p)) => (
+                a,
+                p.parse::<u8>()
+                    .ok()
+                    .filter(|&p| p <= 32)
+                    .ok_or_else(|| format!("{t:?}: /{p} is not a prefix length (0 to 32)"))?,
+            ),
+            None => (net, 32),
+        };
+        let addr: std::net::Ipv4Addr = addr.parse().map_err(|_| {
+            if addr.chars().any(|c| c.is_ascii_alphabetic()) {
+                format!(
+                    "{t:?}: domain names are not supported yet (runner has no resolver to enforce them): allow an address or a CIDR"
+                )
+            } else {
+                format!("{t:?} is not an IPv4 address or CIDR (a.b.c.d, a.b.c.d/n, optionally :port)")
+            }
+        })?;
+        let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix) };
+        if u32::from(addr) & !mask != 0 {
+            return Err(format!("{t:?}: the address has bits set beyond /{prefix}"));
+        }
+        Ok(EgressRule { addr, prefix, port })
+    }
+}
+
+impl std::fmt::Display for EgressRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)?;
+        if let Some(p) = self.port {
+            write!(f, ":{p}")?;
+        }
+        Ok(())
+    }
+}
+
 /// How many ids a container's user namespace maps (Kubernetes' per-pod range): the ids a job
 /// may run as unless its Environment sets `hostUsers: true`.
 pub const USERNS_IDS: u64 = 65_536;
@@ -234,6 +295,8 @@ pub struct Environment {
     pub mounts: Vec<MountSpec>,
     /// `None` when the manifest does not say: the backend picks (containerd: none, host: host).
     pub network: Option<NetworkMode>,
+    /// `egress.allow`: what a `network: bridge` container may reach off its network.
+    pub egress_allow: Vec<EgressRule>,
     pub resources: Resources,
     pub(crate) origins: EnvOrigins,
 }
@@ -1053,6 +1116,24 @@ fn validate_environment(
             ManifestErrorKind::ImageRequired,
         ));
     }
+    let mut egress_allow = Vec::new();
+    if let Some(egress) = &spec.egress {
+        let bridge = spec.network.as_ref().is_some_and(|n| n.value == raw::Network::Bridge);
+        for (i, entry) in egress.allow.iter().enumerate() {
+            let origin = Origin::new(format!("spec.egress.allow[{i}]"), at(&entry.referenced));
+            if !bridge {
+                return Err(ManifestError::new(
+                    origin,
+                    ManifestErrorKind::Yaml(
+                        "egress needs network: bridge (other networks have no way out to allow)".into(),
+                    ),
+                ));
+            }
+            let rule =
+                EgressRule::parse(&entry.value).map_err(|m| ManifestError::new(origin, ManifestErrorKind::Yaml(m)))?;
+            egress_allow.push(rule);
+        }
+    }
     if let Some(image) = &spec.image
         && (image.value.trim().is_empty() || image.value.contains(char::is_whitespace))
     {
@@ -1072,6 +1153,7 @@ fn validate_environment(
         include_host_env: spec.include_host_env.as_ref().is_some_and(|b| b.value),
         host_users: spec.host_users.as_ref().is_some_and(|b| b.value),
         image_pull_policy: spec.image_pull_policy.as_ref().map(|p| p.value),
+        egress_allow,
         setup: spec.setup.map(|s| s.commands).unwrap_or_default(),
         mounts,
         network: spec.network.as_ref().map(|n| match n.value {

@@ -93,7 +93,16 @@ pub struct EnvironmentSpec {
     #[serde(default)]
     pub mounts: Vec<Mount>,
     pub network: Option<Spanned<Network>>,
+    pub egress: Option<Egress>,
     pub resources: Option<Resources>,
+}
+
+/// `egress`: what a bridge-network container may reach beyond its network.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Egress {
+    #[serde(default)]
+    pub allow: Vec<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

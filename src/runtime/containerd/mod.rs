@@ -377,10 +377,10 @@ impl Engine {
         if plan.bound.network == crate::manifest::NetworkMode::Bridge {
             let t1 = Instant::now();
             let dir = self.run_dir.join(&id).join(network::NET_DIR);
-            let (range, cid) = (plan.userns, id.clone());
+            let (range, cid, allow) = (plan.userns, id.clone(), plan.env().egress_allow.clone());
             let attached = tokio::task::spawn_blocking(move || {
                 let pinned = network::pin_namespaces(&dir, range)?;
-                network::attach(&dir, &cid, pinned)
+                network::attach(&dir, &cid, pinned, &allow)
             })
             .await
             .map_err(|e| RuntimeError::Internal(format!("the network setup task: {e}")))?

@@ -20,7 +20,9 @@
 //!
 //! The wall (`nft` table `inet runner`): traffic from the bridge to anywhere but the
 //! bridge's own network is dropped (forward hook), and so is traffic from it to the host
-//! itself (input hook) unless it answers a connection the host opened. There is no NAT.
+//! itself (input hook) unless it answers a connection the host opened. A container's
+//! `egress.allow` entries become accept rules for its address ahead of the drops (tagged with
+//! its id, removed before its address is released); what they let out is masqueraded.
 
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
@@ -29,6 +31,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
+use crate::manifest::EgressRule;
 use crate::spec::IdRange;
 
 /// Where the pins and the cached CNI result live, inside a container's run directory.
@@ -322,7 +325,7 @@ fn lock() -> Result<nix::fcntl::Flock<std::fs::File>, NetworkError> {
 
 /// Attach container `id` (its pinned namespaces in `dir`) to the bridge network: CNI ADD of
 /// every plugin, the wall in place. On failure what was added is deleted again.
-pub fn attach(dir: &Path, id: &str, pinned: Pinned) -> Result<Attached, NetworkError> {
+pub fn attach(dir: &Path, id: &str, pinned: Pinned, allow: &[EgressRule]) -> Result<Attached, NetworkError> {
     let _lock = lock()?;
     ensure_wall()?;
     // The cache names what DEL needs before ADD runs: a crash mid-ADD is undone by gc.
@@ -349,6 +352,30 @@ pub fn attach(dir: &Path, id: &str, pinned: Pinned) -> Result<Attached, NetworkE
         .and_then(|a| a.split('/').next())
         .unwrap_or_default()
         .to_string();
+    if !allow.is_empty() {
+        // Rules name the address the container holds, tagged with its id; detach removes
+        // them before the address can go to anyone else.
+        if ip.is_empty() {
+            return Err(NetworkError::Nft(
+                "the bridge plugin reported no address to allow egress from".into(),
+            ));
+        }
+        let mut script = String::new();
+        for rule in allow {
+            let port = rule
+                .port
+                .map_or(String::new(), |p| format!(" meta l4proto {{ tcp, udp }} th dport {p}"));
+            for chain in ["forward", "input"] {
+                script.push_str(&format!(
+                    "insert rule inet {NFT_TABLE} {chain} iifname \"{BRIDGE}\" ip saddr {ip} ip daddr {}/{}{port} accept comment \"{}\"\n",
+                    rule.addr,
+                    rule.prefix,
+                    rule_tag(id)
+                ));
+            }
+        }
+        nft_script(&script)?;
+    }
     Ok(Attached { pinned, ip })
 }
 
@@ -374,6 +401,9 @@ pub fn detach(dir: &Path) -> Result<(), NetworkError> {
         let list = cache["plugins"].as_array().cloned().unwrap_or_default();
         match lock() {
             Ok(_lock) => {
+                if let Err(e) = remove_rules(&id) {
+                    first.get_or_insert(e);
+                }
                 for plugin in list.iter().rev() {
                     if let Err(e) = invoke("DEL", plugin, &id, &netns, result.as_ref()) {
                         first.get_or_insert(e);
@@ -403,14 +433,22 @@ pub fn detach(dir: &Path) -> Result<(), NetworkError> {
 /// The nftables wall, made once per host (idempotent: `nft -f` of a table that exists
 /// replaces nothing and adds the same rules only when the table is new).
 fn ensure_wall() -> Result<(), NetworkError> {
-    let listed = Command::new("nft")
-        .args(["list", "table", "inet", NFT_TABLE])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map_err(|e| NetworkError::Nft(format!("running nft (install nftables): {e}")))?;
-    if listed.success() {
+    let listed = |what: &[&str]| -> Result<bool, NetworkError> {
+        Command::new("nft")
+            .args(what)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .map_err(|e| NetworkError::Nft(format!("running nft (install nftables): {e}")))
+    };
+    // The postrouting chain is the newest part: a table without it is an older wall, made
+    // again whole.
+    if listed(&["list", "chain", "inet", NFT_TABLE, "postrouting"])? {
         return Ok(());
+    }
+    if listed(&["list", "table", "inet", NFT_TABLE])? {
+        nft_script(&format!("delete table inet {NFT_TABLE}\n"))?;
     }
     let rules = format!(
         "table inet {NFT_TABLE} {{
@@ -426,12 +464,27 @@ fn ensure_wall() -> Result<(), NetworkError> {
     iifname \"{BRIDGE}\" ct state established,related accept
     iifname \"{BRIDGE}\" drop
   }}
+  chain postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    ip saddr {SUBNET} oifname != \"{BRIDGE}\" masquerade
+  }}
 }}
 "
     );
+    nft_script(&rules)
+}
+
+/// The comment that tags a container's own rules.
+fn rule_tag(id: &str) -> String {
+    format!("runner:{id}")
+}
+
+/// Run an nft script (atomic: all of it or none).
+fn nft_script(script: &str) -> Result<(), NetworkError> {
     let mut child = Command::new("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| NetworkError::Nft(format!("running nft (install nftables): {e}")))?;
@@ -439,7 +492,7 @@ fn ensure_wall() -> Result<(), NetworkError> {
         .stdin
         .take()
         .expect("piped")
-        .write_all(rules.as_bytes())
+        .write_all(script.as_bytes())
         .map_err(|e| NetworkError::Nft(e.to_string()))?;
     let out = child.wait_with_output().map_err(|e| NetworkError::Nft(e.to_string()))?;
     if !out.status.success() {
@@ -448,4 +501,33 @@ fn ensure_wall() -> Result<(), NetworkError> {
         ));
     }
     Ok(())
+}
+
+/// Delete container `id`'s egress rules (found by their comment; none is success).
+fn remove_rules(id: &str) -> Result<(), NetworkError> {
+    let out = Command::new("nft")
+        .args(["-a", "list", "table", "inet", NFT_TABLE])
+        .output()
+        .map_err(|e| NetworkError::Nft(format!("running nft (install nftables): {e}")))?;
+    if !out.status.success() {
+        // No table: no rules.
+        return Ok(());
+    }
+    let tag = format!("comment \"{}\"", rule_tag(id));
+    let mut chain = String::new();
+    let mut script = String::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let line = line.trim();
+        if let Some(name) = line.strip_prefix("chain ") {
+            chain = name.split_whitespace().next().unwrap_or_default().to_string();
+        } else if line.contains(&tag)
+            && let Some(handle) = line.rsplit_once("# handle ").map(|(_, h)| h.trim())
+        {
+            script.push_str(&format!("delete rule inet {NFT_TABLE} {chain} handle {handle}\n"));
+        }
+    }
+    if script.is_empty() {
+        return Ok(());
+    }
+    nft_script(&script)
 }
