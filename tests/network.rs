@@ -411,3 +411,48 @@ fn egress_entries_are_checked_with_their_place() {
         );
     }
 }
+
+#[test]
+#[ignore = "needs a private containerd and the CNI plugins: run scripts/test.sh"]
+fn containers_on_the_bridge_resolve_each_other_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import(&state);
+    let out = runner_ctd(
+        &["image", "import", image_dir().join("python-oci.tar").to_str().unwrap()],
+        &state,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The hosts file is the network's, shared by every runner on the host: a name of its own.
+    let name = format!("named-{}", std::process::id());
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let server = Stop(
+        apply(
+            dir.path(),
+            &state,
+            &name,
+            "touch /workspace/up; mkdir -p /tmp/www; echo by-name > /tmp/www/index.html; exec httpd -f -p 7070 -h /tmp/www",
+            Some(&ws),
+        )
+        .spawn()
+        .unwrap(),
+    );
+    assert!(eventually(Duration::from_secs(20), || ws.join("up").exists()));
+    let probe = format!(
+        "python3 -c '\nimport socket\naddr = socket.gethostbyname(\"{name}\")\ns = socket.create_connection((\"{name}\", 7070), timeout=3)\ns.sendall(b\"GET / HTTP/1.0\\r\\n\\r\\n\")\nprint(addr.startswith(\"10.89.\"), s.recv(300).decode().strip().splitlines()[-1])\ntry:\n    open(\"/etc/hosts\", \"a\").write(\"1.2.3.4 evil\\n\")\n    print(\"hosts writable\")\nexcept OSError:\n    print(\"hosts read-only\")\nprint(\"loopback resolver\" if \"nameserver 127.\" in open(\"/etc/resolv.conf\").read() else \"no loopback resolver\")\n'"
+    );
+    let text = manifest("resolver", &probe, None, "").replace(IMAGE, PYTHON);
+    let file = write_manifest(dir.path(), "resolver.yaml", &text);
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state);
+    assert_eq!(
+        stdout_of(&out),
+        "True by-name\nhosts read-only\nno loopback resolver\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(server);
+    // The name went with its container.
+    let hosts = std::fs::read_to_string("/run/runner/net/runner/hosts").unwrap();
+    assert!(!hosts.contains(&name), "{hosts}");
+}

@@ -378,14 +378,38 @@ impl Engine {
             let t1 = Instant::now();
             let dir = self.run_dir.join(&id).join(network::NET_DIR);
             let (range, cid, allow) = (plan.userns, id.clone(), plan.env().egress_allow.clone());
+            let name = plan.job().name.clone();
             let attached = tokio::task::spawn_blocking(move || {
                 let pinned = network::pin_namespaces(&dir, range)?;
-                network::attach(&dir, &cid, pinned, &allow)
+                network::attach(&dir, &cid, &name, pinned, &allow)
             })
             .await
             .map_err(|e| RuntimeError::Internal(format!("the network setup task: {e}")))?
             .map_err(|e| RuntimeError::Internal(format!("attaching to the bridge network: {e}")))?;
             join_namespaces(&mut built, &attached.pinned);
+            // The network's names and resolvers, read-only (the files change as containers
+            // come and go; the container sees each change).
+            let mut mounts = built.mounts().clone().unwrap_or_default();
+            for (source, target) in [
+                (&attached.hosts_file, "/etc/hosts"),
+                (&attached.resolv_file, "/etc/resolv.conf"),
+            ] {
+                mounts.push(
+                    oci_spec::runtime::MountBuilder::default()
+                        .destination(target)
+                        .typ("bind")
+                        .source(source)
+                        .options(
+                            ["bind", "nosuid", "nodev", "noexec", "rprivate", "ro"]
+                                .iter()
+                                .map(|o| o.to_string())
+                                .collect::<Vec<_>>(),
+                        )
+                        .build()
+                        .map_err(|e| RuntimeError::Internal(format!("{target} mount: {e}")))?,
+                );
+            }
+            built.set_mounts(Some(mounts));
             tracing::debug!(ms = t1.elapsed().as_secs_f64() * 1e3, ip = %attached.ip, "attached to the bridge network");
         }
         let cgroup = self.cgroup_path(&id);

@@ -51,6 +51,9 @@ const CNI_VERSION: &str = "1.0.0";
 const DEFAULT_CNI_PATH: &str = "/usr/lib/cni:/opt/cni/bin";
 /// Host-wide: every runner on the host shares the bridge, its IPAM and its firewall.
 const LOCK_FILE: &str = "/run/runner/cni.lock";
+/// Host-wide too: the network's `/etc/hosts` (every container on it by name) and
+/// `/etc/resolv.conf`, bind-mounted read-only into each of its containers.
+const NAMES_DIR: &str = "/run/runner/net/runner";
 const NFT_TABLE: &str = "runner";
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +92,9 @@ pub struct Attached {
     pub pinned: Pinned,
     /// Its address on the bridge (`10.89.0.7`).
     pub ip: String,
+    /// The network's hosts and resolv.conf files, for the container's `/etc`.
+    pub hosts_file: PathBuf,
+    pub resolv_file: PathBuf,
 }
 
 /// Make and pin the namespaces in `dir` (created): a user namespace with `range`'s maps and
@@ -325,7 +331,14 @@ fn lock() -> Result<nix::fcntl::Flock<std::fs::File>, NetworkError> {
 
 /// Attach container `id` (its pinned namespaces in `dir`) to the bridge network: CNI ADD of
 /// every plugin, the wall in place. On failure what was added is deleted again.
-pub fn attach(dir: &Path, id: &str, pinned: Pinned, allow: &[EgressRule]) -> Result<Attached, NetworkError> {
+/// `name`: what the other containers of the network call this one (its hostname).
+pub fn attach(
+    dir: &Path,
+    id: &str,
+    name: &str,
+    pinned: Pinned,
+    allow: &[EgressRule],
+) -> Result<Attached, NetworkError> {
     let _lock = lock()?;
     ensure_wall()?;
     // The cache names what DEL needs before ADD runs: a crash mid-ADD is undone by gc.
@@ -376,7 +389,13 @@ pub fn attach(dir: &Path, id: &str, pinned: Pinned, allow: &[EgressRule]) -> Res
         }
         nft_script(&script)?;
     }
-    Ok(Attached { pinned, ip })
+    let (hosts_file, resolv_file) = names(id, Some((&ip, name)))?;
+    Ok(Attached {
+        pinned,
+        ip,
+        hosts_file,
+        resolv_file,
+    })
 }
 
 fn write_cache(dir: &Path, id: &str, netns: &Path, result: Option<&Value>) -> Result<(), NetworkError> {
@@ -402,6 +421,9 @@ pub fn detach(dir: &Path) -> Result<(), NetworkError> {
         match lock() {
             Ok(_lock) => {
                 if let Err(e) = remove_rules(&id) {
+                    first.get_or_insert(e);
+                }
+                if let Err(e) = names(&id, None) {
                     first.get_or_insert(e);
                 }
                 for plugin in list.iter().rev() {
@@ -474,6 +496,79 @@ fn ensure_wall() -> Result<(), NetworkError> {
     nft_script(&rules)
 }
 
+/// Keep the network's name files: add (`entry`) or drop (None) container `id`'s line of the
+/// hosts file, and write resolv.conf. Written in place (truncate, write): containers bind
+/// the files' inodes, so they see every change. Runs under the network lock.
+fn names(id: &str, entry: Option<(&str, &str)>) -> Result<(PathBuf, PathBuf), NetworkError> {
+    let dir = Path::new(NAMES_DIR);
+    std::fs::create_dir_all(dir).map_err(io_err(format!("creating {NAMES_DIR}")))?;
+    let hosts = dir.join("hosts");
+    let resolv = dir.join("resolv.conf");
+    let tag = format!("# {id}");
+    let old = std::fs::read_to_string(&hosts).unwrap_or_default();
+    let mut text = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+    for line in old.lines().filter(|l| l.contains("\t# ") && !l.ends_with(&tag)) {
+        text.push_str(line);
+        text.push('\n');
+    }
+    if let Some((ip, name)) = entry {
+        // Hostnames are job names (DNS labels); anything else is left out of the file.
+        let valid = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+        let names = if valid { format!("{name} {id}") } else { id.to_string() };
+        text.push_str(&format!("{ip}\t{names}\t{tag}\n"));
+    }
+    write_in_place(&hosts, &text)?;
+    write_in_place(
+        &resolv,
+        &resolv_conf(&std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default()),
+    )?;
+    Ok((hosts, resolv))
+}
+
+fn write_in_place(path: &Path, text: &str) -> Result<(), NetworkError> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .map_err(io_err(format!("opening {}", path.display())))?;
+    f.write_all(text.as_bytes())
+        .map_err(io_err(format!("writing {}", path.display())))
+}
+
+/// The host's resolv.conf as a container on the bridge can use it: loopback nameservers
+/// (a local stub resolver, systemd-resolved's 127.0.0.53) mean nothing in the container's
+/// namespace and are left out; search and options lines stay.
+fn resolv_conf(host: &str) -> String {
+    let mut out = String::from("# runner: the host's resolvers without loopback ones\n");
+    let mut servers = 0;
+    for line in host.lines().map(str::trim) {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("nameserver") => {
+                let Some(addr) = words.next() else { continue };
+                let loopback = addr
+                    .parse::<std::net::IpAddr>()
+                    .map(|a| a.is_loopback())
+                    .unwrap_or(true);
+                if !loopback {
+                    out.push_str(&format!("nameserver {addr}\n"));
+                    servers += 1;
+                }
+            }
+            Some("search" | "options" | "domain") => {
+                out.push_str(line);
+                out.push('\n');
+            }
+            _ => {}
+        }
+    }
+    if servers == 0 {
+        out.push_str("# (the host has no resolver a container can reach)\n");
+    }
+    out
+}
+
 /// The comment that tags a container's own rules.
 fn rule_tag(id: &str) -> String {
     format!("runner:{id}")
@@ -530,4 +625,22 @@ fn remove_rules(id: &str) -> Result<(), NetworkError> {
         return Ok(());
     }
     nft_script(&script)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolv_conf_drops_loopback_resolvers_and_keeps_search() {
+        let host = "# generated\nnameserver 127.0.0.53\nnameserver ::1\nnameserver 10.0.0.2\nsearch corp.example\noptions edns0 trust-ad\n";
+        let out = resolv_conf(host);
+        assert!(out.contains("nameserver 10.0.0.2\n"), "{out}");
+        assert!(!out.contains("127.0.0.53") && !out.contains("::1"), "{out}");
+        assert!(
+            out.contains("search corp.example\n") && out.contains("options edns0 trust-ad\n"),
+            "{out}"
+        );
+        assert!(resolv_conf("nameserver 127.0.0.1\n").contains("no resolver"));
+    }
 }
