@@ -259,7 +259,10 @@ impl Drop for Upstream {
         let _ = self.server.kill();
         let _ = self.server.wait();
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
-        let _ = Command::new("ip").args(["link", "del", &self.host_if]).status();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .stderr(Stdio::null())
+            .status();
     }
 }
 
@@ -273,10 +276,14 @@ fn sh(args: &[&str]) {
 }
 
 fn upstream(dir: &Path) -> Upstream {
-    let n = std::process::id() % 250 + 1;
-    let ns = format!("rtup{}", std::process::id());
-    let host_if = format!("rtu{}", std::process::id());
-    let peer = format!("rtp{}", std::process::id());
+    // Unique per test of this process (tests run side by side), and per process.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tag = format!("{}{k}", std::process::id() % 100_000);
+    let n = (std::process::id() * 4 + k) % 250 + 1;
+    let ns = format!("rtup{tag}");
+    let host_if = format!("rtu{tag}");
+    let peer = format!("rtp{tag}");
     let addr = format!("10.199.{n}.2");
     sh(&["ip", "netns", "add", &ns]);
     sh(&["ip", "link", "add", &host_if, "type", "veth", "peer", "name", &peer]);
@@ -455,4 +462,75 @@ fn containers_on_the_bridge_resolve_each_other_by_name() {
     // The name went with its container.
     let hosts = std::fs::read_to_string("/run/runner/net/runner/hosts").unwrap();
     assert!(!hosts.contains(&name), "{hosts}");
+}
+
+#[test]
+#[ignore = "needs a private containerd and the CNI plugins: run scripts/test.sh"]
+fn a_session_over_http_gets_the_bridge_and_egress_its_environment_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let out = runner_ctd(
+        &["image", "import", image_dir().join("python-oci.tar").to_str().unwrap()],
+        &state,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let up = upstream(dir.path());
+    let token = "network-test-token-0123456789abcdef";
+    std::fs::write(dir.path().join("token"), format!("{token}\n")).unwrap();
+    let mut child = runner_ctd_command(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--token-file",
+            dir.path().join("token").to_str().unwrap(),
+        ],
+        &state,
+    );
+    let mut server = Stop(child.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(server.0.stdout.take().unwrap()), &mut line).unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("listening line")
+        .to_string();
+    let call = |method: &str, path: &str, body: Option<&str>| -> (u16, serde_json::Value) {
+        let req = ureq::request(method, &format!("{url}{path}"))
+            .timeout(Duration::from_secs(120))
+            .set("Authorization", &format!("Bearer {token}"));
+        let result = match body {
+            Some(b) => req.send_string(b),
+            None => req.call(),
+        };
+        let (code, text) = match result {
+            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+            Err(e) => panic!("{method} {path}: {e}"),
+        };
+        (
+            code,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        )
+    };
+    let a = &up.addr;
+    let (code, session) = call(
+        "POST",
+        "/v1/sessions",
+        Some(&format!(
+            r#"{{"environment": {{"image": "{PYTHON}", "network": "bridge", "egress": {{"allow": ["{a}:8080"]}}}}}}"#
+        )),
+    );
+    assert_eq!(code, 201, "{session}");
+    let id = session["id"].as_str().unwrap().to_string();
+    let probe = format!(
+        "import socket\nfor p in (8080, 8081):\n    try:\n        s = socket.create_connection((\"{a}\", p), timeout=3)\n        s.sendall(b\"GET / HTTP/1.0\\r\\n\\r\\n\")\n        print(p, s.recv(200).decode().strip().splitlines()[-1])\n    except OSError:\n        print(p, \"refused\")\n"
+    );
+    let body = serde_json::json!({"command": ["python3", "-c", probe]}).to_string();
+    let (code, out) = call("POST", &format!("/v1/sessions/{id}/exec"), Some(&body));
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(out["stdout"], "8080 upstream 8080\n8081 refused\n", "{out}");
+    assert_eq!(call("DELETE", &format!("/v1/sessions/{id}"), None).0, 204);
+    drop(server);
+    assert_released(&state, &[]);
 }
