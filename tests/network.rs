@@ -475,44 +475,8 @@ fn a_session_over_http_gets_the_bridge_and_egress_its_environment_names() {
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let up = upstream(dir.path());
-    let token = "network-test-token-0123456789abcdef";
-    std::fs::write(dir.path().join("token"), format!("{token}\n")).unwrap();
-    let mut child = runner_ctd_command(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--token-file",
-            dir.path().join("token").to_str().unwrap(),
-        ],
-        &state,
-    );
-    let mut server = Stop(child.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(server.0.stdout.take().unwrap()), &mut line).unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .expect("listening line")
-        .to_string();
-    let call = |method: &str, path: &str, body: Option<&str>| -> (u16, serde_json::Value) {
-        let req = ureq::request(method, &format!("{url}{path}"))
-            .timeout(Duration::from_secs(120))
-            .set("Authorization", &format!("Bearer {token}"));
-        let result = match body {
-            Some(b) => req.send_string(b),
-            None => req.call(),
-        };
-        let (code, text) = match result {
-            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
-            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
-            Err(e) => panic!("{method} {path}: {e}"),
-        };
-        (
-            code,
-            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
-        )
-    };
+    let server = serve_with(runner_ctd_command(&[], &state), dir.path());
+    let call = |method: &str, path: &str, body: Option<&str>| server.call(method, path, body);
     let a = &up.addr;
     let (code, session) = call(
         "POST",

@@ -893,49 +893,8 @@ fn sessions_over_http_pull_their_image_by_the_same_policy() {
     oci_layout(work.path(), &["amd64"], Some("in a session"), 16);
     let name = format!("{}/{}:v", reg.plain, repo("session"));
     skopeo_push(&work.path().join("layout"), &name);
-    let token = "registry-test-token-0123456789abcdef";
-    std::fs::write(place.state.path().join("token"), format!("{token}\n")).unwrap();
-    let token_file = place.state.path().join("token");
-    let mut server = place
-        .command(&[
-            "--insecure-registry",
-            &reg.plain,
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--token-file",
-            token_file.to_str().unwrap(),
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .expect("listening line")
-        .to_string();
-    let call = |method: &str, path: &str, body: Option<&str>| -> (u16, serde_json::Value) {
-        let req = ureq::request(method, &format!("{url}{path}"))
-            .timeout(std::time::Duration::from_secs(120))
-            .set("Authorization", &format!("Bearer {token}"));
-        let result = match body {
-            Some(b) => req.send_string(b),
-            None => req.call(),
-        };
-        let (code, text) = match result {
-            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
-            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
-            Err(e) => panic!("{method} {path}: {e}"),
-        };
-        (
-            code,
-            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
-        )
-    };
+    let server = common::serve_with(place.command(&["--insecure-registry", &reg.plain]), place.state.path());
+    let call = |method: &str, path: &str, body: Option<&str>| server.call(method, path, body);
     let (code, session) = call(
         "POST",
         "/v1/sessions",
@@ -962,10 +921,6 @@ fn sessions_over_http_pull_their_image_by_the_same_policy() {
         err.to_string().contains("MANIFEST_UNKNOWN") || err.to_string().contains("NAME_UNKNOWN"),
         "{err}"
     );
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(server.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    let _ = server.wait();
+    drop(server);
     place.assert_clean();
 }

@@ -328,6 +328,40 @@ fn manifest_labels(parts: &ManifestParts) -> HashMap<String, String> {
     labels
 }
 
+/// Write an unpacked manifest's config and manifest blobs with the GC labels that keep the
+/// chain alive: config → snapshot, manifest → config and layers.
+async fn put_manifest(
+    client: &Containerd,
+    lease: &str,
+    parts: &ManifestParts,
+    top_chain: &str,
+    config_bytes: Vec<u8>,
+    manifest_digest: &str,
+    manifest_bytes: Vec<u8>,
+) -> Result<(), ImageError> {
+    put_bytes(
+        client,
+        lease,
+        &parts.config_digest,
+        config_bytes,
+        config_labels(top_chain),
+    )
+    .await?;
+    put_bytes(client, lease, manifest_digest, manifest_bytes, manifest_labels(parts)).await
+}
+
+/// An index's GC labels: it keeps the manifest it was resolved to (the only one stored).
+fn index_labels(index_bytes: &[u8], chosen: &str) -> Result<HashMap<String, String>, ImageError> {
+    let index: JsonIndex = parse_json("index", index_bytes)?;
+    Ok(index
+        .manifests
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.digest == chosen)
+        .map(|(i, m)| (format!("{GC_REF_MANIFEST}{i}"), m.digest.clone()))
+        .collect())
+}
+
 fn pick_platform(manifests: &[JsonDescriptor]) -> Option<&JsonDescriptor> {
     manifests
         .iter()
@@ -415,33 +449,20 @@ async fn import_oci(
             layers: manifest.layers.clone(),
         };
         let top_chain = unpack(client, lease, &parts, &progress).await?;
-        put_bytes(
+        put_manifest(
             client,
             lease,
-            &manifest.config.digest,
+            &parts,
+            &top_chain,
             config_bytes,
-            config_labels(&top_chain),
-        )
-        .await?;
-        put_bytes(
-            client,
-            lease,
             &manifest_desc.digest,
             manifest_bytes,
-            manifest_labels(&parts),
         )
         .await?;
         // Nested indexes (multi-platform) keep the chosen manifest alive.
         let mut target = manifest_desc.clone();
         for (desc, data) in index_chain.into_iter().rev() {
-            let nested: JsonIndex = parse_json("nested index", &data)?;
-            let labels = nested
-                .manifests
-                .iter()
-                .enumerate()
-                .filter(|(_, m)| m.digest == target.digest)
-                .map(|(i, m)| (format!("{GC_REF_MANIFEST}{i}"), m.digest.clone()))
-                .collect();
+            let labels = index_labels(&data, &target.digest)?;
             put_bytes(client, lease, &desc.digest, data, labels).await?;
             target = desc;
         }

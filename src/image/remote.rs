@@ -28,8 +28,8 @@ pub use crate::manifest::PullPolicy;
 use super::archive::{self, JsonDescriptor, JsonImageConfig, JsonIndex, JsonManifest, parse_json};
 use super::registry::{Endpoint, RegistryConfig};
 use super::{
-    GC_REF_MANIFEST, IMPORT_LEASE_TTL, ImageError, ImageInfo, ManifestParts, Progress, config_labels, descriptor,
-    go_arch, manifest_labels, put_bytes, unique, unpack,
+    IMPORT_LEASE_TTL, ImageError, ImageInfo, ManifestParts, Progress, descriptor, go_arch, index_labels, put_bytes,
+    put_manifest, unique, unpack,
 };
 use crate::containerd::{ByteStream, Containerd, Ingest, IngestBlob, LEASE_EXPIRE_LABEL};
 
@@ -122,6 +122,21 @@ pub struct PullEvent {
 
 /// Receives pull events.
 pub type PullProgressFn = Arc<dyn Fn(&PullEvent) + Send + Sync>;
+
+/// `event(digest, status, done, total)` for one image, to whoever listens (or no one).
+fn emitter(sink: Option<PullProgressFn>, image: String) -> impl Fn(&str, &'static str, u64, u64) + Sync {
+    move |digest, status, done, total| {
+        if let Some(sink) = &sink {
+            sink(&PullEvent {
+                image: image.clone(),
+                digest: digest.to_string(),
+                status,
+                done,
+                total,
+            });
+        }
+    }
+}
 
 #[derive(Clone, Default)]
 pub struct PullOptions {
@@ -344,18 +359,7 @@ pub async fn pull(client: &Containerd, text: &str, options: &PullOptions) -> Res
         )));
     }
     let top_type = media_type_of(&top_bytes, None)?;
-    let sink = options.progress.clone();
-    let event = |digest: &str, status: &'static str, done: u64, total: u64| {
-        if let Some(sink) = &sink {
-            sink(&PullEvent {
-                image: name.clone(),
-                digest: digest.to_string(),
-                status,
-                done,
-                total,
-            });
-        }
-    };
+    let event = emitter(options.progress.clone(), name.clone());
     event(&top_digest, "resolved", 0, 0);
 
     // An index: pick the platform's manifest and fetch it by digest.
@@ -505,32 +509,19 @@ async fn store(
     let progress = Progress::new(name.to_string(), None);
     event("", "unpacking", 0, parts.layers.len() as u64);
     let top_chain = unpack(client, lease, &parts, &progress).await?;
-    put_bytes(
+    put_manifest(
         client,
         lease,
-        &manifest.config.digest,
+        &parts,
+        &top_chain,
         config_bytes,
-        config_labels(&top_chain),
-    )
-    .await?;
-    put_bytes(
-        client,
-        lease,
         &manifest_desc.digest,
         manifest_bytes,
-        manifest_labels(&parts),
     )
     .await?;
     let target = match index {
         Some((top, bytes, chosen)) => {
-            let parsed: JsonIndex = parse_json("index", &bytes)?;
-            let labels = parsed
-                .manifests
-                .iter()
-                .enumerate()
-                .filter(|(_, m)| m.digest == chosen.digest)
-                .map(|(i, m)| (format!("{GC_REF_MANIFEST}{i}"), m.digest.clone()))
-                .collect();
+            let labels = index_labels(&bytes, &chosen.digest)?;
             put_bytes(client, lease, &top.digest, bytes, labels).await?;
             top
         }
@@ -762,18 +753,7 @@ pub async fn push(client: &Containerd, text: &str, options: &PullOptions) -> Res
         .await;
     let addressed = remote.address(&reference);
     let what = format!("pushing {name} to {}", remote.endpoint.host);
-    let sink = options.progress.clone();
-    let event = |digest: &str, status: &'static str, done: u64, total: u64| {
-        if let Some(sink) = &sink {
-            sink(&PullEvent {
-                image: name.clone(),
-                digest: digest.to_string(),
-                status,
-                done,
-                total,
-            });
-        }
-    };
+    let event = emitter(options.progress.clone(), name.clone());
     let (mut uploaded, mut skipped, mut sent_bytes) = (0, 0, 0);
     for blob in manifest.layers.iter().chain(std::iter::once(&manifest.config)) {
         let total = blob.size.max(0) as u64;

@@ -144,3 +144,69 @@ pub fn containers_of(job: &str) -> usize {
         .filter(|l| !l.trim().is_empty())
         .count()
 }
+
+/// The bearer token `serve_with` gives its server.
+pub const SERVE_TOKEN: &str = "test-token-common-0123456789abcdef";
+
+/// A `runner serve` on loopback, stopped (SIGTERM, as an operator stops it) when dropped.
+pub struct Served {
+    pub child: std::process::Child,
+    pub url: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `cmd` (a runner command with its environment and global flags set) as
+/// `serve --listen 127.0.0.1:0` with `SERVE_TOKEN`, the token file in `dir`.
+pub fn serve_with(mut cmd: Command, dir: &Path) -> Served {
+    use std::io::BufRead;
+    let token_file = dir.join("serve-token");
+    std::fs::write(&token_file, format!("{SERVE_TOKEN}\n")).unwrap();
+    let mut child = cmd
+        .args(["serve", "--listen", "127.0.0.1:0", "--token-file"])
+        .arg(&token_file)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("no listening line: {line:?}"))
+        .to_string();
+    Served { child, url }
+}
+
+impl Served {
+    /// (status, JSON body, or the text as a JSON string) of a request with the token.
+    pub fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, serde_json::Value) {
+        let req = ureq::request(method, &format!("{}{path}", self.url))
+            .timeout(Duration::from_secs(120))
+            .set("Authorization", &format!("Bearer {SERVE_TOKEN}"));
+        let result = match body {
+            Some(b) => req.send_string(b),
+            None => req.call(),
+        };
+        let (code, text) = match result {
+            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+            Err(e) => panic!("{method} {path}: {e}"),
+        };
+        (
+            code,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        )
+    }
+}
