@@ -350,7 +350,7 @@ fn egress_is_denied_unless_allowed_by_address_and_port() {
     let a = &up.addr;
     // Probes in Python (busybox's nc has no UDP): each TCP port's answer, then one datagram.
     let probes = format!(
-        "python3 -c '\nimport os, socket\nfor p in (8080, 8081):\n    try:\n        s = socket.create_connection((\"{a}\", p), timeout=3)\n        s.sendall(b\"GET / HTTP/1.0\\r\\n\\r\\n\")\n        print(\"tcp%d\" % p, s.recv(200).decode().strip().splitlines()[-1])\n    except OSError as e:\n        print(\"tcp%d\" % p, \"refused:\", e)\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(os.environ[\"UDP_MARK\"].encode(), (\"{a}\", 9090))\nprint(\"sent\")\n'"
+        "python3 -c '\nimport os, socket\nfor p in (8080, 8081):\n    try:\n        s = socket.create_connection((\"{a}\", p), timeout=3)\n        s.sendall(b\"GET / HTTP/1.0\\r\\n\\r\\n\")\n        print(\"tcp%d\" % p, s.makefile(\"rb\").read().decode().strip().splitlines()[-1])\n    except OSError as e:\n        print(\"tcp%d\" % p, \"refused:\", e)\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(os.environ[\"UDP_MARK\"].encode(), (\"{a}\", 9090))\nprint(\"sent\")\n'"
     );
     let run = |name: &str, allow: &str, mark: &str| -> String {
         let env_extra = if allow.is_empty() {
@@ -447,7 +447,7 @@ fn containers_on_the_bridge_resolve_each_other_by_name() {
     );
     assert!(eventually(Duration::from_secs(20), || ws.join("up").exists()));
     let probe = format!(
-        "python3 -c '\nimport socket\naddr = socket.gethostbyname(\"{name}\")\ns = socket.create_connection((\"{name}\", 7070), timeout=3)\ns.sendall(b\"GET / HTTP/1.0\\r\\n\\r\\n\")\nprint(addr.startswith(\"10.89.\"), s.recv(300).decode().strip().splitlines()[-1])\ntry:\n    open(\"/etc/hosts\", \"a\").write(\"1.2.3.4 evil\\n\")\n    print(\"hosts writable\")\nexcept OSError:\n    print(\"hosts read-only\")\nprint(\"loopback resolver\" if \"nameserver 127.\" in open(\"/etc/resolv.conf\").read() else \"no loopback resolver\")\n'"
+        "python3 -c '\nimport socket\naddr = socket.gethostbyname(\"{name}\")\ns = socket.create_connection((\"{name}\", 7070), timeout=3)\ns.sendall(b\"GET / HTTP/1.0\\r\\n\\r\\n\")\nprint(addr.startswith(\"10.89.\"), s.makefile(\"rb\").read().decode().strip().splitlines()[-1])\ntry:\n    open(\"/etc/hosts\", \"a\").write(\"1.2.3.4 evil\\n\")\n    print(\"hosts writable\")\nexcept OSError:\n    print(\"hosts read-only\")\nprint(\"loopback resolver\" if \"nameserver 127.\" in open(\"/etc/resolv.conf\").read() else \"no loopback resolver\")\n'"
     );
     let text = manifest("resolver", &probe, None, "").replace(IMAGE, PYTHON);
     let file = write_manifest(dir.path(), "resolver.yaml", &text);
@@ -488,7 +488,7 @@ fn a_session_over_http_gets_the_bridge_and_egress_its_environment_names() {
     assert_eq!(code, 201, "{session}");
     let id = session["id"].as_str().unwrap().to_string();
     let probe = format!(
-        "import socket\nfor p in (8080, 8081):\n    try:\n        s = socket.create_connection((\"{a}\", p), timeout=3)\n        s.sendall(b\"GET / HTTP/1.0\\r\\n\\r\\n\")\n        print(p, s.recv(200).decode().strip().splitlines()[-1])\n    except OSError:\n        print(p, \"refused\")\n"
+        "import socket\nfor p in (8080, 8081):\n    try:\n        s = socket.create_connection((\"{a}\", p), timeout=3)\n        s.sendall(b\"GET / HTTP/1.0\\r\\n\\r\\n\")\n        print(p, s.makefile(\"rb\").read().decode().strip().splitlines()[-1])\n    except OSError:\n        print(p, \"refused\")\n"
     );
     let body = serde_json::json!({"command": ["python3", "-c", probe]}).to_string();
     let (code, out) = call("POST", &format!("/v1/sessions/{id}/exec"), Some(&body));
