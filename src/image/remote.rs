@@ -621,14 +621,15 @@ pub async fn ensure(
     policy: Option<PullPolicy>,
     registry: &RegistryConfig,
 ) -> Result<ImageInfo, ImageError> {
-    let policy = policy.unwrap_or_else(|| PullPolicy::default_for(image));
+    let explicit = policy.is_some();
+    let resolved = policy.unwrap_or_else(|| PullPolicy::default_for(image));
     let local = async {
         match super::resolve(client, &super::normalize_name(image)?).await {
             Err(ImageError::NotFound(_)) => super::resolve(client, &canonical_name(image)?).await,
             other => other,
         }
     };
-    match policy {
+    match resolved {
         PullPolicy::Never => local.await.map_err(|e| match e {
             ImageError::NotFound(n) => {
                 ImageError::Registry(format!("image {n:?} is not present and imagePullPolicy is Never"))
@@ -636,10 +637,10 @@ pub async fn ensure(
             other => other,
         }),
         PullPolicy::IfNotPresent => match local.await {
-            Err(ImageError::NotFound(_)) => pull_and_resolve(client, image, registry, policy).await,
+            Err(ImageError::NotFound(_)) => pull_and_resolve(client, image, registry, resolved, explicit).await,
             other => other,
         },
-        PullPolicy::Always => pull_and_resolve(client, image, registry, policy).await,
+        PullPolicy::Always => pull_and_resolve(client, image, registry, resolved, explicit).await,
     }
 }
 
@@ -648,6 +649,7 @@ async fn pull_and_resolve(
     image: &str,
     registry: &RegistryConfig,
     policy: PullPolicy,
+    explicit: bool,
 ) -> Result<ImageInfo, ImageError> {
     let options = PullOptions {
         registry: registry.clone(),
@@ -662,9 +664,7 @@ async fn pull_and_resolve(
                 format!(
                     " (imagePullPolicy is Always{}; a local image {image:?} exists: set imagePullPolicy: \
                      IfNotPresent to run it)",
-                    if image.contains('@')
-                        || !image.ends_with(":latest") && image.rsplit('/').next().is_some_and(|l| l.contains(':'))
-                    {
+                    if explicit {
                         ""
                     } else {
                         ", Kubernetes' default for :latest or untagged images"
