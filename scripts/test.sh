@@ -111,13 +111,13 @@ if [ "$ranges" != 0 ]; then
 fi
 
 # Nothing of the bridge network stays: no container interface on runner0, no IPAM lease,
-# no pinned namespace under the suite's directories.
+# no pinned namespace left beside any rootfs.
 veths=$(ip -o link show master runner0 2>/dev/null | wc -l)
 leases=$(find /var/lib/cni/networks/runner -maxdepth 1 -type f ! -name 'last_reserved_ip*' ! -name lock 2>/dev/null | wc -l)
-pins=$({ grep -F "$work" /proc/self/mountinfo || true; } | { grep -c nsfs || true; })
+pins=$({ grep -F "${RUNNER_ROOTFS_DIR:-/run/runner/rootfs}" /proc/self/mountinfo || true; } | { grep -c nsfs || true; })
 echo "bridge network after the suite: interfaces=$veths ipam-leases=$leases pinned-namespaces=$pins"
 if [ "$veths$leases$pins" != "000" ]; then
-  ip -o link show master runner0; ls /var/lib/cni/networks/runner; grep -F "$work" /proc/self/mountinfo
+  ip -o link show master runner0; ls /var/lib/cni/networks/runner; grep nsfs /proc/self/mountinfo
   echo "FAIL: bridge network state left behind" >&2
   exit 1
 fi

@@ -498,3 +498,39 @@ fn a_session_over_http_gets_the_bridge_and_egress_its_environment_names() {
     drop(server);
     assert_released(&state, &[]);
 }
+
+#[test]
+#[ignore = "needs a private containerd and the CNI plugins: run scripts/test.sh"]
+fn gc_releases_the_network_of_a_container_whose_state_dir_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("gone-state");
+    import(&state);
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let mut child = apply(
+        dir.path(),
+        &state,
+        "storeless-br",
+        "ip -4 -o addr show eth0 > /workspace/ip.tmp && mv /workspace/ip.tmp /workspace/ip; sleep 962",
+        Some(&ws),
+    )
+    .spawn()
+    .unwrap();
+    assert!(eventually(Duration::from_secs(20), || ws.join("ip").exists()));
+    let ip = ip_of(&std::fs::read_to_string(ws.join("ip")).unwrap());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Nothing of the network is pinned under the state dir: it can be removed whole.
+    std::fs::remove_dir_all(&state).unwrap();
+    let other = dir.path().join("other-state");
+    let gc = runner_ctd(&["gc"], &other);
+    assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+    assert!(eventually(Duration::from_secs(10), || processes_matching("sleep 962").is_empty()));
+    assert!(
+        !Path::new(IPAM_DIR).join(&ip).exists(),
+        "gc left the address leased: {}",
+        String::from_utf8_lossy(&gc.stdout)
+    );
+    let hosts = std::fs::read_to_string("/run/runner/net/runner/hosts").unwrap_or_default();
+    assert!(!hosts.contains(&format!("{ip}\t")), "{hosts}");
+}

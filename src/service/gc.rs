@@ -168,10 +168,12 @@ pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceEr
             .collect();
         let (leases, ours, containerd) = (engine.leases.clone(), ours.clone(), engine.containerd_name());
         let roots = engine.roots_dir();
+        // What this run removed is gone for good: its directories go now, whatever their age.
+        let gone: HashSet<String> = report.containers.iter().cloned().collect();
         let (removed, ranges) = Context::blocking(move || {
             let mut removed = late_dirs(late_dir.as_deref(), &run_dir, &live, &ownerless);
             removed.extend(remove_run_dirs(&run_dir, &live, &ownerless));
-            removed.extend(remove_root_dirs(&roots, &live));
+            removed.extend(remove_root_dirs(&roots, &live, &gone));
             Ok((removed, release_ranges(&leases, &containerd, &ours, &run_dir, &live)))
         })
         .await?;
@@ -265,15 +267,6 @@ fn late_dirs(
             .map(|o| !owner_alive(o.trim()))
             .unwrap_or(true);
         if abandoned {
-            // Off the bridge network first (CNI DEL with the cached result): its veth, IPAM
-            // lease and firewall rules go with it.
-            let net = e.path().join(crate::runtime::containerd::network::NET_DIR);
-            if net.exists()
-                && let Err(err) = crate::runtime::containerd::network::detach(&net)
-            {
-                tracing::warn!(dir = %net.display(), error = %err, "gc could not detach a container from the network");
-                continue;
-            }
             match crate::runtime::late::release(&e.path()) {
                 Ok(()) => released.push(format!("late/{name}")),
                 Err(err) => tracing::warn!(dir = %e.path().display(), error = %err, "gc could not release late binds"),
@@ -308,15 +301,6 @@ fn remove_run_dirs(run_dir: &std::path::Path, live: &HashSet<String>, ownerless:
         // Unmounted first (a remapped rootfs, a workspace view), never crossing a mount that
         // would not go: a removal must never reach into a workspace.
         if abandoned {
-            // Off the bridge network first (CNI DEL with the cached result): its veth, IPAM
-            // lease and firewall rules go with it.
-            let net = e.path().join(crate::runtime::containerd::network::NET_DIR);
-            if net.exists()
-                && let Err(err) = crate::runtime::containerd::network::detach(&net)
-            {
-                tracing::warn!(dir = %net.display(), error = %err, "gc could not detach a container from the network");
-                continue;
-            }
             match crate::runtime::late::release(&e.path()) {
                 Ok(()) => removed.push(name),
                 Err(err) => {
@@ -391,9 +375,11 @@ fn range_has_processes(base: u32) -> bool {
     })
 }
 
-/// Remove the rootfs directories (host-wide, per containerd) of containers that are gone.
-/// One is made just before its container: only one older than a create can take is a leftover.
-fn remove_root_dirs(roots: &Path, live: &HashSet<String>) -> Vec<String> {
+/// Remove the rootfs directories (host-wide, per containerd) of containers that are gone,
+/// a bridge container's network with it. One is made just before its container: only one
+/// older than a create can take is a leftover, or one of a container this gc run removed
+/// (`gone`).
+fn remove_root_dirs(roots: &Path, live: &HashSet<String>, gone: &HashSet<String>) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(roots) else {
         return Vec::new();
     };
@@ -404,7 +390,16 @@ fn remove_root_dirs(roots: &Path, live: &HashSet<String>) -> Vec<String> {
             .metadata()
             .and_then(|m| m.modified())
             .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > UNMARKED_RUN_DIR_AGE));
-        if live.contains(&name) || !old {
+        if live.contains(&name) || !(old || gone.contains(&name)) {
+            continue;
+        }
+        // Off the bridge network first (CNI DEL with the cached result): its veth, IPAM
+        // lease, firewall rules and name go with it.
+        let net = e.path().join(crate::runtime::containerd::network::NET_DIR);
+        if net.exists()
+            && let Err(err) = crate::runtime::containerd::network::detach(&net)
+        {
+            tracing::warn!(dir = %net.display(), error = %err, "gc could not detach a container from the network");
             continue;
         }
         match crate::runtime::late::release(&e.path()) {

@@ -260,8 +260,9 @@ impl Engine {
         let dir = self.run_dir.join(id);
         // Off the network first (CNI DEL while the netns is still pinned); a failure keeps
         // the directory, with what DEL needs, for gc to try again.
-        if dir.join(network::NET_DIR).exists() {
-            network::detach(&dir.join(network::NET_DIR))
+        let net = self.root_dir(id).join(network::NET_DIR);
+        if net.exists() {
+            network::detach(&net)
                 .map_err(|e| RuntimeError::Internal(format!("detaching {id} from the bridge network: {e}")))?;
         }
         let range = std::fs::read_to_string(dir.join(remap::RANGE_FILE))
@@ -376,7 +377,9 @@ impl Engine {
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "spec, range and views prepared");
         if plan.bound.network == crate::manifest::NetworkMode::Bridge {
             let t1 = Instant::now();
-            let dir = self.run_dir.join(&id).join(network::NET_DIR);
+            // Beside the rootfs, not in the state dir: a state dir removed while the container
+            // runs must not take the pins (and with them the way to DEL) along.
+            let dir = self.root_dir(&id).join(network::NET_DIR);
             let (range, cid, allow) = (plan.userns, id.clone(), plan.env().egress_allow.clone());
             let name = plan.job().name.clone();
             let attached = tokio::task::spawn_blocking(move || {
@@ -582,6 +585,16 @@ impl Engine {
         // A remapped rootfs and workspace views are runner's own mounts: they go before the
         // snapshot under them, and before anything under the state dir is removed.
         let run = self.run_dir.join(id);
+        // Off the bridge network (CNI DEL, its pins) before the directory holding them goes.
+        let net = self.root_dir(id).join(network::NET_DIR);
+        if net.exists()
+            && let Err(e) = network::detach(&net)
+        {
+            tracing::warn!(container = id, error = %e, "could not detach the container from the network");
+            return Err(RuntimeError::Internal(format!(
+                "detaching {id} from the bridge network: {e}"
+            )));
+        }
         for dir in [self.root_dir(id), run.join(remap::VIEWS_DIR)] {
             if dir.exists()
                 && let Err(e) = late::release(&dir)

@@ -6,8 +6,8 @@
 //! namespace its own user namespace owns (runc 1.1 mounts sysfs and has no fallback), so a
 //! netns made in the host's user namespace (`ip netns add`) makes runc fail with EPERM. For a
 //! container with a range, runner therefore makes the user namespace itself (the range's
-//! maps), makes the network namespace inside it, pins both (bind mounts of their nsfs files in
-//! the container's run directory), and names both by path in the spec; runc joins them
+//! maps), makes the network namespace inside it, pins both (bind mounts of their nsfs files
+//! beside the container's rootfs), and names both by path in the spec; runc joins them
 //! instead of making its own. With `hostUsers: true` only the netns is made.
 //!
 //! The plugins run per the CNI spec (0.4.0/1.0.0 as the installed 1.1 plugins speak it):
@@ -34,7 +34,9 @@ use serde_json::{Value, json};
 use crate::manifest::EgressRule;
 use crate::spec::IdRange;
 
-/// Where the pins and the cached CNI result live, inside a container's run directory.
+/// Where the pins and the cached CNI result live, inside a container's rootfs directory
+/// (`/run/runner/rootfs/<containerd>/<id>/net`: out of the state dir, which may be removed
+/// while the container runs).
 pub const NET_DIR: &str = "net";
 const USERNS_PIN: &str = "userns";
 const NETNS_PIN: &str = "netns";
