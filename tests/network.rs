@@ -213,28 +213,28 @@ fn containers_on_the_bridge_reach_each_other_and_nothing_else() {
     assert_released(&state, &[server_ip]);
 }
 
+/// `runner apply` of a bridge job that says its address and sleeps `seconds`, SIGKILLed once
+/// the job runs (no cleanup runs): its address.
+fn orphan_a_bridge_job(dir: &Path, state: &Path, name: &str, seconds: u32) -> String {
+    let ws = dir.join(format!("{name}-ws"));
+    std::fs::create_dir_all(&ws).unwrap();
+    let command =
+        format!("ip -4 -o addr show eth0 > /workspace/ip.tmp && mv /workspace/ip.tmp /workspace/ip; sleep {seconds}");
+    let mut child = apply(dir, state, name, &command, Some(&ws)).spawn().unwrap();
+    assert!(eventually(Duration::from_secs(20), || ws.join("ip").exists()));
+    let ip = ip_of(&std::fs::read_to_string(ws.join("ip")).unwrap());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    ip
+}
+
 #[test]
 #[ignore = "needs a private containerd and the CNI plugins: run scripts/test.sh"]
 fn a_killed_runner_leaves_no_network_behind_after_gc_and_delete() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     import(&state);
-    let ws = dir.path().join("ws");
-    std::fs::create_dir_all(&ws).unwrap();
-    let mut child = apply(
-        dir.path(),
-        &state,
-        "orphan",
-        "ip -4 -o addr show eth0 > /workspace/ip.tmp && mv /workspace/ip.tmp /workspace/ip; sleep 963",
-        Some(&ws),
-    )
-    .spawn()
-    .unwrap();
-    assert!(eventually(Duration::from_secs(20), || ws.join("ip").exists()));
-    let ip = ip_of(&std::fs::read_to_string(ws.join("ip")).unwrap());
-    // SIGKILL: no cleanup runs.
-    child.kill().unwrap();
-    child.wait().unwrap();
+    let ip = orphan_a_bridge_job(dir.path(), &state, "orphan", 963);
     assert!(Path::new(IPAM_DIR).join(&ip).exists());
     let gc = runner_ctd(&["gc"], &state);
     assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
@@ -505,21 +505,7 @@ fn gc_releases_the_network_of_a_container_whose_state_dir_is_gone() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("gone-state");
     import(&state);
-    let ws = dir.path().join("ws");
-    std::fs::create_dir_all(&ws).unwrap();
-    let mut child = apply(
-        dir.path(),
-        &state,
-        "storeless-br",
-        "ip -4 -o addr show eth0 > /workspace/ip.tmp && mv /workspace/ip.tmp /workspace/ip; sleep 962",
-        Some(&ws),
-    )
-    .spawn()
-    .unwrap();
-    assert!(eventually(Duration::from_secs(20), || ws.join("ip").exists()));
-    let ip = ip_of(&std::fs::read_to_string(ws.join("ip")).unwrap());
-    child.kill().unwrap();
-    child.wait().unwrap();
+    let ip = orphan_a_bridge_job(dir.path(), &state, "storeless-br", 962);
     // Nothing of the network is pinned under the state dir: it can be removed whole.
     std::fs::remove_dir_all(&state).unwrap();
     let other = dir.path().join("other-state");
