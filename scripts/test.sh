@@ -115,9 +115,15 @@ fi
 veths=$(ip -o link show master runner0 2>/dev/null | wc -l)
 leases=$(find /var/lib/cni/networks/runner -maxdepth 1 -type f ! -name 'last_reserved_ip*' ! -name lock 2>/dev/null | wc -l)
 pins=$({ grep -F "${RUNNER_ROOTFS_DIR:-/run/runner/rootfs}" /proc/self/mountinfo || true; } | { grep -c nsfs || true; })
-echo "bridge network after the suite: interfaces=$veths ipam-leases=$leases pinned-namespaces=$pins"
-if [ "$veths$leases$pins" != "000" ]; then
+# Nor a firewall or port-mapping rule of a container (iptables: the firewall and portmap
+# plugins; nft: egress rules), nor a host port still recorded as published.
+fwd=$({ iptables-save 2>/dev/null || true; } | { grep -cE '10\.89\.|CNI-DN-' || true; })
+nftrules=$({ nft list table inet runner 2>/dev/null || true; } | { grep -c 'comment "runner:' || true; })
+published=$({ cat /run/runner/net/ports 2>/dev/null || true; } | wc -l)
+echo "bridge network after the suite: interfaces=$veths ipam-leases=$leases pinned-namespaces=$pins iptables-rules=$fwd nft-rules=$nftrules published-ports=$published"
+if [ "$veths$leases$pins$fwd$nftrules$published" != "000000" ]; then
   ip -o link show master runner0; ls /var/lib/cni/networks/runner; grep nsfs /proc/self/mountinfo
+  iptables-save | grep -E '10\.89\.|CNI-DN-'; nft list table inet runner; cat /run/runner/net/ports
   echo "FAIL: bridge network state left behind" >&2
   exit 1
 fi

@@ -217,6 +217,13 @@ pub async fn describe(ctx: &Context, name: &str) -> Result<i32, ServiceError> {
             a.exit_code.map_or_else(|| "-".into(), |c| c.to_string()),
             a.start_time.as_deref().unwrap_or("-")
         );
+        // kubectl shows a pod's IP; `docker port` its mappings.
+        if let Some(n) = &a.network {
+            println!("         IP: {}", n.ip);
+            for p in &n.ports {
+                println!("         Port: {p}");
+            }
+        }
     }
     println!("Events:");
     for e in &d.events {

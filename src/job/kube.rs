@@ -190,6 +190,7 @@ pub fn status(job: &Value, pods: &[Value], logs: &BTreeMap<String, String>, cont
             start_time: a.start.clone(),
             completion_time: a.end.clone(),
             counted: a.phase == Phase::Failed && !ignored(a.result.as_ref().and_then(|r| r.exit_code)),
+            network: None,
         });
         *n += 1;
     }

@@ -119,6 +119,9 @@ pub struct AttemptView {
     /// Whether this failure counted against backoffLimit.
     #[serde(default)]
     pub counted: bool,
+    /// Its container's address and published ports (`network: bridge`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::runtime::NetworkStatus>,
 }
 
 /// A Job's status: phase, reason and conditions, counts, times, its attempts, and the

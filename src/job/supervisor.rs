@@ -16,7 +16,7 @@ use crate::manifest::Job;
 use crate::owner::owner_id;
 use crate::runtime::containerd::pool::KIND_POOLED;
 use crate::runtime::containerd::{Engine, LABEL_ATTEMPT, LABEL_INDEX, LABEL_JOB, LABEL_KIND};
-use crate::runtime::{ExecResult, RuntimeOptions};
+use crate::runtime::{ExecResult, NetworkHook, NetworkStatus, RuntimeOptions};
 use crate::spec::{HostEnv, RunPlan};
 
 /// Environment variable with the completion index of an Indexed Job's attempt.
@@ -188,6 +188,8 @@ pub async fn supervise(
     let mut results: HashMap<(u32, u32), ExecResult> = HashMap::new();
     let mut tokens: HashMap<(u32, u32), CancellationToken> = HashMap::new();
     let (tx, mut rx) = mpsc::unbounded_channel::<(u32, u32, AttemptStatus)>();
+    // What each attempt's container got on its network, as soon as it is attached.
+    let (net_tx, mut net_rx) = mpsc::unbounded_channel::<(u32, u32, NetworkStatus)>();
     if adopt {
         for v in views.iter().filter(|v| v.phase == Phase::Running) {
             let token = CancellationToken::new();
@@ -215,6 +217,7 @@ pub async fn supervise(
                         start_time: Some(now_rfc3339()),
                         completion_time: None,
                         counted: false,
+                        network: None,
                     });
                     event(
                         &store,
@@ -224,7 +227,7 @@ pub async fn supervise(
                         format!("index {index}, attempt {number}"),
                     )
                     .await;
-                    launch(&ctx, policy.indexed, index, number, token, tx.clone());
+                    launch(&ctx, policy.indexed, (index, number), token, tx.clone(), net_tx.clone());
                 }
                 Action::KillAll => {
                     for token in tokens.values() {
@@ -290,6 +293,13 @@ pub async fn supervise(
                 }
                 event(&store, name, "Normal", "AttemptFinished", format!("index {index}, attempt {number}: {:?}", attempt.reason)).await;
             }
+            Some((index, number, network)) = net_rx.recv() => {
+                if let Some(v) = views.iter_mut().find(|v| v.index == index && v.attempt == number) {
+                    let ports: Vec<String> = network.ports.iter().map(ToString::to_string).collect();
+                    v.network = Some(network.clone());
+                    event(&store, name, "Normal", "Attached", format!("index {index}, attempt {number}: {}{}{}", network.ip, if ports.is_empty() { "" } else { ", ports " }, ports.join(", "))).await;
+                }
+            }
             () = sleep => actions = controller::step(&policy, &mut state, Event::Tick, now()),
             () = cancel.cancelled(), if !deleted => {
                 deleted = true;
@@ -324,10 +334,10 @@ fn write_attempt(logs_dir: &Path, job: &str, index: u32, number: u32, result: &E
 fn launch(
     ctx: &JobContext,
     indexed: bool,
-    index: u32,
-    number: u32,
+    (index, number): (u32, u32),
     token: CancellationToken,
     tx: mpsc::UnboundedSender<(u32, u32, AttemptStatus)>,
+    net_tx: mpsc::UnboundedSender<(u32, u32, NetworkStatus)>,
 ) {
     let mut plan = ctx.plan.clone();
     if indexed {
@@ -343,6 +353,9 @@ fn launch(
     let host = ctx.host.clone();
     let mut options = ctx.options.clone();
     options.kill_grace = ctx.plan.job().termination_grace;
+    options.on_network = Some(NetworkHook(std::sync::Arc::new(move |n: &NetworkStatus| {
+        let _ = net_tx.send((index, number, n.clone()));
+    })));
     // The output must outlive this process: a re-adopting supervisor collects it.
     options.durable_output = true;
     options.live_output = Some(attempt_file(

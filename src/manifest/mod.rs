@@ -272,6 +272,47 @@ impl std::fmt::Display for EgressRule {
     }
 }
 
+/// A published port's transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub enum Protocol {
+    #[serde(rename = "TCP")]
+    Tcp,
+    #[serde(rename = "UDP")]
+    Udp,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+        }
+    }
+
+    /// The name the CNI plugins and nftables use.
+    pub fn lower(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+}
+
+/// The address a port is published on when `hostIP` is not given: the host's loopback, so a
+/// sandbox's server is not offered to the node's whole network by accident.
+pub const DEFAULT_HOST_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::LOCALHOST;
+
+/// One `ports` entry: a container port published on the host (`network: bridge`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortSpec {
+    pub name: Option<String>,
+    pub container_port: u16,
+    /// `None`: a free port, picked when the container starts.
+    pub host_port: Option<u16>,
+    pub host_ip: std::net::Ipv4Addr,
+    pub protocol: Protocol,
+}
+
 /// How many ids a container's user namespace maps (Kubernetes' per-pod range): the ids a job
 /// may run as unless its Environment sets `hostUsers: true`.
 pub const USERNS_IDS: u64 = 65_536;
@@ -297,6 +338,8 @@ pub struct Environment {
     pub network: Option<NetworkMode>,
     /// `egress.allow`: what a `network: bridge` container may reach off its network.
     pub egress_allow: Vec<EgressRule>,
+    /// `ports`: container ports published on the host (`network: bridge`).
+    pub ports: Vec<PortSpec>,
     pub resources: Resources,
     pub(crate) origins: EnvOrigins,
 }
@@ -1008,6 +1051,133 @@ fn parse_user(user: &Spanned<String>, first_line: u64) -> Result<UserSpec, Manif
     })
 }
 
+/// `spec.ports`: each entry checked with its place; a (containerPort, protocol) or an explicit
+/// (hostIP, hostPort, protocol) published twice is refused, as the kubelet refuses it.
+fn validate_ports(raw: &[raw::Port], bridge: bool, first_line: u64) -> Result<Vec<PortSpec>, ManifestError> {
+    let at = |s: &serde_saphyr::Location| location(s, first_line);
+    let mut out: Vec<PortSpec> = Vec::new();
+    for (i, p) in raw.iter().enumerate() {
+        let field =
+            |name: &str, span: &serde_saphyr::Location| Origin::new(format!("spec.ports[{i}].{name}"), at(span));
+        let bad = |origin: Origin, m: String| ManifestError::new(origin, ManifestErrorKind::Yaml(m));
+        let container = field("containerPort", &p.container_port.referenced);
+        if !bridge {
+            return Err(bad(
+                container,
+                "ports need network: bridge (with none nothing can reach the container; with host its ports are the host's already)".into(),
+            ));
+        }
+        let container_port = u16::try_from(p.container_port.value)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                bad(
+                    container.clone(),
+                    format!("{} is not a port (1 to 65535)", p.container_port.value),
+                )
+            })?;
+        let host_port = match &p.host_port {
+            None => None,
+            Some(h) => match u16::try_from(h.value) {
+                Ok(0) => None,
+                Ok(n) => Some(n),
+                Err(_) => {
+                    return Err(bad(
+                        field("hostPort", &h.referenced),
+                        format!("{} is not a port (1 to 65535, or 0 for a free one)", h.value),
+                    ));
+                }
+            },
+        };
+        let host_ip = match &p.host_ip {
+            None => DEFAULT_HOST_IP,
+            Some(h) => h.value.trim().parse::<std::net::Ipv4Addr>().map_err(|_| {
+                bad(
+                    field("hostIP", &h.referenced),
+                    format!("{:?} is not an IPv4 address (bridge networks are IPv4)", h.value),
+                )
+            })?,
+        };
+        let protocol = match p.protocol.as_ref().map(|s| s.value.as_str()) {
+            None | Some("TCP") => Protocol::Tcp,
+            Some("UDP") => Protocol::Udp,
+            Some(other) => {
+                let span = &p.protocol.as_ref().expect("matched Some").referenced;
+                let hint = match other.to_ascii_uppercase().as_str() {
+                    "TCP" | "UDP" => format!(" (Kubernetes spells it {})", other.to_ascii_uppercase()),
+                    _ => String::new(),
+                };
+                return Err(bad(
+                    field("protocol", span),
+                    format!("{other:?} is not a protocol: TCP or UDP{hint}"),
+                ));
+            }
+        };
+        if let Some(name) = &p.name
+            && !valid_port_name(&name.value)
+        {
+            return Err(bad(
+                field("name", &name.referenced),
+                format!(
+                    "{:?} is not a port name (an IANA_SVC_NAME: up to 15 lowercase letters, digits and '-', with a letter)",
+                    name.value
+                ),
+            ));
+        }
+        let port = PortSpec {
+            name: p.name.as_ref().map(|n| n.value.clone()),
+            container_port,
+            host_port,
+            host_ip,
+            protocol,
+        };
+        if let Some(prev) = out
+            .iter()
+            .position(|q| q.container_port == port.container_port && q.protocol == port.protocol)
+        {
+            return Err(bad(
+                container,
+                format!(
+                    "containerPort {}/{} is published by spec.ports[{prev}] already",
+                    port.container_port,
+                    port.protocol.as_str()
+                ),
+            ));
+        }
+        if let Some(h) = port.host_port
+            && let Some(prev) = out.iter().position(|q| {
+                q.host_port == Some(h)
+                    && q.protocol == port.protocol
+                    && (q.host_ip == port.host_ip || q.host_ip.is_unspecified() || port.host_ip.is_unspecified())
+            })
+        {
+            let span = &p.host_port.as_ref().expect("host_port is set").referenced;
+            return Err(bad(
+                field("hostPort", span),
+                format!(
+                    "hostPort {h}/{} is taken by spec.ports[{prev}] already",
+                    port.protocol.as_str()
+                ),
+            ));
+        }
+        out.push(port);
+    }
+    Ok(out)
+}
+
+/// Kubernetes' IANA_SVC_NAME: 1-15 of [a-z0-9-], at least one letter, no leading, trailing or
+/// doubled '-'.
+fn valid_port_name(name: &str) -> bool {
+    (1..=15).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && name.chars().any(|c| c.is_ascii_lowercase())
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && !name.contains("--")
+}
+
 fn validate_mounts(mounts: Vec<raw::Mount>, first_line: u64) -> Result<Vec<MountSpec>, ManifestError> {
     mounts
         .into_iter()
@@ -1134,6 +1304,8 @@ fn validate_environment(
             egress_allow.push(rule);
         }
     }
+    let bridge = spec.network.as_ref().is_some_and(|n| n.value == raw::Network::Bridge);
+    let ports = validate_ports(&spec.ports, bridge, first_line)?;
     if let Some(image) = &spec.image
         && (image.value.trim().is_empty() || image.value.contains(char::is_whitespace))
     {
@@ -1154,6 +1326,7 @@ fn validate_environment(
         host_users: spec.host_users.as_ref().is_some_and(|b| b.value),
         image_pull_policy: spec.image_pull_policy.as_ref().map(|p| p.value),
         egress_allow,
+        ports,
         setup: spec.setup.map(|s| s.commands).unwrap_or_default(),
         mounts,
         network: spec.network.as_ref().map(|n| match n.value {

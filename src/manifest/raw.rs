@@ -94,7 +94,21 @@ pub struct EnvironmentSpec {
     pub mounts: Vec<Mount>,
     pub network: Option<Spanned<Network>>,
     pub egress: Option<Egress>,
+    #[serde(default)]
+    pub ports: Vec<Port>,
     pub resources: Option<Resources>,
+}
+
+/// One `ports` entry, as a Kubernetes container port.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Port {
+    pub name: Option<Spanned<String>>,
+    pub container_port: Spanned<i64>,
+    pub host_port: Option<Spanned<i64>>,
+    #[serde(rename = "hostIP")]
+    pub host_ip: Option<Spanned<String>>,
+    pub protocol: Option<Spanned<String>>,
 }
 
 /// `egress`: what a bridge-network container may reach beyond its network.

@@ -197,6 +197,10 @@ pub trait Runtime: Send + Sync {
     fn pool(&self) -> Option<&str> {
         None
     }
+    /// What the sandbox got on a bridge network (`None`: it is on none).
+    fn network(&self) -> Option<&NetworkStatus> {
+        None
+    }
 }
 
 /// An isolated sandbox's extras: a directory shared with it, the tools shipped into it,
@@ -287,6 +291,57 @@ pub struct RuntimeOptions {
     pub on_claim: Option<ClaimHook>,
     /// containerd: how images are pulled when an Environment's `imagePullPolicy` says so.
     pub registry: crate::image::registry::RegistryConfig,
+    /// Told what a `network: bridge` container got (its address, its published ports) once
+    /// it is attached, before its command starts.
+    pub on_network: Option<NetworkHook>,
+}
+
+/// What a container got on a bridge network: reported in a Job attempt's and a session's
+/// status.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkStatus {
+    /// The container's address on the network.
+    pub ip: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortStatus>,
+}
+
+/// A published port as it was bound (`hostPort` is the one picked when none was asked for).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub container_port: u16,
+    pub protocol: crate::manifest::Protocol,
+    #[serde(rename = "hostIP")]
+    pub host_ip: String,
+    pub host_port: u16,
+}
+
+impl std::fmt::Display for PortStatus {
+    /// Docker's `docker port` form: `8080/tcp -> 127.0.0.1:34567`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{} -> {}:{}",
+            self.container_port,
+            self.protocol.lower(),
+            self.host_ip,
+            self.host_port
+        )
+    }
+}
+
+/// What runs when a container is attached to a bridge network.
+#[derive(Clone)]
+pub struct NetworkHook(pub std::sync::Arc<dyn Fn(&NetworkStatus) + Send + Sync>);
+
+impl std::fmt::Debug for NetworkHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NetworkHook")
+    }
 }
 
 /// What runs when a pool member is claimed: given the pool's name.
@@ -313,6 +368,7 @@ impl Default for RuntimeOptions {
             use_pools: false,
             on_claim: None,
             registry: crate::image::registry::RegistryConfig::default(),
+            on_network: None,
         }
     }
 }

@@ -375,16 +375,17 @@ impl Engine {
         let t0 = Instant::now();
         let mut built = self.prepare_created(&id, &mut plan, args.is_none(), shape)?;
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "spec, range and views prepared");
+        let mut network = None;
         if plan.bound.network == crate::manifest::NetworkMode::Bridge {
             let t1 = Instant::now();
             // Beside the rootfs, not in the state dir: a state dir removed while the container
             // runs must not take the pins (and with them the way to DEL) along.
             let dir = self.root_dir(&id).join(network::NET_DIR);
             let (range, cid, allow) = (plan.userns, id.clone(), plan.env().egress_allow.clone());
-            let name = plan.job().name.clone();
+            let (name, ports) = (plan.job().name.clone(), plan.env().ports.clone());
             let attached = tokio::task::spawn_blocking(move || {
                 let pinned = network::pin_namespaces(&dir, range)?;
-                network::attach(&dir, &cid, &name, pinned, &allow)
+                network::attach(&dir, &cid, &name, pinned, &allow, &ports)
             })
             .await
             .map_err(|e| RuntimeError::Internal(format!("the network setup task: {e}")))?
@@ -414,6 +415,14 @@ impl Engine {
             }
             built.set_mounts(Some(mounts));
             tracing::debug!(ms = t1.elapsed().as_secs_f64() * 1e3, ip = %attached.ip, "attached to the bridge network");
+            let status = crate::runtime::NetworkStatus {
+                ip: attached.ip.clone(),
+                ports: attached.ports.clone(),
+            };
+            if let Some(hook) = &self.options.on_network {
+                (hook.0)(&status);
+            }
+            network = Some(status);
         }
         let cgroup = self.cgroup_path(&id);
         if let Some(linux) = built.linux_mut() {
@@ -551,6 +560,7 @@ impl Engine {
             cgroup,
             process,
             agent,
+            network,
         })
     }
 
@@ -949,7 +959,7 @@ impl Engine {
                 token.cancel();
             });
         }
-        let live = LiveContainer::new(
+        let mut live = LiveContainer::new(
             self.clone(),
             created.agent.take().map(Arc::new),
             init_pid,
@@ -959,6 +969,7 @@ impl Engine {
             created.process.clone(),
             Vec::new(),
         );
+        live.network = created.network.clone();
         if let Some(setup) = setup {
             live.set_setup(setup);
         }
@@ -1010,6 +1021,8 @@ struct Created {
     cgroup: String,
     process: oci_spec::runtime::Process,
     agent: Option<Agent>,
+    /// What it got on a bridge network.
+    network: Option<crate::runtime::NetworkStatus>,
 }
 
 /// A command in flight in a live container.
@@ -1046,6 +1059,8 @@ pub struct LiveContainer {
     base_env: Vec<(String, String)>,
     /// The pool it came from.
     pool: Option<String>,
+    /// What it got on a bridge network.
+    network: Option<crate::runtime::NetworkStatus>,
     slot: Arc<tokio::sync::Mutex<()>>,
     state: Arc<Mutex<LiveState>>,
     sequence: Arc<AtomicU64>,
@@ -1074,6 +1089,7 @@ impl LiveContainer {
             setup: std::sync::OnceLock::new(),
             base_env,
             pool: None,
+            network: None,
             slot: Arc::new(tokio::sync::Mutex::new(())),
             state: Arc::new(Mutex::new(LiveState::default())),
             sequence: Arc::new(AtomicU64::new(0)),
@@ -1535,6 +1551,10 @@ impl Runtime for LiveContainer {
         self.pool.as_deref()
     }
 
+    fn network(&self) -> Option<&crate::runtime::NetworkStatus> {
+        self.network.as_ref()
+    }
+
     async fn execute(&self, request: ExecRequest) -> Result<ExecResult, RuntimeError> {
         self.check_live()?;
         if request.argv.is_empty() {
@@ -1580,6 +1600,7 @@ impl Runtime for LiveContainer {
             setup: std::sync::OnceLock::new(),
             base_env: self.base_env.clone(),
             pool: self.pool.clone(),
+            network: self.network.clone(),
             slot: self.slot.clone(),
             state: self.state.clone(),
             sequence: self.sequence.clone(),

@@ -31,7 +31,8 @@ use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
-use crate::manifest::EgressRule;
+use crate::manifest::{EgressRule, PortSpec, Protocol};
+use crate::runtime::PortStatus;
 use crate::spec::IdRange;
 
 /// Where the pins and the cached CNI result live, inside a container's rootfs directory
@@ -57,6 +58,8 @@ const LOCK_FILE: &str = "/run/runner/cni.lock";
 /// `/etc/resolv.conf`, bind-mounted read-only into each of its containers.
 const NAMES_DIR: &str = "/run/runner/net/runner";
 const NFT_TABLE: &str = "runner";
+/// Marks the wall's newest rule (a published port's connections, DNATed by portmap, pass).
+const WALL_VERSION: &str = "runner wall 2";
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetworkError {
@@ -74,6 +77,8 @@ pub enum NetworkError {
     },
     #[error("nftables: {0}")]
     Nft(String),
+    #[error("publishing ports: {0}")]
+    Ports(String),
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> NetworkError {
@@ -97,6 +102,8 @@ pub struct Attached {
     /// The network's hosts and resolv.conf files, for the container's `/etc`.
     pub hosts_file: PathBuf,
     pub resolv_file: PathBuf,
+    /// Its published ports, each with the host port it got.
+    pub ports: Vec<PortStatus>,
 }
 
 /// Make and pin the namespaces in `dir` (created): a user namespace with `range`'s maps and
@@ -127,7 +134,7 @@ pub fn pin_namespaces(dir: &Path, range: Option<IdRange>) -> Result<Pinned, Netw
                 libc::read(to_child_r.as_raw_fd(), (&mut b as *mut u8).cast(), 1);
             }
             if ok == 1 {
-                ok = u8::from(libc::unshare(libc::CLONE_NEWNET) == 0);
+                ok = u8::from(libc::unshare(libc::CLONE_NEWNET) == 0 && loopback_up());
             }
             libc::write(to_parent_w.as_raw_fd(), (&ok as *const u8).cast(), 1);
             loop {
@@ -172,6 +179,29 @@ pub fn pin_namespaces(dir: &Path, range: Option<IdRange>) -> Result<Pinned, Netw
     made
 }
 
+/// Bring up `lo` in the calling thread's network namespace (runc does it only for the
+/// namespaces it makes itself; without it nothing in the container can use 127.0.0.1).
+/// Raw system calls only: it runs in the namespace helper, a child of a threaded process.
+unsafe fn loopback_up() -> bool {
+    unsafe {
+        let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if sock < 0 {
+            return false;
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+            *dst = *src as libc::c_char;
+        }
+        let mut ok = libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut req) == 0;
+        if ok {
+            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            ok = libc::ioctl(sock, libc::SIOCSIFFLAGS, &req) == 0;
+        }
+        libc::close(sock);
+        ok
+    }
+}
+
 /// Pin a namespace: bind its nsfs file onto an empty file.
 fn bind_ns(source: &str, target: &Path) -> Result<(), NetworkError> {
     std::fs::File::create(target).map_err(io_err(format!("creating {}", target.display())))?;
@@ -200,26 +230,47 @@ pub fn unpin(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// The network's plugin list (a CNI conflist's `plugins`).
-fn plugins() -> Vec<Value> {
-    vec![
-        json!({
-            "type": "bridge",
-            "bridge": BRIDGE,
-            "isGateway": true,
-            // No NAT: nothing leaves the network (see the nft wall).
-            "ipMasq": false,
-            "hairpinMode": true,
-            "ipam": {
-                "type": "host-local",
-                "ranges": [[{"subnet": SUBNET, "gateway": GATEWAY}]],
-                "routes": [{"dst": "0.0.0.0/0"}],
-            },
-        }),
-        // Accepts the network's traffic in iptables' FORWARD chain, where a host with Docker
-        // has a DROP policy: without it containers could not even reach each other.
-        json!({"type": "firewall"}),
-    ]
+/// The network's plugin list (a CNI conflist's `plugins`) for a container publishing `ports`
+/// (their host ports picked already).
+fn plugins(ports: &[PortStatus]) -> Vec<Value> {
+    let mut list = vec![json!({
+        "type": "bridge",
+        "bridge": BRIDGE,
+        "isGateway": true,
+        // No NAT: nothing leaves the network (see the nft wall).
+        "ipMasq": false,
+        "hairpinMode": true,
+        "ipam": {
+            "type": "host-local",
+            "ranges": [[{"subnet": SUBNET, "gateway": GATEWAY}]],
+            "routes": [{"dst": "0.0.0.0/0"}],
+        },
+    })];
+    if !ports.is_empty() {
+        // DNAT from the host's ports (PREROUTING for other hosts, OUTPUT for this one), and
+        // SNAT of what comes from the host's loopback so the answers find their way back.
+        let mappings: Vec<Value> = ports
+            .iter()
+            .map(|p| {
+                json!({
+                    "hostPort": p.host_port,
+                    "containerPort": p.container_port,
+                    "protocol": p.protocol.lower(),
+                    "hostIP": p.host_ip,
+                })
+            })
+            .collect();
+        list.push(json!({
+            "type": "portmap",
+            "capabilities": {"portMappings": true},
+            "snat": true,
+            "runtimeConfig": {"portMappings": mappings},
+        }));
+    }
+    // Accepts the network's traffic in iptables' FORWARD chain, where a host with Docker
+    // has a DROP policy: without it containers could not even reach each other.
+    list.push(json!({"type": "firewall"}));
+    list
 }
 
 fn cni_path() -> String {
@@ -340,13 +391,21 @@ pub fn attach(
     name: &str,
     pinned: Pinned,
     allow: &[EgressRule],
+    ports: &[PortSpec],
 ) -> Result<Attached, NetworkError> {
     let _lock = lock()?;
     ensure_wall()?;
+    let published = pick_ports(ports)?;
+    let list = plugins(&published);
     // The cache names what DEL needs before ADD runs: a crash mid-ADD is undone by gc.
-    write_cache(dir, id, &pinned.netns, None)?;
+    write_cache(dir, id, &pinned.netns, &list, None)?;
+    // Recorded after the cache (which detach finds the id in) and under the lock: a port
+    // is never handed out twice, and never stays taken by a container that is gone.
+    if let Err(e) = record_ports(id, &published) {
+        let _ = std::fs::remove_file(dir.join(CNI_CACHE));
+        return Err(e);
+    }
     let mut prev: Option<Value> = None;
-    let list = plugins();
     for (i, plugin) in list.iter().enumerate() {
         match invoke("ADD", plugin, id, &pinned.netns, prev.as_ref()) {
             Ok(result) => prev = Some(result),
@@ -356,12 +415,16 @@ pub fn attach(
                 }
                 let _ = invoke("DEL", plugin, id, &pinned.netns, prev.as_ref());
                 let _ = std::fs::remove_file(dir.join(CNI_CACHE));
+                let _ = release_ports(id);
                 return Err(e);
             }
         }
     }
     let result = prev.unwrap_or(Value::Null);
-    write_cache(dir, id, &pinned.netns, Some(&result))?;
+    write_cache(dir, id, &pinned.netns, &list, Some(&result))?;
+    if !published.is_empty() {
+        loopback_redirect(&pinned.netns, &published)?;
+    }
     let ip = result["ips"][0]["address"]
         .as_str()
         .and_then(|a| a.split('/').next())
@@ -397,11 +460,18 @@ pub fn attach(
         ip,
         hosts_file,
         resolv_file,
+        ports: published,
     })
 }
 
-fn write_cache(dir: &Path, id: &str, netns: &Path, result: Option<&Value>) -> Result<(), NetworkError> {
-    let cache = json!({"containerId": id, "netns": netns, "ifname": IFNAME, "plugins": plugins(), "result": result});
+fn write_cache(
+    dir: &Path,
+    id: &str,
+    netns: &Path,
+    plugins: &[Value],
+    result: Option<&Value>,
+) -> Result<(), NetworkError> {
+    let cache = json!({"containerId": id, "netns": netns, "ifname": IFNAME, "plugins": plugins, "result": result});
     let tmp = dir.join(format!("{CNI_CACHE}.tmp"));
     std::fs::write(&tmp, cache.to_string())
         .and_then(|()| std::fs::rename(&tmp, dir.join(CNI_CACHE)))
@@ -433,6 +503,12 @@ pub fn detach(dir: &Path) -> Result<(), NetworkError> {
                         first.get_or_insert(e);
                     }
                 }
+                // After portmap's DEL: the port is free for others only once nothing maps it.
+                if first.is_none()
+                    && let Err(e) = release_ports(&id)
+                {
+                    first.get_or_insert(e);
+                }
             }
             Err(e) => {
                 first.get_or_insert(e);
@@ -454,6 +530,188 @@ pub fn detach(dir: &Path) -> Result<(), NetworkError> {
     }
 }
 
+/// The host-wide record of published ports: `<protocol> <hostIP> <hostPort> <container id>`
+/// per line (kept under the network lock).
+const PORTS_FILE: &str = "/run/runner/net/ports";
+/// How many free-port picks may land on a port another container holds before giving up.
+const PICK_TRIES: usize = 64;
+
+fn recorded_ports() -> Result<Vec<(Protocol, std::net::Ipv4Addr, u16, String)>, NetworkError> {
+    let text = match std::fs::read_to_string(PORTS_FILE) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(io_err(format!("reading {PORTS_FILE}"))(e)),
+    };
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let proto = match w.next()? {
+                "tcp" => Protocol::Tcp,
+                "udp" => Protocol::Udp,
+                _ => return None,
+            };
+            Some((
+                proto,
+                w.next()?.parse().ok()?,
+                w.next()?.parse().ok()?,
+                w.next()?.to_string(),
+            ))
+        })
+        .collect())
+}
+
+/// Whether two bindings of one protocol and port collide (a wildcard address takes them all).
+fn overlaps(a: std::net::Ipv4Addr, b: std::net::Ipv4Addr) -> bool {
+    a == b || a.is_unspecified() || b.is_unspecified()
+}
+
+/// Bind the host's `ip:port` for a moment: the port it got (0 asks the kernel for a free
+/// one), or why it cannot be had.
+fn probe(protocol: Protocol, ip: std::net::Ipv4Addr, port: u16) -> io::Result<u16> {
+    let addr = std::net::SocketAddr::from((ip, port));
+    match protocol {
+        Protocol::Tcp => std::net::TcpListener::bind(addr)?.local_addr().map(|a| a.port()),
+        Protocol::Udp => std::net::UdpSocket::bind(addr)?.local_addr().map(|a| a.port()),
+    }
+}
+
+/// The host port of each published port: the one asked for (refused when another container
+/// or a host process has it) or a free one.
+fn pick_ports(ports: &[PortSpec]) -> Result<Vec<PortStatus>, NetworkError> {
+    let mut taken = recorded_ports()?;
+    let mut out = Vec::new();
+    for p in ports {
+        let held = |taken: &[(Protocol, std::net::Ipv4Addr, u16, String)], port: u16| {
+            taken
+                .iter()
+                .find(|(proto, ip, n, _)| *proto == p.protocol && *n == port && overlaps(*ip, p.host_ip))
+                .map(|(_, _, _, id)| id.clone())
+        };
+        let unavailable = |port: u16, e: io::Error| {
+            NetworkError::Ports(match e.kind() {
+                io::ErrorKind::AddrNotAvailable => format!("hostIP {} is not an address of this host", p.host_ip),
+                io::ErrorKind::AddrInUse => format!(
+                    "hostPort {port}/{} on {} is in use by a process of this host",
+                    p.protocol.as_str(),
+                    p.host_ip
+                ),
+                _ => format!("binding {}:{port}/{}: {e}", p.host_ip, p.protocol.as_str()),
+            })
+        };
+        let host_port = match p.host_port {
+            Some(port) => {
+                if let Some(other) = held(&taken, port) {
+                    return Err(NetworkError::Ports(format!(
+                        "hostPort {port}/{} on {} is published by container {other} already",
+                        p.protocol.as_str(),
+                        p.host_ip
+                    )));
+                }
+                probe(p.protocol, p.host_ip, port).map_err(|e| unavailable(port, e))?
+            }
+            None => {
+                let mut got = None;
+                for _ in 0..PICK_TRIES {
+                    let port = probe(p.protocol, p.host_ip, 0).map_err(|e| unavailable(0, e))?;
+                    if held(&taken, port).is_none() {
+                        got = Some(port);
+                        break;
+                    }
+                }
+                got.ok_or_else(|| NetworkError::Ports("no free host port found".into()))?
+            }
+        };
+        // Later entries of this container see the earlier ones as taken.
+        taken.push((p.protocol, p.host_ip, host_port, String::new()));
+        out.push(PortStatus {
+            name: p.name.clone(),
+            container_port: p.container_port,
+            protocol: p.protocol,
+            host_ip: p.host_ip.to_string(),
+            host_port,
+        });
+    }
+    Ok(out)
+}
+
+fn write_ports(lines: &[(Protocol, std::net::Ipv4Addr, u16, String)]) -> Result<(), NetworkError> {
+    let text: String = lines
+        .iter()
+        .map(|(proto, ip, port, id)| format!("{} {ip} {port} {id}\n", proto.lower()))
+        .collect();
+    let tmp = format!("{PORTS_FILE}.tmp");
+    if let Some(parent) = Path::new(PORTS_FILE).parent() {
+        std::fs::create_dir_all(parent).map_err(io_err(format!("creating {}", parent.display())))?;
+    }
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, PORTS_FILE))
+        .map_err(io_err(format!("writing {PORTS_FILE}")))
+}
+
+fn record_ports(id: &str, published: &[PortStatus]) -> Result<(), NetworkError> {
+    if published.is_empty() {
+        return Ok(());
+    }
+    let mut lines = recorded_ports()?;
+    for p in published {
+        let ip = p.host_ip.parse().unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
+        lines.push((p.protocol, ip, p.host_port, id.to_string()));
+    }
+    write_ports(&lines)
+}
+
+/// Forget container `id`'s ports (none is success).
+fn release_ports(id: &str) -> Result<(), NetworkError> {
+    let lines = recorded_ports()?;
+    if !lines.iter().any(|l| l.3 == id) {
+        return Ok(());
+    }
+    let kept: Vec<_> = lines.into_iter().filter(|l| l.3 != id).collect();
+    write_ports(&kept)
+}
+
+/// Reference 000's runtime rewrites a loopback bind address to 0.0.0.0 so a published port
+/// reaches a server told to listen on 127.0.0.1. runner does the same for programs it does
+/// not know: inside the container's network namespace, a connection arriving on eth0 for a
+/// published port that no socket bound to eth0's address (or to every address) would take is
+/// DNATed to 127.0.0.1, with `route_localnet` on eth0 so the kernel accepts it. A server
+/// bound to 127.0.0.1, to 0.0.0.0 or to the container's own address all answer.
+fn loopback_redirect(netns: &Path, ports: &[PortStatus]) -> Result<(), NetworkError> {
+    let mut script = String::from(
+        "table ip runner {\n  chain prerouting {\n    type nat hook prerouting priority dstnat; policy accept;\n",
+    );
+    for p in ports {
+        let (proto, port) = (p.protocol.lower(), p.container_port);
+        script.push_str(&format!(
+            "    iifname \"{IFNAME}\" {proto} dport {port} socket transparent 0 accept\n    iifname \"{IFNAME}\" {proto} dport {port} dnat to 127.0.0.1\n"
+        ));
+    }
+    script.push_str("  }\n}\n");
+    let ns = std::fs::File::open(netns).map_err(io_err(format!("opening {}", netns.display())))?;
+    let sysctl = std::ffi::CString::new(format!("/proc/sys/net/ipv4/conf/{IFNAME}/route_localnet")).expect("no NUL");
+    let mut cmd = Command::new("nft");
+    cmd.args(["-f", "-"]);
+    let fd = ns.as_raw_fd();
+    // SAFETY: between fork and exec the child makes raw system calls only.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let f = libc::open(sysctl.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if f < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let ok = libc::write(f, b"1".as_ptr().cast(), 1) == 1;
+            libc::close(f);
+            if ok { Ok(()) } else { Err(io::Error::last_os_error()) }
+        });
+    }
+    nft_run(cmd, &script)
+        .map_err(|e| NetworkError::Nft(format!("the loopback redirect in the container's namespace: {e}")))
+}
+
 /// The nftables wall, made once per host (idempotent: `nft -f` of a table that exists
 /// replaces nothing and adds the same rules only when the table is new).
 fn ensure_wall() -> Result<(), NetworkError> {
@@ -466,9 +724,14 @@ fn ensure_wall() -> Result<(), NetworkError> {
             .map(|s| s.success())
             .map_err(|e| NetworkError::Nft(format!("running nft (install nftables): {e}")))
     };
-    // The postrouting chain is the newest part: a table without it is an older wall, made
-    // again whole.
-    if listed(&["list", "chain", "inet", NFT_TABLE, "postrouting"])? {
+    // The marked rule is the newest part: a table without it is an older wall, made again
+    // whole.
+    let current = Command::new("nft")
+        .args(["list", "chain", "inet", NFT_TABLE, "forward"])
+        .output()
+        .map(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(WALL_VERSION))
+        .map_err(|e| NetworkError::Nft(format!("running nft (install nftables): {e}")))?;
+    if current {
         return Ok(());
     }
     if listed(&["list", "table", "inet", NFT_TABLE])? {
@@ -481,6 +744,7 @@ fn ensure_wall() -> Result<(), NetworkError> {
     iifname \"{BRIDGE}\" oifname \"{BRIDGE}\" accept
     iifname \"{BRIDGE}\" drop
     oifname \"{BRIDGE}\" ct state established,related accept
+    oifname \"{BRIDGE}\" ct status dnat accept comment \"{WALL_VERSION}\"
     oifname \"{BRIDGE}\" drop
   }}
   chain input {{
@@ -578,8 +842,13 @@ fn rule_tag(id: &str) -> String {
 
 /// Run an nft script (atomic: all of it or none).
 fn nft_script(script: &str) -> Result<(), NetworkError> {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
+    let mut cmd = Command::new("nft");
+    cmd.args(["-f", "-"]);
+    nft_run(cmd, script)
+}
+
+fn nft_run(mut cmd: Command, script: &str) -> Result<(), NetworkError> {
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -131,6 +131,11 @@ pub fn layout_of(plan: &RunPlan) -> Layout {
 /// path through another asset (the job author's directory, maybe with symlinks) must never
 /// be resolved, so no asset may lie under another.
 pub fn unpoolable(plan: &RunPlan) -> Option<String> {
+    if plan.bound.network == crate::manifest::NetworkMode::Bridge {
+        // Its name on the network, its egress rules and its host ports are the job's own,
+        // made as it is attached: a member attached for another job would carry that job's.
+        return Some("a bridge-network container is attached for its own job (name, egress rules, ports)".into());
+    }
     let under = |a: &str, b: &str| a == b || a.starts_with(&format!("{}/", b.trim_end_matches('/')));
     let layout = layout_of(plan);
     for p in &layout.places {

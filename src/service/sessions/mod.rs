@@ -190,6 +190,9 @@ pub struct SessionView {
     /// The warm pool whose member the sandbox is (absent: a container made for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// Its address and published ports (`network: bridge`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::runtime::NetworkStatus>,
 }
 
 /// One live sandbox and what lives in it between calls.
@@ -227,6 +230,7 @@ impl Session {
             idle_seconds: self.idle().as_secs(),
             active_calls: self.in_use.load(Ordering::SeqCst),
             pool: self.runtime.pool().map(String::from),
+            network: self.runtime.network().cloned(),
         }
     }
 
