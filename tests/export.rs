@@ -191,6 +191,47 @@ fn exported_pods_carry_the_hardening_and_the_job_fields() {
     }
 }
 
+const BRIDGE_MANIFEST: &str = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec:\n  image: reg.example/app:1\n  network: bridge\n  egress:\n    allow: [\"10.0.0.0/8\", \"203.0.113.7:443\"]\n  ports:\n  - {containerPort: 8080, name: web}\n  - {containerPort: 53, protocol: UDP, hostPort: 1053, hostIP: 0.0.0.0}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: web}\nspec:\n  environment: e\n  command: \"true\"\n";
+
+/// A bridge Job keeps its wall on a cluster: egress only to runner's other pods and the
+/// allowed blocks; its ports are the container's.
+#[test]
+fn bridge_networks_export_their_egress_policy_and_ports() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_manifest(dir.path(), "bridge.yaml", BRIDGE_MANIFEST);
+    let out = export(&["-f", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let docs: Vec<serde_json::Value> = text
+        .split("---\n")
+        .filter(|d| !d.trim().is_empty())
+        .map(|d| serde_saphyr::from_str(d).unwrap())
+        .collect();
+    let policy = docs
+        .iter()
+        .find(|d| d["kind"] == "NetworkPolicy")
+        .unwrap_or_else(|| panic!("no NetworkPolicy in {text}"));
+    assert_eq!(policy["metadata"]["name"], "web-egress");
+    assert_eq!(policy["spec"]["policyTypes"], serde_json::json!(["Egress"]));
+    let egress = &policy["spec"]["egress"];
+    assert_eq!(egress[1]["to"][0]["ipBlock"]["cidr"], "10.0.0.0/8", "{egress}");
+    assert!(egress[1].get("ports").is_none(), "{egress}");
+    assert_eq!(egress[2]["to"][0]["ipBlock"]["cidr"], "203.0.113.7/32", "{egress}");
+    assert_eq!(
+        egress[2]["ports"][0],
+        serde_json::json!({"protocol": "TCP", "port": 443})
+    );
+    let job = docs.iter().find(|d| d["kind"] == "Job").unwrap();
+    let ports = &job["spec"]["template"]["spec"]["containers"][0]["ports"];
+    assert_eq!(
+        ports,
+        &serde_json::json!([
+            {"containerPort": 8080, "protocol": "TCP", "name": "web"},
+            {"containerPort": 53, "protocol": "UDP", "hostPort": 1053, "hostIP": "0.0.0.0"},
+        ])
+    );
+}
+
 fn refused(dir: &Path, env_spec: &str, job_spec: &str, args: &[&str]) -> String {
     let file = write_manifest(
         dir,
@@ -357,6 +398,11 @@ fn exports_validate_against_the_kubernetes_schemas() {
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     files.push(dir.path().join("variant-out.yaml"));
+    std::fs::write(files.last().unwrap(), &out.stdout).unwrap();
+    let bridge = write_manifest(dir.path(), "bridge.yaml", BRIDGE_MANIFEST);
+    let out = export(&["-f", bridge.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    files.push(dir.path().join("bridge-out.yaml"));
     std::fs::write(files.last().unwrap(), &out.stdout).unwrap();
     let out = export(&["-f", "manifests/examples/python.yaml", "--sandbox", "--node-pids-limit"]);
     assert_eq!(out.status.code(), Some(0));

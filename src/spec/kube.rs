@@ -168,6 +168,44 @@ fn check_environment(env: &Environment, network: NetworkMode, options: &ExportOp
     Ok(())
 }
 
+/// What a bridge container may reach, as NetworkPolicy egress rules: the other pods runner
+/// made (locally: the other containers on the bridge) and each `egress.allow` entry (TCP and
+/// UDP to its port, when it has one). Everything else is denied, as the local wall does.
+fn bridge_egress(env: &Environment) -> Value {
+    let mut rules = vec![json!({"to": [{"podSelector": {"matchExpressions": [
+        {"key": MANAGED_LABEL, "operator": "Exists"}
+    ]}}]})];
+    for rule in &env.egress_allow {
+        let mut r = json!({"to": [{"ipBlock": {"cidr": format!("{}/{}", rule.addr, rule.prefix)}}]});
+        if let Some(port) = rule.port {
+            r["ports"] = json!([{"protocol": "TCP", "port": port}, {"protocol": "UDP", "port": port}]);
+        }
+        rules.push(r);
+    }
+    json!(rules)
+}
+
+/// `ports` as the container's: a hostPort (and its hostIP) only where one was asked for (the
+/// kubelet has no "any free port").
+fn container_ports(env: &Environment) -> Value {
+    let ports: Vec<Value> = env
+        .ports
+        .iter()
+        .map(|p| {
+            let mut v = json!({"containerPort": p.container_port, "protocol": p.protocol.as_str()});
+            if let Some(name) = &p.name {
+                v["name"] = json!(name);
+            }
+            if let Some(host) = p.host_port {
+                v["hostPort"] = json!(host);
+                v["hostIP"] = json!(p.host_ip.to_string());
+            }
+            v
+        })
+        .collect();
+    json!(ports)
+}
+
 /// Why host bind mounts are refused.
 const HOST_MOUNTS: &str = "host bind mounts are not exported: a node's paths are not this machine's, and hostPath volumes are a way out of a pod";
 
@@ -465,6 +503,18 @@ pub fn export_job(bound: &Bound, payload: &Payload, options: &ExportOptions) -> 
             },
         }));
     }
+    if bound.network == NetworkMode::Bridge {
+        objects.push(json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": metadata(&child_name(&job.name, "egress"), job, options),
+            "spec": {
+                "podSelector": {"matchLabels": {JOB_LABEL: job.name}},
+                "policyTypes": ["Egress"],
+                "egress": bridge_egress(env),
+            },
+        }));
+    }
 
     let stdin = job.stdin.as_ref().map(|_| STDIN_PATH);
     let argv = entry::compose(&env.setup, job.disable_setup, stdin, &job.command.argv());
@@ -483,6 +533,9 @@ pub fn export_job(bound: &Bound, payload: &Payload, options: &ExportOptions) -> 
     }
     if !mounts.is_empty() {
         container["volumeMounts"] = json!(mounts);
+    }
+    if !env.ports.is_empty() {
+        container["ports"] = container_ports(env);
     }
     let mut pod_labels: BTreeMap<String, String> = job.labels.clone();
     pod_labels.insert(JOB_LABEL.into(), job.name.clone());
