@@ -118,12 +118,18 @@ pins=$({ grep -F "${RUNNER_ROOTFS_DIR:-/run/runner/rootfs}" /proc/self/mountinfo
 # Nor a firewall or port-mapping rule of a container (iptables: the firewall and portmap
 # plugins; nft: egress rules), nor a host port still recorded as published.
 fwd=$({ iptables-save 2>/dev/null || true; } | { grep -cE '10\.89\.|CNI-DN-' || true; })
-nftrules=$({ nft list table inet runner 2>/dev/null || true; } | { grep -c 'comment "runner:' || true; })
+# Nor a container's nft rule or set, resolver policy, or the resolver itself (gc above
+# stopped it once idle).
+nftrules=$({ nft list table inet runner 2>/dev/null || true; } | { grep -cE 'comment "runner:|set [dp][0-9a-f]{16} ' || true; })
 published=$({ cat /run/runner/net/ports 2>/dev/null || true; } | wc -l)
-echo "bridge network after the suite: interfaces=$veths ipam-leases=$leases pinned-namespaces=$pins iptables-rules=$fwd nft-rules=$nftrules published-ports=$published"
-if [ "$veths$leases$pins$fwd$nftrules$published" != "000000" ]; then
+policies=$(find /run/runner/net/dns -type f 2>/dev/null | wc -l)
+resolver=0
+if [ -f /run/runner/net/resolver.pid ] && kill -0 "$(cat /run/runner/net/resolver.pid)" 2>/dev/null; then resolver=1; fi
+echo "bridge network after the suite: interfaces=$veths ipam-leases=$leases pinned-namespaces=$pins iptables-rules=$fwd nft-rules=$nftrules published-ports=$published dns-policies=$policies resolver=$resolver"
+if [ "$veths$leases$pins$fwd$nftrules$published$policies$resolver" != "00000000" ]; then
   ip -o link show master runner0; ls /var/lib/cni/networks/runner; grep nsfs /proc/self/mountinfo
   iptables-save | grep -E '10\.89\.|CNI-DN-'; nft list table inet runner; cat /run/runner/net/ports
+  ls /run/runner/net/dns
   echo "FAIL: bridge network state left behind" >&2
   exit 1
 fi

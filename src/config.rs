@@ -38,6 +38,9 @@ pub struct Config {
     pub log: String,
     /// How registries are reached: hosts.toml directories and plain-HTTP hosts.
     pub registry: RegistryConfig,
+    /// Where runner's resolver asks for bridge containers' allowed domains (empty: the
+    /// host's resolvers).
+    pub dns_upstream: Vec<std::net::SocketAddr>,
 }
 
 impl Config {
@@ -53,13 +56,18 @@ impl Config {
             output_limit: DEFAULT_OUTPUT_LIMIT,
             runner_exe: None,
             log: "warn".to_string(),
+            dns_upstream: Vec::new(),
         }
     }
 
-    /// The registry settings as command-line flags, for the runner processes this one starts
-    /// (supervisors and pool fillers pull images too).
-    pub fn registry_args(&self) -> Vec<std::ffi::OsString> {
+    /// The registry and DNS settings as command-line flags, for the runner processes this one
+    /// starts (supervisors and pool fillers pull images and attach containers too).
+    pub fn inherited_args(&self) -> Vec<std::ffi::OsString> {
         let mut args = Vec::new();
+        for server in &self.dns_upstream {
+            args.push("--dns-upstream".into());
+            args.push(server.to_string().into());
+        }
         for dir in &self.registry.hosts_dirs {
             args.push("--hosts-dir".into());
             args.push(dir.clone().into_os_string());

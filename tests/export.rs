@@ -281,6 +281,12 @@ fn what_kubernetes_cannot_express_is_refused_with_the_field_and_why() {
         ),
         ("  user: host\n".into(), String::new(), vec![], "spec.user"),
         (
+            "  network: bridge\n  egress: {allow: [\"10.0.0.0/8\", \"pypi.org:443\"]}\n".into(),
+            String::new(),
+            vec![],
+            "spec.egress.allow: cannot be exported to Kubernetes: pypi.org:443: NetworkPolicies have no domain names",
+        ),
+        (
             "  resources: {pids: 50}\n".into(),
             String::new(),
             vec![],

@@ -266,10 +266,69 @@ struct Upstream {
     addr: String,
     udp_log: PathBuf,
     server: Child,
+    /// dnsmasq, when the test serves names.
+    dns: Option<Child>,
+}
+
+impl Upstream {
+    /// Serve these names (each to an address) with dnsmasq on the upstream's address.
+    fn serve_names(&mut self, names: &[(&str, &str)]) {
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &self.ns,
+            "dnsmasq",
+            "--no-daemon",
+            "--no-resolv",
+            "--no-hosts",
+        ])
+        .arg(format!("--listen-address={}", self.addr))
+        .args(["--bind-interfaces", "--local-ttl=60"]);
+        for (name, addr) in names {
+            cmd.arg(format!("--address=/{name}/{addr}"));
+        }
+        self.dns = Some(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+        // It answers before the test goes on.
+        let sock = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        let query = dns_query(names[0].0, false);
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                let _ = sock.send_to(&query, (self.addr.as_str(), 53));
+                sock.recv(&mut [0u8; 512]).is_ok()
+            }),
+            "dnsmasq did not answer"
+        );
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A DNS query for `name`'s A record (`tcp`: with its length in front).
+fn dns_query(name: &str, tcp: bool) -> Vec<u8> {
+    let mut m = vec![0x42, 0x42, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.split('.') {
+        m.push(label.len() as u8);
+        m.extend_from_slice(label.as_bytes());
+    }
+    m.extend_from_slice(&[0, 0, 1, 0, 1]);
+    if tcp {
+        let mut framed = (m.len() as u16).to_be_bytes().to_vec();
+        framed.extend_from_slice(&m);
+        return framed;
+    }
+    m
 }
 
 impl Drop for Upstream {
     fn drop(&mut self) {
+        if let Some(mut dns) = self.dns.take() {
+            let _ = dns.kill();
+            let _ = dns.wait();
+        }
         let _ = self.server.kill();
         let _ = self.server.wait();
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
@@ -340,6 +399,7 @@ udp()
         addr,
         udp_log,
         server,
+        dns: None,
     };
     // The host reaches it (so a refusal from a container is the wall's doing).
     assert!(eventually(Duration::from_secs(10), || std::net::TcpStream::connect((
@@ -412,7 +472,11 @@ fn egress_is_denied_unless_allowed_by_address_and_port() {
 fn egress_entries_are_checked_with_their_place() {
     let dir = tempfile::tempdir().unwrap();
     for (allow, network, want) in [
-        ("[\"example.com\"]", "bridge", "domain names are not supported yet"),
+        ("[\"exa_mple.com\"]", "bridge", "not a domain name"),
+        ("[\"*foo.example.com\"]", "bridge", "'*' only as a whole first label"),
+        ("[\"example.com:0\"]", "bridge", "not a port"),
+        ("[\"1.2.3.4.5\"]", "bridge", "not an IPv4 address"),
+        ("[\"example.com\"]", "none", "egress needs network: bridge"),
         ("[\"10.0.0.1/33\"]", "bridge", "not a prefix length"),
         ("[\"10.0.0.1/8\"]", "bridge", "bits set beyond /8"),
         ("[\"10.0.0.0/8:0\"]", "bridge", "not a port"),
@@ -809,4 +873,130 @@ fn ports_are_checked_with_their_place() {
             "{ports}: {err}"
         );
     }
+}
+
+#[test]
+#[ignore = "needs a private containerd, the CNI plugins and dnsmasq: run scripts/test.sh"]
+fn domains_are_reached_only_through_runners_resolver_and_only_when_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let out = runner_ctd(
+        &["image", "import", image_dir().join("python-oci.tar").to_str().unwrap()],
+        &state,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut up = upstream(dir.path());
+    let a = up.addr.clone();
+    let host_side = a.trim_end_matches(".2").to_string() + ".1";
+    up.serve_names(&[
+        ("allowed.test", &a),
+        ("wild.test", &a),
+        ("denied.test", &a),
+        ("metadata.test", "169.254.169.254"),
+        ("host.test", &host_side),
+    ]);
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    // Each probe prints one line; then the container waits so the test can read its sets.
+    let probe = format!(
+        r#"
+import socket, struct, time
+def resolve(name):
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return "nxdomain"
+def tcp(addr, port):
+    try:
+        s = socket.create_connection((addr, port), timeout=2)
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        return s.makefile("rb").read().decode().strip().splitlines()[-1]
+    except OSError:
+        return "refused"
+out = []
+out.append("allowed %s %s %s" % (resolve("allowed.test"), tcp("allowed.test", 8080), tcp("{a}", 8081)))
+# The upstream's resolver itself is out of reach (before a rule without a port opens its
+# address, which is what a domain rule cannot help: the address is shared).
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)
+u.sendto(bytes.fromhex("{query}")[2:], ("{a}", 53))
+try:
+    u.recv(512); out.append("direct answered")
+except OSError:
+    out.append("direct unanswered")
+out.append("denied %s" % resolve("denied.test"))
+out.append("apex %s" % resolve("wild.test"))
+out.append("sub %s %s" % (resolve("a.b.wild.test"), tcp("{a}", 8081)))
+out.append("metadata %s" % resolve("metadata.test"))
+out.append("host %s %s" % (resolve("host.test"), tcp("{host_side}", 8080)))
+# Over TCP to runner's resolver, as a client does after a truncated answer.
+q = bytes.fromhex("{query}")
+s = socket.create_connection(("10.89.0.1", 53), timeout=3); s.sendall(q)
+n = struct.unpack(">H", s.recv(2))[0]; r = b""
+while len(r) < n: r += s.recv(n - len(r))
+out.append("tcp-dns %s" % socket.inet_ntoa(r[-4:]))
+# The network's names are the resolver's too (for tools that skip /etc/hosts).
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(3)
+u.sendto(bytes.fromhex("{own}"), ("10.89.0.1", 53))
+r = u.recv(512)
+out.append("own-name %s" % (socket.inet_ntoa(r[-4:]) == socket.gethostbyname("dns-probe")))
+open("/workspace/out.tmp", "w").write("\n".join(out) + "\n")
+import os; os.rename("/workspace/out.tmp", "/workspace/out")
+time.sleep(60)
+"#,
+        query = hex(&dns_query("allowed.test", true)),
+        own = hex(&dns_query("dns-probe", false)),
+    );
+    std::fs::write(ws.join("probe.py"), probe).unwrap();
+    let env_extra =
+        "  egress:\n    allow: [\"allowed.test:8080\", \"*.wild.test\", \"metadata.test\", \"host.test\"]\n";
+    let text = manifest("dns-probe", "python3 /workspace/probe.py", Some(&ws), env_extra).replace(IMAGE, PYTHON);
+    let file = write_manifest(dir.path(), "dns-probe.yaml", &text);
+    let mut cmd = runner_ctd_command(&["apply", "-f", file.to_str().unwrap()], &state);
+    cmd.env("RUNNER_DNS_UPSTREAM", &a)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let running = Stop(cmd.spawn().unwrap());
+    assert!(
+        eventually(Duration::from_secs(30), || ws.join("out").exists()),
+        "the probe never finished"
+    );
+    let out = std::fs::read_to_string(ws.join("out")).unwrap();
+    let sets = Command::new("nft")
+        .args(["list", "table", "inet", "runner"])
+        .output()
+        .unwrap();
+    let sets = String::from_utf8_lossy(&sets.stdout).to_string();
+    drop(running);
+    let _ = runner_ctd(&["delete", "job", "dns-probe"], &state);
+    let want = format!(
+        "allowed {a} upstream 8080 refused\n\
+         direct unanswered\n\
+         denied nxdomain\n\
+         apex nxdomain\n\
+         sub {a} upstream 8081\n\
+         metadata 169.254.169.254\n\
+         host {host_side} refused\n\
+         tcp-dns {a}\n\
+         own-name True\n"
+    );
+    assert_eq!(out, want);
+    // The answers' addresses went into the container's sets, for the answer's TTL (60 s
+    // here), except those the host keeps to itself.
+    assert!(sets.contains(&format!("{a} . 8080 timeout 1m")), "{sets}");
+    assert!(sets.contains(&format!("{a} timeout 1m")), "{sets}");
+    assert!(
+        !sets.contains("169.254.169.254") && !sets.contains(&format!("{host_side} ")),
+        "{sets}"
+    );
+    // Its sets, rules and policy went with it.
+    let after = Command::new("nft")
+        .args(["list", "table", "inet", "runner"])
+        .output()
+        .unwrap();
+    let after = String::from_utf8_lossy(&after.stdout);
+    assert!(
+        !after.contains("runner:dns-probe") && !after.contains(&format!("{a} . 8080")),
+        "{after}"
+    );
+    assert_released(&state, &[]);
 }

@@ -70,6 +70,17 @@ pub struct Global {
         value_name = "HOST[:PORT]"
     )]
     pub insecure_registries: Vec<String>,
+    /// The resolvers runner's own resolver asks for the `egress.allow` domains of bridge
+    /// containers (`IP[:PORT]`) [default: the host's, from /etc/resolv.conf].
+    #[arg(
+        long = "dns-upstream",
+        global = true,
+        env = "RUNNER_DNS_UPSTREAM",
+        value_delimiter = ',',
+        value_name = "IP[:PORT]",
+        value_parser = parse_upstream
+    )]
+    pub dns_upstream: Vec<std::net::SocketAddr>,
     /// The runner binary supervisors and output loggers run (default: this one).
     #[arg(long, global = true, hide = true)]
     pub runner_exe: Option<PathBuf>,
@@ -121,8 +132,19 @@ impl Global {
             config.registry.hosts_dirs = self.hosts_dirs.clone();
         }
         config.registry.insecure = self.insecure_registries.clone();
+        config.dns_upstream = self.dns_upstream.clone();
         config
     }
+}
+
+/// `IP` or `IP:PORT` (port 53 when absent).
+fn parse_upstream(text: &str) -> Result<std::net::SocketAddr, String> {
+    text.parse::<std::net::SocketAddr>()
+        .or_else(|_| {
+            text.parse::<std::net::IpAddr>()
+                .map(|ip| std::net::SocketAddr::new(ip, 53))
+        })
+        .map_err(|_| format!("{text:?} is not IP or IP:PORT"))
 }
 
 /// What `main` does after the command line was handled.
@@ -204,6 +226,15 @@ impl Cli {
                 what: DeleteWhat::Job { name, .. },
             } => jobs::delete(&context(g, None)?, &name).await?,
             Verb::Supervise { name, adopt } => jobs::supervise(&context(g, None)?, &name, adopt).await?,
+            Verb::Resolver => {
+                crate::runtime::containerd::network::run_resolver()
+                    .await
+                    .map_err(|e| ServiceError::Internal {
+                        context: "the resolver".into(),
+                        source: Box::new(e),
+                    })?;
+                0
+            }
             Verb::Serve {
                 listen,
                 socket,
@@ -345,6 +376,10 @@ pub enum Verb {
         #[command(subcommand)]
         what: DeleteWhat,
     },
+    /// Serve DNS to bridge-network containers (what the first bridge container starts; not
+    /// for direct use).
+    #[command(hide = true)]
+    Resolver,
     /// Carry a stored job to its end (what `apply --detach` starts; not for direct use).
     #[command(hide = true)]
     Supervise {

@@ -245,20 +245,105 @@ impl EgressRule {
             ),
             None => (net, 32),
         };
-        let addr: std::net::Ipv4Addr = addr.parse().map_err(|_| {
-            if addr.chars().any(|c| c.is_ascii_alphabetic()) {
-                format!(
-                    "{t:?}: domain names are not supported yet (runner has no resolver to enforce them): allow an address or a CIDR"
-                )
-            } else {
-                format!("{t:?} is not an IPv4 address or CIDR (a.b.c.d, a.b.c.d/n, optionally :port)")
-            }
-        })?;
+        let addr: std::net::Ipv4Addr = addr
+            .parse()
+            .map_err(|_| format!("{t:?} is not an IPv4 address or CIDR (a.b.c.d, a.b.c.d/n, optionally :port)"))?;
         let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix) };
         if u32::from(addr) & !mask != 0 {
             return Err(format!("{t:?}: the address has bits set beyond /{prefix}"));
         }
         Ok(EgressRule { addr, prefix, port })
+    }
+}
+
+/// One `egress.allow` entry: an address rule, or a domain name enforced by runner's resolver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EgressEntry {
+    Cidr(EgressRule),
+    Domain(EgressDomain),
+}
+
+/// A domain an `egress.allow` entry names (`pypi.org`, `*.example.com`, optionally `:port`):
+/// the addresses runner's resolver answers for it become reachable, for the answers' TTL.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EgressDomain {
+    /// Lowercase, without a trailing dot or the `*.`.
+    pub name: String,
+    /// `*.name`: every name under it (not `name` itself).
+    pub wildcard: bool,
+    pub port: Option<u16>,
+}
+
+impl EgressDomain {
+    /// Whether a queried name (any case, trailing dot or not) is one this entry allows.
+    pub fn matches(&self, query: &str) -> bool {
+        let q = query.trim_end_matches('.').to_ascii_lowercase();
+        if self.wildcard {
+            q.len() > self.name.len() + 1
+                && q.ends_with(&self.name)
+                && q.as_bytes()[q.len() - self.name.len() - 1] == b'.'
+        } else {
+            q == self.name
+        }
+    }
+}
+
+impl EgressEntry {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let t = text.trim();
+        let host = t.rsplit_once(':').map_or(t, |(h, _)| h);
+        if !host.chars().any(|c| c.is_ascii_alphabetic() || c == '*') || host.contains(':') {
+            return EgressRule::parse(t).map(EgressEntry::Cidr);
+        }
+        let port = match t.rsplit_once(':') {
+            Some((_, p)) => Some(
+                p.parse::<u16>()
+                    .ok()
+                    .filter(|&p| p > 0)
+                    .ok_or_else(|| format!("{t:?}: {p:?} is not a port (1 to 65535)"))?,
+            ),
+            None => None,
+        };
+        let lower = host.trim_end_matches('.').to_ascii_lowercase();
+        let (wildcard, name) = match lower.strip_prefix("*.") {
+            Some(rest) => (true, rest.to_string()),
+            None => (false, lower.clone()),
+        };
+        let label_ok = |l: &str| {
+            (1..=63).contains(&l.len())
+                && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        if name.len() > 253 || !name.split('.').all(label_ok) {
+            let hint = if name.contains('*') {
+                " ('*' only as a whole first label: *.example.com)"
+            } else {
+                ""
+            };
+            return Err(format!("{t:?} is not a domain name{hint}"));
+        }
+        if name
+            .rsplit('.')
+            .next()
+            .is_some_and(|tld| tld.chars().all(|c| c.is_ascii_digit()))
+        {
+            return Err(format!("{t:?} is neither an IPv4 address nor a domain name"));
+        }
+        Ok(EgressEntry::Domain(EgressDomain { name, wildcard, port }))
+    }
+}
+
+impl std::fmt::Display for EgressDomain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.wildcard {
+            f.write_str("*.")?;
+        }
+        f.write_str(&self.name)?;
+        if let Some(p) = self.port {
+            write!(f, ":{p}")?;
+        }
+        Ok(())
     }
 }
 
@@ -338,6 +423,8 @@ pub struct Environment {
     pub network: Option<NetworkMode>,
     /// `egress.allow`: what a `network: bridge` container may reach off its network.
     pub egress_allow: Vec<EgressRule>,
+    /// `egress.allow`'s domain entries, enforced by runner's resolver.
+    pub egress_domains: Vec<EgressDomain>,
     /// `ports`: container ports published on the host (`network: bridge`).
     pub ports: Vec<PortSpec>,
     pub resources: Resources,
@@ -1287,6 +1374,7 @@ fn validate_environment(
         ));
     }
     let mut egress_allow = Vec::new();
+    let mut egress_domains = Vec::new();
     if let Some(egress) = &spec.egress {
         let bridge = spec.network.as_ref().is_some_and(|n| n.value == raw::Network::Bridge);
         for (i, entry) in egress.allow.iter().enumerate() {
@@ -1299,9 +1387,12 @@ fn validate_environment(
                     ),
                 ));
             }
-            let rule =
-                EgressRule::parse(&entry.value).map_err(|m| ManifestError::new(origin, ManifestErrorKind::Yaml(m)))?;
-            egress_allow.push(rule);
+            match EgressEntry::parse(&entry.value)
+                .map_err(|m| ManifestError::new(origin, ManifestErrorKind::Yaml(m)))?
+            {
+                EgressEntry::Cidr(rule) => egress_allow.push(rule),
+                EgressEntry::Domain(domain) => egress_domains.push(domain),
+            }
         }
     }
     let bridge = spec.network.as_ref().is_some_and(|n| n.value == raw::Network::Bridge);
@@ -1326,6 +1417,7 @@ fn validate_environment(
         host_users: spec.host_users.as_ref().is_some_and(|b| b.value),
         image_pull_policy: spec.image_pull_policy.as_ref().map(|p| p.value),
         egress_allow,
+        egress_domains,
         ports,
         setup: spec.setup.map(|s| s.commands).unwrap_or_default(),
         mounts,
@@ -1548,6 +1640,40 @@ fn validate_job(raw: raw::JobDoc, first_line: u64, base_dir: &Path, file: Option
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn egress_entries_are_addresses_or_domains_and_domains_match_as_written() {
+        let domain = |t: &str| match EgressEntry::parse(t).unwrap() {
+            EgressEntry::Domain(d) => d,
+            other => panic!("{t}: {other:?}"),
+        };
+        assert!(matches!(EgressEntry::parse("10.0.0.0/8:443"), Ok(EgressEntry::Cidr(_))));
+        let exact = domain("PyPI.org.");
+        assert_eq!(
+            (exact.name.as_str(), exact.wildcard, exact.port),
+            ("pypi.org", false, None)
+        );
+        assert!(exact.matches("pypi.org") && exact.matches("PYPI.ORG.") && !exact.matches("x.pypi.org"));
+        let wild = domain("*.example.com:443");
+        assert_eq!(
+            (wild.wildcard, wild.port, wild.to_string().as_str()),
+            (true, Some(443), "*.example.com:443")
+        );
+        assert!(wild.matches("a.example.com") && wild.matches("a.b.example.com"));
+        assert!(!wild.matches("example.com") && !wild.matches("badexample.com"));
+        for bad in [
+            "exa_mple.com",
+            "*foo.com",
+            "a.*.com",
+            "-a.com",
+            "example.com:0",
+            "example.com:x",
+            "1.2.3.4.5",
+            "a..com",
+        ] {
+            assert!(EgressEntry::parse(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn splits_documents_and_keeps_file_line_numbers() {

@@ -294,6 +294,9 @@ pub struct RuntimeOptions {
     /// Told what a `network: bridge` container got (its address, its published ports) once
     /// it is attached, before its command starts.
     pub on_network: Option<NetworkHook>,
+    /// Where runner's resolver asks for a bridge container's allowed domains (empty: the
+    /// host's resolvers).
+    pub dns_upstream: Vec<std::net::SocketAddr>,
 }
 
 /// What a container got on a bridge network: reported in a Job attempt's and a session's
@@ -369,6 +372,7 @@ impl Default for RuntimeOptions {
             on_claim: None,
             registry: crate::image::registry::RegistryConfig::default(),
             on_network: None,
+            dns_upstream: Vec::new(),
         }
     }
 }

@@ -414,7 +414,7 @@ async fn spawn_supervisor(ctx: &Context, store: &SharedStore, name: &str, adopt:
         if adopt {
             cmd.arg("--adopt");
         }
-        cmd.args(config.registry_args());
+        cmd.args(config.inherited_args());
         // Reaped by this process when it lives on: a zombie would look like a live
         // supervisor (same PID and start time), so its job would never be re-adopted.
         super::spawn_detached(cmd, "supervisor")

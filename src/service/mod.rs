@@ -286,6 +286,7 @@ impl Context {
                 output_limit: self.config.output_limit,
                 logger_binary: self.config.runner_exe.clone(),
                 registry: self.config.registry.clone(),
+                dns_upstream: self.config.dns_upstream.clone(),
                 ..RuntimeOptions::default()
             },
         )

@@ -153,7 +153,7 @@ fn spawn_filler(ctx: &Context, pool: &str) -> Result<(), ServiceError> {
     if let Some(exe) = &config.runner_exe {
         cmd.arg("--runner-exe").arg(exe);
     }
-    cmd.args(config.registry_args());
+    cmd.args(config.inherited_args());
     super::spawn_detached(cmd, "pool filler")?;
     Ok(())
 }

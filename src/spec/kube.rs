@@ -156,6 +156,15 @@ fn check_environment(env: &Environment, network: NetworkMode, options: &ExportOp
             "hostNetwork would put the job on the node's own network; use none",
         ));
     }
+    if let Some(d) = env.egress_domains.first() {
+        return Err(refuse_env(
+            env,
+            env.origin("spec.egress.allow"),
+            format!(
+                "{d}: NetworkPolicies have no domain names (runner enforces them with its own resolver); allow addresses or CIDRs"
+            ),
+        ));
+    }
     if let Some(origin) = env.pids_origin()
         && !options.node_pids_limit
     {

@@ -7,6 +7,7 @@
 //! Snapshots.Remove → Containers.Delete, NotFound counting as done.
 
 pub mod agent;
+pub mod dns;
 mod io;
 pub mod logger;
 pub mod network;
@@ -381,11 +382,23 @@ impl Engine {
             // Beside the rootfs, not in the state dir: a state dir removed while the container
             // runs must not take the pins (and with them the way to DEL) along.
             let dir = self.root_dir(&id).join(network::NET_DIR);
-            let (range, cid, allow) = (plan.userns, id.clone(), plan.env().egress_allow.clone());
+            let egress = network::Egress {
+                cidrs: plan.env().egress_allow.clone(),
+                domains: plan.env().egress_domains.clone(),
+                upstream: self.options.dns_upstream.clone(),
+            };
+            let (range, cid) = (plan.userns, id.clone());
             let (name, ports) = (plan.job().name.clone(), plan.env().ports.clone());
+            let exe = match &self.options.logger_binary {
+                Some(path) => path.clone(),
+                None => std::env::current_exe().map_err(|source| RuntimeError::Io {
+                    what: "finding the runner binary for the resolver".into(),
+                    source,
+                })?,
+            };
             let attached = tokio::task::spawn_blocking(move || {
                 let pinned = network::pin_namespaces(&dir, range)?;
-                network::attach(&dir, &cid, &name, pinned, &allow, &ports)
+                network::attach(&dir, &cid, &name, pinned, &egress, &ports, &exe)
             })
             .await
             .map_err(|e| RuntimeError::Internal(format!("the network setup task: {e}")))?

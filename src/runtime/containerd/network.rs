@@ -31,7 +31,8 @@ use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
-use crate::manifest::{EgressRule, PortSpec, Protocol};
+use super::dns;
+use crate::manifest::{EgressDomain, EgressRule, PortSpec, Protocol};
 use crate::runtime::PortStatus;
 use crate::spec::IdRange;
 
@@ -47,19 +48,29 @@ const IFNAME: &str = "eth0";
 /// The bridge network every `network: bridge` container joins.
 pub const BRIDGE: &str = "runner0";
 pub const SUBNET: &str = "10.89.0.0/16";
-const GATEWAY: &str = "10.89.0.1";
+pub const GATEWAY: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 89, 0, 1);
 const NETWORK_NAME: &str = "runner";
 const CNI_VERSION: &str = "1.0.0";
 /// Where Debian (and most distributions) install the CNI plugins.
 const DEFAULT_CNI_PATH: &str = "/usr/lib/cni:/opt/cni/bin";
 /// Host-wide: every runner on the host shares the bridge, its IPAM and its firewall.
-const LOCK_FILE: &str = "/run/runner/cni.lock";
+pub const LOCK_FILE: &str = "/run/runner/cni.lock";
 /// Host-wide too: the network's `/etc/hosts` (every container on it by name) and
 /// `/etc/resolv.conf`, bind-mounted read-only into each of its containers.
 const NAMES_DIR: &str = "/run/runner/net/runner";
 const NFT_TABLE: &str = "runner";
 /// Marks the wall's newest rule (a published port's connections, DNATed by portmap, pass).
-const WALL_VERSION: &str = "runner wall 2";
+const WALL_VERSION: &str = "runner wall 3";
+
+/// What a container may reach off its network.
+#[derive(Clone, Debug, Default)]
+pub struct Egress {
+    pub cidrs: Vec<EgressRule>,
+    /// Enforced by runner's resolver (see `dns`).
+    pub domains: Vec<EgressDomain>,
+    /// Where the resolver asks for them (empty: the host's resolvers).
+    pub upstream: Vec<std::net::SocketAddr>,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetworkError {
@@ -79,6 +90,8 @@ pub enum NetworkError {
     Nft(String),
     #[error("publishing ports: {0}")]
     Ports(String),
+    #[error("runner's resolver: {0}")]
+    Resolver(String),
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> NetworkError {
@@ -242,7 +255,7 @@ fn plugins(ports: &[PortStatus]) -> Vec<Value> {
         "hairpinMode": true,
         "ipam": {
             "type": "host-local",
-            "ranges": [[{"subnet": SUBNET, "gateway": GATEWAY}]],
+            "ranges": [[{"subnet": SUBNET, "gateway": GATEWAY.to_string()}]],
             "routes": [{"dst": "0.0.0.0/0"}],
         },
     })];
@@ -390,8 +403,9 @@ pub fn attach(
     id: &str,
     name: &str,
     pinned: Pinned,
-    allow: &[EgressRule],
+    egress: &Egress,
     ports: &[PortSpec],
+    exe: &Path,
 ) -> Result<Attached, NetworkError> {
     let _lock = lock()?;
     ensure_wall()?;
@@ -430,30 +444,61 @@ pub fn attach(
         .and_then(|a| a.split('/').next())
         .unwrap_or_default()
         .to_string();
-    if !allow.is_empty() {
-        // Rules name the address the container holds, tagged with its id; detach removes
-        // them before the address can go to anyone else.
-        if ip.is_empty() {
-            return Err(NetworkError::Nft(
-                "the bridge plugin reported no address to allow egress from".into(),
+    let Ok(addr) = ip.parse::<std::net::Ipv4Addr>() else {
+        return Err(NetworkError::Plugin {
+            plugin: "bridge".into(),
+            command: "ADD",
+            message: format!("no IPv4 address in its result ({ip:?})"),
+        });
+    };
+    // The resolver's policy first: from here detach (which finds it by address) removes it,
+    // and a resolver about to exit for want of containers sees it.
+    let (set, port_set) = set_names(id);
+    let policy = dns::Policy {
+        id: id.to_string(),
+        ip: addr,
+        domains: egress.domains.clone(),
+        upstream: egress.upstream.clone(),
+        set: set.clone(),
+        port_set: port_set.clone(),
+    };
+    write_policy(&policy)?;
+    let resolver_port = ensure_resolver(exe)?;
+    // One nft transaction: the redirect to the resolver's current port, and this
+    // container's accept rules (tagged with its id; detach removes them before its address
+    // can go to anyone else) and its sets for the addresses its domains resolve to.
+    let mut script = format!(
+        "flush chain inet {NFT_TABLE} dns
+add rule inet {NFT_TABLE} dns iifname \"{BRIDGE}\" ip daddr {GATEWAY} udp dport 53 redirect to :{resolver_port}
+add rule inet {NFT_TABLE} dns iifname \"{BRIDGE}\" ip daddr {GATEWAY} tcp dport 53 redirect to :{resolver_port}
+flush set inet {NFT_TABLE} resolver
+add element inet {NFT_TABLE} resolver {{ {resolver_port} }}
+"
+    );
+    let tag = rule_tag(id);
+    for rule in &egress.cidrs {
+        let port = rule
+            .port
+            .map_or(String::new(), |p| format!(" meta l4proto {{ tcp, udp }} th dport {p}"));
+        for chain in ["forward", "input"] {
+            script.push_str(&format!(
+                "insert rule inet {NFT_TABLE} {chain} iifname \"{BRIDGE}\" ip saddr {ip} ip daddr {}/{}{port} accept comment \"{tag}\"\n",
+                rule.addr, rule.prefix,
             ));
         }
-        let mut script = String::new();
-        for rule in allow {
-            let port = rule
-                .port
-                .map_or(String::new(), |p| format!(" meta l4proto {{ tcp, udp }} th dport {p}"));
-            for chain in ["forward", "input"] {
-                script.push_str(&format!(
-                    "insert rule inet {NFT_TABLE} {chain} iifname \"{BRIDGE}\" ip saddr {ip} ip daddr {}/{}{port} accept comment \"{}\"\n",
-                    rule.addr,
-                    rule.prefix,
-                    rule_tag(id)
-                ));
-            }
-        }
-        nft_script(&script)?;
     }
+    if !egress.domains.is_empty() {
+        // Forward only: the resolver never lets a host address into a set, so the input
+        // hook has nothing to accept.
+        script.push_str(&format!(
+            "add set inet {NFT_TABLE} {set} {{ type ipv4_addr; flags timeout; }}
+add set inet {NFT_TABLE} {port_set} {{ type ipv4_addr . inet_service; flags timeout; }}
+insert rule inet {NFT_TABLE} forward iifname \"{BRIDGE}\" ip saddr {ip} ip daddr @{set} accept comment \"{tag}\"
+insert rule inet {NFT_TABLE} forward iifname \"{BRIDGE}\" ip saddr {ip} meta l4proto {{ tcp, udp }} ip daddr . th dport @{port_set} accept comment \"{tag}\"
+"
+        ));
+    }
+    nft_script(&script)?;
     let (hosts_file, resolv_file) = names(id, Some((&ip, name)))?;
     Ok(Attached {
         pinned,
@@ -494,6 +539,12 @@ pub fn detach(dir: &Path) -> Result<(), NetworkError> {
             Ok(_lock) => {
                 if let Err(e) = remove_rules(&id) {
                     first.get_or_insert(e);
+                }
+                if let Some(ip) = cached_ip(result.as_ref())
+                    && let Err(e) = std::fs::remove_file(dns::policy_path(ip))
+                    && e.kind() != io::ErrorKind::NotFound
+                {
+                    first.get_or_insert(io_err("removing the resolver's policy")(e));
                 }
                 if let Err(e) = names(&id, None) {
                     first.get_or_insert(e);
@@ -747,10 +798,17 @@ fn ensure_wall() -> Result<(), NetworkError> {
     oifname \"{BRIDGE}\" ct status dnat accept comment \"{WALL_VERSION}\"
     oifname \"{BRIDGE}\" drop
   }}
+  set resolver {{
+    type inet_service;
+  }}
   chain input {{
     type filter hook input priority filter - 10; policy accept;
     iifname \"{BRIDGE}\" ct state established,related accept
+    iifname \"{BRIDGE}\" ip daddr {GATEWAY} meta l4proto {{ tcp, udp }} th dport @resolver accept
     iifname \"{BRIDGE}\" drop
+  }}
+  chain dns {{
+    type nat hook prerouting priority dstnat; policy accept;
   }}
   chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
@@ -802,37 +860,134 @@ fn write_in_place(path: &Path, text: &str) -> Result<(), NetworkError> {
         .map_err(io_err(format!("writing {}", path.display())))
 }
 
-/// The host's resolv.conf as a container on the bridge can use it: loopback nameservers
-/// (a local stub resolver, systemd-resolved's 127.0.0.53) mean nothing in the container's
-/// namespace and are left out; search and options lines stay.
+/// The network's resolv.conf: runner's resolver (the gateway) and the host's `options`
+/// lines. The host's resolvers are not named: a container reaches no resolver but runner's,
+/// and the host's search domains are the host's own network's.
 fn resolv_conf(host: &str) -> String {
-    let mut out = String::from("# runner: the host's resolvers without loopback ones\n");
-    let mut servers = 0;
+    let mut out = format!("# runner: its resolver on the bridge\nnameserver {GATEWAY}\n");
     for line in host.lines().map(str::trim) {
-        let mut words = line.split_whitespace();
-        match words.next() {
-            Some("nameserver") => {
-                let Some(addr) = words.next() else { continue };
-                let loopback = addr
-                    .parse::<std::net::IpAddr>()
-                    .map(|a| a.is_loopback())
-                    .unwrap_or(true);
-                if !loopback {
-                    out.push_str(&format!("nameserver {addr}\n"));
-                    servers += 1;
-                }
-            }
-            Some("search" | "options" | "domain") => {
-                out.push_str(line);
-                out.push('\n');
-            }
-            _ => {}
+        if line.starts_with("options") {
+            out.push_str(line);
+            out.push('\n');
         }
     }
-    if servers == 0 {
-        out.push_str("# (the host has no resolver a container can reach)\n");
-    }
     out
+}
+
+/// The names of container `id`'s sets (nft names take no '-'): for addresses, and for
+/// address . port pairs.
+fn set_names(id: &str) -> (String, String) {
+    use sha2::Digest;
+    let h = hex::encode(&sha2::Sha256::digest(id.as_bytes())[..8]);
+    (format!("d{h}"), format!("p{h}"))
+}
+
+/// The address a cached CNI result gave the container.
+fn cached_ip(result: Option<&Value>) -> Option<std::net::Ipv4Addr> {
+    result?["ips"][0]["address"].as_str()?.split('/').next()?.parse().ok()
+}
+
+fn write_policy(policy: &dns::Policy) -> Result<(), NetworkError> {
+    std::fs::create_dir_all(dns::POLICY_DIR).map_err(io_err(format!("creating {}", dns::POLICY_DIR)))?;
+    let path = dns::policy_path(policy.ip);
+    let tmp = path.with_extension("tmp");
+    let text = serde_json::to_vec(policy).map_err(|e| io_err("encoding the resolver's policy")(io::Error::other(e)))?;
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .map_err(io_err(format!("writing {}", path.display())))
+}
+
+/// The port of the host's resolver, started (`exe resolver`) when none runs. Under the
+/// network lock, so two attaches never start two.
+fn ensure_resolver(exe: &Path) -> Result<u16, NetworkError> {
+    let fail = |m: String| NetworkError::Resolver(m);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dns::RESOLVER_LOCK)
+        .map_err(io_err(format!("opening {}", dns::RESOLVER_LOCK)))?;
+    match nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        // Held: a resolver lives, and it wrote its port before whoever started it let go of
+        // the network lock.
+        Err(_) => {
+            return std::fs::read_to_string(dns::RESOLVER_PORT)
+                .ok()
+                .and_then(|p| p.trim().parse().ok())
+                .ok_or_else(|| fail(format!("a resolver holds {} but left no port", dns::RESOLVER_LOCK)));
+        }
+        Ok(free) => drop(free),
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open("/run/runner/net/resolver.log")
+        .map_err(io_err("opening the resolver's log"))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("resolver")
+        .env("RUNNER_LOG", "warn,runner::runtime::containerd::dns=info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log);
+    // Its own session: a Ctrl-C of the runner that started it is not for it.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd
+        .spawn()
+        .map_err(io_err(format!("starting {} resolver", exe.display())))?;
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = io::BufRead::read_line(&mut io::BufReader::new(stdout), &mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap_or_default();
+    // Reaped here while this process lives (a zombie would hold nothing, but looks alive).
+    std::thread::spawn(move || child.wait());
+    let mut words = line.split_whitespace();
+    match (words.next(), words.next().and_then(|p| p.parse::<u16>().ok())) {
+        (Some("ready" | "running"), Some(port)) => Ok(port),
+        _ => Err(fail(format!(
+            "the resolver did not start ({:?}; see /run/runner/net/resolver.log)",
+            line.trim()
+        ))),
+    }
+}
+
+/// `runner resolver`: serve the bridge's DNS until no container needs it.
+pub async fn run_resolver() -> io::Result<()> {
+    dns::serve(GATEWAY, Path::new(NAMES_DIR).join("hosts"), LOCK_FILE).await
+}
+
+/// Stop the host's resolver when no container has a policy (what `runner gc` does; it would
+/// exit by itself a minute later). Whether one was stopped.
+pub fn stop_idle_resolver() -> Result<bool, NetworkError> {
+    let _lock = lock()?;
+    let idle = std::fs::read_dir(dns::POLICY_DIR)
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(true);
+    if !idle {
+        return Ok(false);
+    }
+    let lock = match std::fs::OpenOptions::new().write(true).open(dns::RESOLVER_LOCK) {
+        Ok(f) => f,
+        Err(_) => return Ok(false),
+    };
+    if let Ok(free) = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        drop(free);
+        return Ok(false);
+    }
+    // The lock is held, so the PID the resolver wrote is the resolver.
+    let Some(pid) = std::fs::read_to_string(dns::RESOLVER_PID)
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+    else {
+        return Ok(false);
+    };
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+    let _ = std::fs::remove_file(dns::RESOLVER_PID);
+    let _ = std::fs::remove_file(dns::RESOLVER_PORT);
+    Ok(true)
 }
 
 /// The comment that tags a container's own rules.
@@ -880,18 +1035,26 @@ fn remove_rules(id: &str) -> Result<(), NetworkError> {
         return Ok(());
     }
     let tag = format!("comment \"{}\"", rule_tag(id));
+    let (set, port_set) = set_names(id);
     let mut chain = String::new();
     let mut script = String::new();
+    let mut sets = String::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let line = line.trim();
         if let Some(name) = line.strip_prefix("chain ") {
             chain = name.split_whitespace().next().unwrap_or_default().to_string();
+        } else if let Some(name) = line.strip_prefix("set ").and_then(|n| n.split_whitespace().next())
+            && (name == set || name == port_set)
+        {
+            // After the rules that name it.
+            sets.push_str(&format!("delete set inet {NFT_TABLE} {name}\n"));
         } else if line.contains(&tag)
             && let Some(handle) = line.rsplit_once("# handle ").map(|(_, h)| h.trim())
         {
             script.push_str(&format!("delete rule inet {NFT_TABLE} {chain} handle {handle}\n"));
         }
     }
+    script.push_str(&sets);
     if script.is_empty() {
         return Ok(());
     }
@@ -903,15 +1066,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn resolv_conf_drops_loopback_resolvers_and_keeps_search() {
+    fn resolv_conf_names_runners_resolver_only() {
         let host = "# generated\nnameserver 127.0.0.53\nnameserver ::1\nnameserver 10.0.0.2\nsearch corp.example\noptions edns0 trust-ad\n";
         let out = resolv_conf(host);
-        assert!(out.contains("nameserver 10.0.0.2\n"), "{out}");
-        assert!(!out.contains("127.0.0.53") && !out.contains("::1"), "{out}");
-        assert!(
-            out.contains("search corp.example\n") && out.contains("options edns0 trust-ad\n"),
-            "{out}"
+        assert_eq!(
+            out,
+            "# runner: its resolver on the bridge\nnameserver 10.89.0.1\noptions edns0 trust-ad\n"
         );
-        assert!(resolv_conf("nameserver 127.0.0.1\n").contains("no resolver"));
     }
 }
