@@ -125,8 +125,11 @@ published=$({ cat /run/runner/net/ports 2>/dev/null || true; } | wc -l)
 policies=$(find /run/runner/net/dns -type f 2>/dev/null | wc -l)
 resolver=0
 if [ -f /run/runner/net/resolver.pid ] && kill -0 "$(cat /run/runner/net/resolver.pid)" 2>/dev/null; then resolver=1; fi
-echo "bridge network after the suite: interfaces=$veths ipam-leases=$leases pinned-namespaces=$pins iptables-rules=$fwd nft-rules=$nftrules published-ports=$published dns-policies=$policies resolver=$resolver"
-if [ "$veths$leases$pins$fwd$nftrules$published$policies$resolver" != "00000000" ]; then
+# With nothing on it, gc took the network itself down: no bridge without users, no wall.
+bridge=$({ ip -o link show runner0 2>/dev/null || true; } | wc -l)
+wall=$({ nft list table inet runner 2>/dev/null || true; } | wc -l)
+echo "bridge network after the suite: interfaces=$veths ipam-leases=$leases pinned-namespaces=$pins iptables-rules=$fwd nft-rules=$nftrules published-ports=$published dns-policies=$policies resolver=$resolver bridge=$bridge wall-lines=$wall"
+if [ "$veths$leases$pins$fwd$nftrules$published$policies$resolver$bridge$wall" != "0000000000" ]; then
   ip -o link show master runner0; ls /var/lib/cni/networks/runner; grep nsfs /proc/self/mountinfo
   iptables-save | grep -E '10\.89\.|CNI-DN-'; nft list table inet runner; cat /run/runner/net/ports
   ls /run/runner/net/dns

@@ -1000,3 +1000,79 @@ time.sleep(60)
     );
     assert_released(&state, &[]);
 }
+
+/// containerd restarts while a bridge job runs and its runner is SIGKILLed: `runner gc`
+/// afterwards leaves nothing of the network (the CNI cache beside the rootfs still names what
+/// to DEL). On a containerd of the test's own: the suite's shared one must not restart under
+/// the other tests.
+#[test]
+#[ignore = "needs containerd and the CNI plugins: run scripts/test.sh"]
+fn a_containerd_restart_and_a_killed_runner_leave_no_network_after_gc() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let own = |args: &[&str]| -> Command {
+        let mut cmd = Command::new(runner_bin());
+        cmd.args(args)
+            .env("RUNNER_STATE_DIR", &state)
+            .env("CONTAINERD_NAMESPACE", "runner-br-restart")
+            .env_remove("CONTAINERD_ADDRESS");
+        cmd
+    };
+    let run = |args: &[&str]| own(args).output().unwrap();
+    assert_eq!(run(&["daemon", "start"]).status.code(), Some(0));
+    struct Down<F: Fn()>(F);
+    impl<F: Fn()> Drop for Down<F> {
+        fn drop(&mut self) {
+            (self.0)();
+        }
+    }
+    let _down = Down(|| {
+        run(&["gc"]);
+        run(&["daemon", "stop"]);
+    });
+    let out = run(&["image", "import", image_dir().join("busybox-oci.tar").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let text = manifest(
+        "restarted",
+        "ip -4 -o addr show eth0 > /workspace/ip.tmp && mv /workspace/ip.tmp /workspace/ip; sleep 961",
+        Some(&ws),
+        "  ports: [{containerPort: 80}]\n",
+    );
+    let file = write_manifest(dir.path(), "restarted.yaml", &text);
+    let mut apply = own(&["apply", "-f", file.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(20), || ws.join("ip").exists()));
+    let ip = ip_of(&std::fs::read_to_string(ws.join("ip")).unwrap());
+    let port = {
+        let out = run(&["get", "job", "restarted", "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["status"]["attempts"][0]["network"]["ports"][0]["hostPort"]
+            .as_u64()
+            .unwrap() as u16
+    };
+    apply.kill().unwrap();
+    apply.wait().unwrap();
+    assert_eq!(run(&["daemon", "stop"]).status.code(), Some(0));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(run(&["daemon", "start"]).status.code(), Some(0));
+    // The job's store re-adopts an attempt whose runner died; deleting the job is what ends it.
+    let del = run(&["delete", "job", "restarted"]);
+    assert!(del.status.success(), "{}", String::from_utf8_lossy(&del.stderr));
+    let gc = run(&["gc"]);
+    assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+    assert!(eventually(Duration::from_secs(10), || processes_matching("sleep 961").is_empty()));
+    assert!(!Path::new(IPAM_DIR).join(&ip).exists(), "the lease of {ip} stayed");
+    assert_unpublished(port);
+    let hosts = std::fs::read_to_string("/run/runner/net/runner/hosts").unwrap_or_default();
+    assert!(!hosts.contains(&format!("{ip}\t")), "{hosts}");
+    let rules = Command::new("nft")
+        .args(["list", "table", "inet", "runner"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&rules.stdout).contains("runner:restarted"));
+}

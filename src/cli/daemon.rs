@@ -49,8 +49,8 @@ pub async fn gc(ctx: &Context) -> Result<i32, ServiceError> {
     for c in &report.containers {
         println!("container/{c}");
     }
-    if report.resolver_stopped {
-        println!("stopped the bridge network's idle resolver");
+    if report.network_removed {
+        println!("network/runner: no container on it; its bridge, rules and resolver are gone");
     }
     for c in &report.kept {
         println!("kept container/{c}: a job attempt whose runner died, re-adopted by its job's store");

@@ -35,8 +35,8 @@ pub struct GcReport {
     pub cgroups: Vec<String>,
     /// User-namespace ranges (host base ids) given back: their containers are gone.
     pub userns_ranges: Vec<String>,
-    /// Whether the bridge's idle resolver was stopped.
-    pub resolver_stopped: bool,
+    /// Whether the bridge network (unused) was taken down.
+    pub network_removed: bool,
 }
 
 impl GcReport {
@@ -186,12 +186,12 @@ pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceEr
     // runc's mkdir only after its shim starts (tens of ms later), so no cgroup of a starting
     // container is removed under it.
     if cgroups {
-        // The bridge's resolver, when no container on the host needs it any more (only an
-        // explicit gc: the start-up one would stop it under the attach that follows).
-        report.resolver_stopped = Context::blocking(|| {
+        // The bridge network, when no container on the host is on it any more (only an
+        // explicit gc: the start-up one would take it down under the attach that follows).
+        report.network_removed = Context::blocking(|| {
             Ok(
-                crate::runtime::containerd::network::stop_idle_resolver().unwrap_or_else(|err| {
-                    tracing::warn!(error = %err, "gc could not check the bridge's resolver");
+                crate::runtime::containerd::network::remove_if_unused().unwrap_or_else(|err| {
+                    tracing::warn!(error = %err, "gc could not take the unused bridge network down");
                     false
                 }),
             )
