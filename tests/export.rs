@@ -214,6 +214,11 @@ fn bridge_networks_export_their_egress_policy_and_ports() {
     assert_eq!(policy["metadata"]["name"], "web-egress");
     assert_eq!(policy["spec"]["policyTypes"], serde_json::json!(["Egress"]));
     let egress = &policy["spec"]["egress"];
+    // The pods of its network (the Job's pods carry the label), then the allowed blocks.
+    assert_eq!(
+        egress[0]["to"][0]["podSelector"]["matchLabels"]["runner.dev/network"], "runner",
+        "{egress}"
+    );
     assert_eq!(egress[1]["to"][0]["ipBlock"]["cidr"], "10.0.0.0/8", "{egress}");
     assert!(egress[1].get("ports").is_none(), "{egress}");
     assert_eq!(egress[2]["to"][0]["ipBlock"]["cidr"], "203.0.113.7/32", "{egress}");
@@ -222,6 +227,10 @@ fn bridge_networks_export_their_egress_policy_and_ports() {
         serde_json::json!({"protocol": "TCP", "port": 443})
     );
     let job = docs.iter().find(|d| d["kind"] == "Job").unwrap();
+    assert_eq!(
+        job["spec"]["template"]["metadata"]["labels"]["runner.dev/network"],
+        "runner"
+    );
     let ports = &job["spec"]["template"]["spec"]["containers"][0]["ports"];
     assert_eq!(
         ports,

@@ -122,7 +122,13 @@ fn cases() -> Vec<(&'static str, String, &'static str, &'static str)> {
             "bad network",
             env_with("  network: wifi\n"),
             "spec.network",
-            "unknown variant `wifi`",
+            "no Network \"wifi\" in this file",
+        ),
+        (
+            "network name that cannot be one",
+            env_with("  network: Wi_Fi\n"),
+            "spec.network",
+            "\"Wi_Fi\" is not a network: none, host, bridge, or the name of a Network document",
         ),
         (
             "bridge network on the host backend",

@@ -1076,3 +1076,135 @@ fn a_containerd_restart_and_a_killed_runner_leave_no_network_after_gc() {
         .unwrap();
     assert!(!String::from_utf8_lossy(&rules.stdout).contains("runner:restarted"));
 }
+
+/// `kind: Network`: a container reaches the containers of its own network (by name too), and
+/// nothing on another network or on the default one; an unused network goes with `runner gc`.
+#[test]
+#[ignore = "needs a private containerd and the CNI plugins: run scripts/test.sh"]
+fn named_networks_are_isolated_from_each_other_and_from_the_default_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import(&state);
+    let out = runner_ctd(
+        &["image", "import", image_dir().join("python-oci.tar").to_str().unwrap()],
+        &state,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let networks = "apiVersion: runner/v1alpha1\nkind: Network\nmetadata: {name: alpha}\nspec: {subnet: 10.97.0.0/24}\n---\napiVersion: runner/v1alpha1\nkind: Network\nmetadata: {name: beta}\nspec: {subnet: 10.96.0.0/24, gateway: 10.96.0.254, bridge: rtest-beta}\n";
+    let env = |name: &str, image: &str, network: &str| {
+        format!(
+            "---\napiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: {name}}}\nspec:\n  image: {image}\n  network: {network}\n"
+        )
+    };
+    let job = |name: &str, env: &str, command: &str, workspace: bool| {
+        let ws = if workspace {
+            format!("  workspace: {}\n", ws.display())
+        } else {
+            String::new()
+        };
+        format!(
+            "---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n  environment: {env}\n  command: {command:?}\n{ws}"
+        )
+    };
+    let server = format!(
+        "{networks}{}{}",
+        env("on-alpha", IMAGE, "alpha"),
+        job(
+            "srv-alpha",
+            "on-alpha",
+            "ip -4 -o addr show eth0 > /workspace/ip; mkdir -p /tmp/www; echo alpha > /tmp/www/index.html; exec httpd -f -p 7070 -h /tmp/www",
+            true
+        )
+    );
+    let file = write_manifest(dir.path(), "server.yaml", &server);
+    let mut cmd = runner_ctd_command(&["apply", "-f", file.to_str().unwrap()], &state);
+    let running = Stop(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    assert!(eventually(Duration::from_secs(20), || ws.join("ip").exists()
+        && std::fs::read_to_string(ws.join("ip")).unwrap().contains("inet ")));
+    let text = std::fs::read_to_string(ws.join("ip")).unwrap();
+    let ip = text
+        .split_whitespace()
+        .find_map(|w| w.strip_suffix("/24"))
+        .unwrap_or_else(|| panic!("no /24 address in {text:?}"))
+        .to_string();
+    assert!(ip.starts_with("10.97.0."), "{ip}");
+    let probe = |network: &str| -> String {
+        let script = format!(
+            "python3 -c '\nimport socket\ntry:\n    a = socket.gethostbyname(\"srv-alpha\")\nexcept OSError:\n    a = \"unknown\"\ntry:\n    s = socket.create_connection((\"{ip}\", 7070), timeout=2)\n    s.sendall(b\"GET / HTTP/1.0\\r\\n\\r\\n\")\n    body = s.makefile(\"rb\").read().decode().strip().splitlines()[-1]\nexcept OSError:\n    body = \"refused\"\nns = [l.split()[1] for l in open(\"/etc/resolv.conf\") if l.startswith(\"nameserver\")]\nprint(a, body, *ns)\n'"
+        );
+        let name = format!("probe-{}", network.replace(':', "-"));
+        let text = format!(
+            "{networks}{}{}",
+            env("prober", PYTHON, network),
+            job(&name, "prober", &script, false)
+        );
+        let file = write_manifest(dir.path(), &format!("{name}.yaml"), &text);
+        stdout_of(&runner_ctd(
+            &["apply", "-f", file.to_str().unwrap(), "-o", "json"],
+            &state,
+        ))
+    };
+    assert_eq!(probe("alpha"), format!("{ip} alpha 10.97.0.1\n"));
+    assert_eq!(probe("beta"), "unknown refused 10.96.0.254\n");
+    assert_eq!(probe("bridge"), "unknown refused 10.89.0.1\n");
+    drop(running);
+    let _ = runner_ctd(&["delete", "job", "srv-alpha"], &state);
+    // Nothing is on alpha or beta any more: gc takes them down (the default network may
+    // still carry other tests' containers).
+    let gc = runner_ctd(&["gc"], &state);
+    assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+    for bridge in ["rn-alpha", "rtest-beta"] {
+        assert!(!Path::new("/sys/class/net").join(bridge).exists(), "{bridge} stayed");
+    }
+    let nft = Command::new("nft")
+        .args(["list", "table", "inet", "runner"])
+        .output()
+        .unwrap();
+    let nft = String::from_utf8_lossy(&nft.stdout);
+    assert!(!nft.contains("rn-alpha") && !nft.contains("10.96.0.0/24"), "{nft}");
+    assert!(!Path::new("/var/lib/cni/networks/runner-alpha").exists());
+}
+
+#[test]
+fn networks_are_checked_with_their_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = |name: &str, spec: &str| {
+        format!("apiVersion: runner/v1alpha1\nkind: Network\nmetadata: {{name: {name}}}\nspec: {spec}\n")
+    };
+    let tail = "---\napiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec:\n  image: local/busybox:1.35\n  network: n1\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: j}\nspec:\n  environment: e\n  command: \"true\"\n";
+    for (doc, want) in [
+        (net("n1", "{subnet: 10.97.0.0/33}"), "is not a subnet"),
+        (net("n1", "{subnet: 10.97.0.1/24}"), "is not a subnet"),
+        (
+            net("n1", "{subnet: 10.89.5.0/24}"),
+            "overlaps runner's default bridge network",
+        ),
+        (
+            net("n1", "{subnet: 10.97.0.0/24, gateway: 10.98.0.1}"),
+            "is not a host address of 10.97.0.0/24",
+        ),
+        (
+            net("n1", "{subnet: 10.97.0.0/24, bridge: a-very-long-bridge-name}"),
+            "is not a bridge name",
+        ),
+        (net("bridge", "{subnet: 10.97.0.0/24}"), "is not a Network name"),
+        (net("n1", "{subnet: 10.97.0.0/24, mtu: 9000}"), "unknown field `mtu`"),
+        (
+            format!(
+                "{}---\n{}",
+                net("n1", "{subnet: 10.97.0.0/24}"),
+                net("n2", "{subnet: 10.97.0.128/25}")
+            ),
+            "overlaps Network \"n1\"",
+        ),
+        (net("n2", "{subnet: 10.97.0.0/24}"), "no Network \"n1\""),
+    ] {
+        let file = write_manifest(dir.path(), "n.yaml", &format!("{doc}{tail}"));
+        let out = runner(&["validate", "-f", file.to_str().unwrap()], &dir.path().join("state"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{doc}: {err}");
+        assert!(err.contains("n.yaml:"), "{err}");
+    }
+}

@@ -334,11 +334,8 @@ fn upgrade_v1(text: &str) -> Option<String> {
     let backend: Option<crate::manifest::Backend> = serde_json::from_value(obj.get("backend")?.clone()).ok()?;
     let mut set = crate::manifest::parse_str(obj.get("manifest")?.as_str()?, &base_dir, file.as_deref()).ok()?;
     // An env dir that is gone leaves its Environments unbound (see below).
-    if let Some(dir) = &env_dir
-        && let Ok(environments) = crate::manifest::load_env_dir(dir)
-    {
-        set.env_dir = environments;
-        set.env_dir_path = Some(dir.clone());
+    if let Some(dir) = &env_dir {
+        let _ = set.use_env_dir(dir);
     }
     let job = set.jobs.iter().find(|j| j.name == name)?;
     // An Environment that no longer binds (its env dir is gone): the backend asked for, else

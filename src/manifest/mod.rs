@@ -398,6 +398,150 @@ pub struct PortSpec {
     pub protocol: Protocol,
 }
 
+/// A `kind: Network` document: a bridge network of its own, isolated from runner's default
+/// one and from every other.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NetworkDef {
+    pub name: String,
+    pub subnet: std::net::Ipv4Addr,
+    pub prefix: u8,
+    pub gateway: std::net::Ipv4Addr,
+    /// The Linux bridge (`rn-<name>` unless given).
+    pub bridge: String,
+}
+
+impl NetworkDef {
+    pub fn cidr(&self) -> String {
+        format!("{}/{}", self.subnet, self.prefix)
+    }
+
+    fn range(&self) -> (u32, u32) {
+        let start = u32::from(self.subnet);
+        (start, start | (u32::MAX >> self.prefix))
+    }
+
+    /// Whether two networks' subnets share an address.
+    pub fn overlaps(&self, other: &NetworkDef) -> bool {
+        let (a, b) = (self.range(), other.range());
+        a.0 <= b.1 && b.0 <= a.1
+    }
+}
+
+/// runner's default bridge network (`network: bridge`), which a Network may not overlap.
+pub const DEFAULT_BRIDGE_SUBNET: (std::net::Ipv4Addr, u8) = (std::net::Ipv4Addr::new(10, 89, 0, 0), 16);
+
+/// A Network's name: a DNS label of at most 12 characters (its bridge, `rn-<name>`, must fit
+/// in Linux's 15), none of the words `network:` means itself.
+fn valid_network_name(name: &str) -> bool {
+    (1..=12).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && !name.ends_with('-')
+        && !["none", "host", "bridge", "runner", "default"].contains(&name)
+}
+
+fn validate_network(raw: raw::NetworkDoc, first_line: u64) -> Result<NetworkDef, ManifestError> {
+    let at = |s: &serde_saphyr::Location| location(s, first_line);
+    let bad = |path: &str, loc: &serde_saphyr::Location, m: String| {
+        ManifestError::new(Origin::new(path, at(loc)), ManifestErrorKind::Yaml(m))
+    };
+    let name = &raw.metadata.name;
+    if !valid_network_name(&name.value) {
+        return Err(bad(
+            "metadata.name",
+            &name.referenced,
+            format!(
+                "{:?} is not a Network name (a DNS label of at most 12 characters, not none, host, bridge, runner or default)",
+                name.value
+            ),
+        ));
+    }
+    validate_labels(&raw.metadata.labels, "labels")?;
+    validate_labels(&raw.metadata.annotations, "annotations")?;
+    let spec = raw.spec;
+    let rule = EgressRule::parse(&spec.subnet.value)
+        .ok()
+        .filter(|r| r.port.is_none() && (8..=28).contains(&r.prefix))
+        .ok_or_else(|| {
+            bad(
+                "spec.subnet",
+                &spec.subnet.referenced,
+                format!(
+                    "{:?} is not a subnet (an IPv4 CIDR from /8 to /28, host bits zero)",
+                    spec.subnet.value
+                ),
+            )
+        })?;
+    let (start, end) = (u32::from(rule.addr), u32::from(rule.addr) | (u32::MAX >> rule.prefix));
+    let gateway = match &spec.gateway {
+        None => std::net::Ipv4Addr::from(start + 1),
+        Some(g) => {
+            let addr: std::net::Ipv4Addr = g.value.parse().map_err(|_| {
+                bad(
+                    "spec.gateway",
+                    &g.referenced,
+                    format!("{:?} is not an IPv4 address", g.value),
+                )
+            })?;
+            if !(start < u32::from(addr) && u32::from(addr) < end) {
+                return Err(bad(
+                    "spec.gateway",
+                    &g.referenced,
+                    format!("{addr} is not a host address of {}/{}", rule.addr, rule.prefix),
+                ));
+            }
+            addr
+        }
+    };
+    let bridge = match &spec.bridge {
+        None => format!("rn-{}", name.value),
+        Some(b) => {
+            let ok = (1..=15).contains(&b.value.len())
+                && b.value.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+                && !["lo", "runner0", ".", ".."].contains(&b.value.as_str());
+            if !ok {
+                return Err(bad(
+                    "spec.bridge",
+                    &b.referenced,
+                    format!(
+                        "{:?} is not a bridge name (1 to 15 of letters, digits, '_', '.', '-'; not runner0)",
+                        b.value
+                    ),
+                ));
+            }
+            b.value.clone()
+        }
+    };
+    let def = NetworkDef {
+        name: name.value.clone(),
+        subnet: rule.addr,
+        prefix: rule.prefix,
+        gateway,
+        bridge,
+    };
+    let default = NetworkDef {
+        name: "runner".into(),
+        subnet: DEFAULT_BRIDGE_SUBNET.0,
+        prefix: DEFAULT_BRIDGE_SUBNET.1,
+        gateway: std::net::Ipv4Addr::new(10, 89, 0, 1),
+        bridge: "runner0".into(),
+    };
+    if def.overlaps(&default) {
+        return Err(bad(
+            "spec.subnet",
+            &spec.subnet.referenced,
+            format!(
+                "{} overlaps runner's default bridge network ({})",
+                def.cidr(),
+                default.cidr()
+            ),
+        ));
+    }
+    Ok(def)
+}
+
 /// How many ids a container's user namespace maps (Kubernetes' per-pod range): the ids a job
 /// may run as unless its Environment sets `hostUsers: true`.
 pub const USERNS_IDS: u64 = 65_536;
@@ -421,6 +565,9 @@ pub struct Environment {
     pub mounts: Vec<MountSpec>,
     /// `None` when the manifest does not say: the backend picks (containerd: none, host: host).
     pub network: Option<NetworkMode>,
+    /// `network: NAME`: the Network document whose bridge the container joins (with
+    /// `network` Bridge).
+    pub network_name: Option<String>,
     /// `egress.allow`: what a `network: bridge` container may reach off its network.
     pub egress_allow: Vec<EgressRule>,
     /// `egress.allow`'s domain entries, enforced by runner's resolver.
@@ -529,8 +676,12 @@ pub struct ManifestSet {
     pub environments: Vec<Environment>,
     pub jobs: Vec<Job>,
     pub pools: Vec<WarmPool>,
+    /// `kind: Network` documents.
+    pub networks: Vec<NetworkDef>,
     /// Environments found in `--env-dir`, consulted after the file's own.
     pub env_dir: Vec<Environment>,
+    /// Networks found in `--env-dir`, consulted after the file's own.
+    pub env_dir_networks: Vec<NetworkDef>,
     pub env_dir_path: Option<PathBuf>,
 }
 
@@ -542,6 +693,8 @@ pub struct Bound {
     pub env: Environment,
     pub backend: Backend,
     pub network: NetworkMode,
+    /// The named network a bridge container joins (`None`: runner's default one).
+    pub bridge: Option<NetworkDef>,
 }
 
 impl ManifestSet {
@@ -598,10 +751,43 @@ impl ManifestSet {
         Ok(env)
     }
 
-    /// Pair a job with its environment and run the checks that need both.
+    /// Pair a job with its environment and run the checks that need both; a named network
+    /// is looked up here (this file's Networks, then `--env-dir`'s).
     pub fn bind(&self, job: &Job, backend: Option<Backend>) -> Result<Bound, ManifestError> {
         let env = self.environment_for(job)?;
-        bind(job, env, backend)
+        let mut bound = bind_inner(job, env, backend)?;
+        if let Some(name) = &env.network_name {
+            let found = self
+                .networks
+                .iter()
+                .chain(self.env_dir_networks.iter())
+                .find(|n| &n.name == name);
+            let Some(def) = found else {
+                let searched = match &self.env_dir_path {
+                    Some(dir) => format!(" nor in {}", dir.display()),
+                    None => " (pass --env-dir DIR to look elsewhere)".to_string(),
+                };
+                return Err(ManifestError::new(
+                    env.origin("spec.network"),
+                    ManifestErrorKind::Yaml(format!(
+                        "no Network {name:?} in this file{searched} (a network is none, host, bridge or the name of a Network document)"
+                    )),
+                )
+                .in_document(format!("Environment {:?}", env.name))
+                .with_file(&env.origins.file));
+            };
+            bound.bridge = Some(def.clone());
+        }
+        Ok(bound)
+    }
+
+    /// Use the Environments and Networks of `--env-dir`.
+    pub fn use_env_dir(&mut self, dir: &Path) -> Result<(), ManifestError> {
+        let (environments, networks) = load_env_dir_all(dir)?;
+        self.env_dir = environments;
+        self.env_dir_networks = networks;
+        self.env_dir_path = Some(dir.to_path_buf());
+        Ok(())
     }
 }
 
@@ -614,8 +800,21 @@ impl ManifestError {
     }
 }
 
-/// Checks that need both documents and the backend that will run them.
+/// Checks that need both documents and the backend that will run them. An Environment on a
+/// named network binds only with its manifest (`ManifestSet::bind`), which has the network.
 pub fn bind(job: &Job, env: &Environment, backend: Option<Backend>) -> Result<Bound, ManifestError> {
+    if let Some(name) = &env.network_name {
+        return Err(ManifestError::new(
+            env.origin("spec.network"),
+            ManifestErrorKind::Yaml(format!(
+                "network {name:?} is a Network document's: bind with its manifest"
+            )),
+        ));
+    }
+    bind_inner(job, env, backend)
+}
+
+fn bind_inner(job: &Job, env: &Environment, backend: Option<Backend>) -> Result<Bound, ManifestError> {
     let backend = backend.unwrap_or(env.backend);
     let env_err = |path: &str, loc: Option<Location>, kind| {
         ManifestError::new(Origin::new(path, loc), kind)
@@ -707,6 +906,7 @@ pub fn bind(job: &Job, env: &Environment, backend: Option<Backend>) -> Result<Bo
         env: env.clone(),
         backend,
         network,
+        bridge: None,
     })
 }
 
@@ -729,18 +929,22 @@ pub fn load_file_text(path: &Path, env_dir: Option<&Path>) -> Result<(ManifestSe
     let text = read_limited(path)?;
     let base_dir = base_dir_of(path);
     let mut set = parse_str(&text, &base_dir, Some(path))?;
-    if set.environments.is_empty() && set.jobs.is_empty() && set.pools.is_empty() {
+    if set.environments.is_empty() && set.jobs.is_empty() && set.pools.is_empty() && set.networks.is_empty() {
         return Err(ManifestError::new(Origin::new("", None), ManifestErrorKind::Empty).in_file(path));
     }
     if let Some(dir) = env_dir {
-        set.env_dir = load_env_dir(dir)?;
-        set.env_dir_path = Some(dir.to_path_buf());
+        set.use_env_dir(dir)?;
     }
     Ok((set, text))
 }
 
 /// Every Environment in the `*.yaml`/`*.yml` files of a directory (their Jobs are ignored).
 pub fn load_env_dir(dir: &Path) -> Result<Vec<Environment>, ManifestError> {
+    Ok(load_env_dir_all(dir)?.0)
+}
+
+/// Every Environment and Network in the `*.yaml`/`*.yml` files of a directory.
+pub fn load_env_dir_all(dir: &Path) -> Result<(Vec<Environment>, Vec<NetworkDef>), ManifestError> {
     let read_err = |e| ManifestError::new(Origin::new("", None), ManifestErrorKind::Read(e)).in_file(dir);
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(read_err)?
@@ -749,9 +953,26 @@ pub fn load_env_dir(dir: &Path) -> Result<Vec<Environment>, ManifestError> {
         .collect();
     files.sort();
     let mut envs: Vec<Environment> = Vec::new();
+    let mut networks: Vec<NetworkDef> = Vec::new();
     for file in files {
         let text = read_limited(&file)?;
         let set = parse_str(&text, dir, Some(&file))?;
+        for net in set.networks {
+            if let Some(other) = networks.iter().find(|n| n.name == net.name || n.overlaps(&net)) {
+                return Err(ManifestError::new(
+                    Origin::new("spec.subnet", None),
+                    ManifestErrorKind::Yaml(format!(
+                        "Network {:?} ({}) clashes with Network {:?} ({}) of the same directory",
+                        net.name,
+                        net.cidr(),
+                        other.name,
+                        other.cidr()
+                    )),
+                )
+                .in_file(&file));
+            }
+            networks.push(net);
+        }
         for env in set.environments {
             if envs.iter().any(|e| e.name == env.name) {
                 return Err(ManifestError::new(
@@ -766,7 +987,7 @@ pub fn load_env_dir(dir: &Path) -> Result<Vec<Environment>, ManifestError> {
             envs.push(env);
         }
     }
-    Ok(envs)
+    Ok((envs, networks))
 }
 
 fn read_limited(path: &Path) -> Result<String, ManifestError> {
@@ -881,6 +1102,30 @@ pub fn parse_str(text: &str, base_dir: &Path, file: Option<&Path>) -> Result<Man
                     ));
                 }
                 set.pools.push(pool);
+            }
+            "Network" => {
+                let raw: raw::NetworkDoc = decode(&doc).map_err(|e| attach(e.in_document(label.clone())))?;
+                let doc_name = format!("Network {:?}", raw.metadata.name.value);
+                let net = validate_network(raw, doc.first_line).map_err(|e| attach(e.in_document(doc_name.clone())))?;
+                if let Some(other) = set.networks.iter().find(|n| n.name == net.name || n.overlaps(&net)) {
+                    let why = if other.name == net.name {
+                        ManifestErrorKind::Duplicate {
+                            kind: "Network",
+                            name: net.name,
+                        }
+                    } else {
+                        ManifestErrorKind::Yaml(format!(
+                            "subnet {} overlaps Network {:?}'s {}",
+                            net.cidr(),
+                            other.name,
+                            other.cidr()
+                        ))
+                    };
+                    return Err(attach(
+                        ManifestError::new(Origin::new("spec.subnet", None), why).in_document(doc_name),
+                    ));
+                }
+                set.networks.push(net);
             }
             other => {
                 return Err(attach(
@@ -1373,10 +1618,27 @@ fn validate_environment(
             ManifestErrorKind::ImageRequired,
         ));
     }
+    let network: Option<(NetworkMode, Option<String>)> = match &spec.network {
+        None => None,
+        Some(n) => Some(match n.value.as_str() {
+            "none" => (NetworkMode::None, None),
+            "host" => (NetworkMode::Host, None),
+            "bridge" => (NetworkMode::Bridge, None),
+            name if valid_network_name(name) => (NetworkMode::Bridge, Some(name.to_string())),
+            other => {
+                return Err(ManifestError::new(
+                    Origin::new("spec.network", at(&n.referenced)),
+                    ManifestErrorKind::Yaml(format!(
+                        "{other:?} is not a network: none, host, bridge, or the name of a Network document"
+                    )),
+                ));
+            }
+        }),
+    };
+    let bridge = matches!(network, Some((NetworkMode::Bridge, _)));
     let mut egress_allow = Vec::new();
     let mut egress_domains = Vec::new();
     if let Some(egress) = &spec.egress {
-        let bridge = spec.network.as_ref().is_some_and(|n| n.value == raw::Network::Bridge);
         for (i, entry) in egress.allow.iter().enumerate() {
             let origin = Origin::new(format!("spec.egress.allow[{i}]"), at(&entry.referenced));
             if !bridge {
@@ -1395,7 +1657,6 @@ fn validate_environment(
             }
         }
     }
-    let bridge = spec.network.as_ref().is_some_and(|n| n.value == raw::Network::Bridge);
     let ports = validate_ports(&spec.ports, bridge, first_line)?;
     if let Some(image) = &spec.image
         && (image.value.trim().is_empty() || image.value.contains(char::is_whitespace))
@@ -1421,11 +1682,8 @@ fn validate_environment(
         ports,
         setup: spec.setup.map(|s| s.commands).unwrap_or_default(),
         mounts,
-        network: spec.network.as_ref().map(|n| match n.value {
-            raw::Network::None => NetworkMode::None,
-            raw::Network::Host => NetworkMode::Host,
-            raw::Network::Bridge => NetworkMode::Bridge,
-        }),
+        network: network.as_ref().map(|(mode, _)| *mode),
+        network_name: network.and_then(|(_, name)| name),
         resources,
         origins: EnvOrigins {
             image: spec.image.as_ref().and_then(|i| at(&i.referenced)),

@@ -68,12 +68,30 @@ pub enum Backend {
     Host,
 }
 
-#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Network {
-    None,
-    Host,
-    Bridge,
+/// A `kind: Network` document.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkDoc {
+    #[expect(
+        dead_code,
+        reason = "checked through Header; declared so deny_unknown_fields accepts it"
+    )]
+    pub api_version: String,
+    #[expect(
+        dead_code,
+        reason = "checked through Header; declared so deny_unknown_fields accepts it"
+    )]
+    pub kind: String,
+    pub metadata: Metadata,
+    pub spec: NetworkSpec,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkSpec {
+    pub subnet: Spanned<String>,
+    pub gateway: Option<Spanned<String>>,
+    pub bridge: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -92,7 +110,8 @@ pub struct EnvironmentSpec {
     pub setup: Option<Setup>,
     #[serde(default)]
     pub mounts: Vec<Mount>,
-    pub network: Option<Spanned<Network>>,
+    /// `none`, `host`, `bridge`, or the name of a Network document.
+    pub network: Option<Spanned<String>>,
     pub egress: Option<Egress>,
     #[serde(default)]
     pub ports: Vec<Port>,

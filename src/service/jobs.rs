@@ -108,8 +108,7 @@ impl Submission {
 
 fn with_env_dir(mut set: ManifestSet, env_dir: Option<&Path>) -> Result<ManifestSet, ServiceError> {
     if let Some(dir) = env_dir {
-        set.env_dir = manifest::load_env_dir(dir)?;
-        set.env_dir_path = Some(dir.to_path_buf());
+        set.use_env_dir(dir)?;
     }
     Ok(set)
 }

@@ -166,7 +166,7 @@ fn template(ctx: &Context, def: &PoolDef, placeholder: &Path) -> Result<RunPlan,
     let set = match &def.env_dir {
         Some(dir) if !set.environments.iter().any(|e| e.name == def.environment) => {
             let mut set = set;
-            set.env_dir = manifest::load_env_dir(dir)?;
+            set.use_env_dir(dir)?;
             set
         }
         _ => set,

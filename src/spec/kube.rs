@@ -177,13 +177,14 @@ fn check_environment(env: &Environment, network: NetworkMode, options: &ExportOp
     Ok(())
 }
 
-/// What a bridge container may reach, as NetworkPolicy egress rules: the other pods runner
-/// made (locally: the other containers on the bridge) and each `egress.allow` entry (TCP and
+/// The label naming a bridge pod's network (`runner`, or a Network document's name).
+pub const NETWORK_LABEL: &str = "runner.dev/network";
+
+/// What a bridge container may reach, as NetworkPolicy egress rules: the pods of its network
+/// (locally: the other containers on its bridge) and each `egress.allow` entry (TCP and
 /// UDP to its port, when it has one). Everything else is denied, as the local wall does.
-fn bridge_egress(env: &Environment) -> Value {
-    let mut rules = vec![json!({"to": [{"podSelector": {"matchExpressions": [
-        {"key": MANAGED_LABEL, "operator": "Exists"}
-    ]}}]})];
+fn bridge_egress(env: &Environment, network: &str) -> Value {
+    let mut rules = vec![json!({"to": [{"podSelector": {"matchLabels": {NETWORK_LABEL: network}}}]})];
     for rule in &env.egress_allow {
         let mut r = json!({"to": [{"ipBlock": {"cidr": format!("{}/{}", rule.addr, rule.prefix)}}]});
         if let Some(port) = rule.port {
@@ -192,6 +193,13 @@ fn bridge_egress(env: &Environment) -> Value {
         rules.push(r);
     }
     json!(rules)
+}
+
+fn network_of(bound: &crate::manifest::Bound) -> String {
+    bound
+        .bridge
+        .as_ref()
+        .map_or_else(|| "runner".to_string(), |n| n.name.clone())
 }
 
 /// `ports` as the container's: a hostPort (and its hostIP) only where one was asked for (the
@@ -520,7 +528,7 @@ pub fn export_job(bound: &Bound, payload: &Payload, options: &ExportOptions) -> 
             "spec": {
                 "podSelector": {"matchLabels": {JOB_LABEL: job.name}},
                 "policyTypes": ["Egress"],
-                "egress": bridge_egress(env),
+                "egress": bridge_egress(env, &network_of(bound)),
             },
         }));
     }
@@ -549,6 +557,9 @@ pub fn export_job(bound: &Bound, payload: &Payload, options: &ExportOptions) -> 
     let mut pod_labels: BTreeMap<String, String> = job.labels.clone();
     pod_labels.insert(JOB_LABEL.into(), job.name.clone());
     pod_labels.insert(MANAGED_LABEL.into(), "runner".into());
+    if bound.network == NetworkMode::Bridge {
+        pod_labels.insert(NETWORK_LABEL.into(), network_of(bound));
+    }
     let mut pod = json!({
         "restartPolicy": "Never",
         "automountServiceAccountToken": false,

@@ -60,6 +60,8 @@ pub struct Policy {
     /// The nftables sets answers go to: addresses (any port), and address . port pairs.
     pub set: String,
     pub port_set: String,
+    /// Its network's hosts file: the names the resolver answers itself.
+    pub hosts_file: PathBuf,
 }
 
 pub fn policy_path(ip: Ipv4Addr) -> PathBuf {
@@ -393,7 +395,7 @@ fn allow_answers(policy: &Policy, rules: &[&EgressDomain], answers: &[(Ipv4Addr,
 }
 
 /// What the resolver answers one message from `from` (over TCP when `tcp`); `None`: drop it.
-pub async fn answer(msg: &[u8], from: IpAddr, tcp: bool, hosts_file: &Path) -> Option<Vec<u8>> {
+pub async fn answer(msg: &[u8], from: IpAddr, tcp: bool) -> Option<Vec<u8>> {
     let Some(query) = parse_query(msg) else {
         return formerr(msg);
     };
@@ -407,7 +409,7 @@ pub async fn answer(msg: &[u8], from: IpAddr, tcp: bool, hosts_file: &Path) -> O
         return Some(response(msg, &query, RCODE_REFUSED, &[]));
     };
     if query.qclass == CLASS_IN
-        && let Some(ip) = network_name(hosts_file, &query.name)
+        && let Some(ip) = network_name(&policy.hosts_file, &query.name)
     {
         let answers = if query.qtype == TYPE_A {
             vec![(ip, 5)]
@@ -478,9 +480,11 @@ pub async fn answer(msg: &[u8], from: IpAddr, tcp: bool, hosts_file: &Path) -> O
     }
 }
 
-/// Run the resolver on `listen` until it has had nobody to serve for `IDLE_EXIT`: prints
-/// `ready <port>` on stdout once it listens. Exits at once (Ok) when another one runs.
-pub async fn serve(listen: Ipv4Addr, hosts_file: PathBuf, network_lock: &'static str) -> io::Result<()> {
+/// Run the resolver until it has had nobody to serve for `IDLE_EXIT`: prints `ready <port>`
+/// on stdout once it listens. Exits at once (Ok) when another one runs. It listens on every
+/// address (each network's gateway is one); the wall lets only the networks reach the port.
+pub async fn serve(network_lock: &'static str) -> io::Result<()> {
+    let listen = Ipv4Addr::UNSPECIFIED;
     use std::sync::Arc;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     std::fs::create_dir_all(POLICY_DIR)?;
@@ -524,10 +528,9 @@ pub async fn serve(listen: Ipv4Addr, hosts_file: PathBuf, network_lock: &'static
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
         let _ = nix::unistd::dup2_stdout(&null);
     }
-    let hosts = Arc::new(hosts_file);
     let udp = Arc::new(udp);
     {
-        let (udp, hosts) = (udp.clone(), hosts.clone());
+        let udp = udp.clone();
         tokio::spawn(async move {
             let mut buf = vec![0u8; 4096];
             loop {
@@ -535,9 +538,9 @@ pub async fn serve(listen: Ipv4Addr, hosts_file: PathBuf, network_lock: &'static
                     continue;
                 };
                 let msg = buf[..n].to_vec();
-                let (udp, hosts) = (udp.clone(), hosts.clone());
+                let udp = udp.clone();
                 tokio::spawn(async move {
-                    if let Some(out) = answer(&msg, peer.ip(), false, &hosts).await {
+                    if let Some(out) = answer(&msg, peer.ip(), false).await {
                         let _ = udp.send_to(&out, peer).await;
                     }
                 });
@@ -545,20 +548,18 @@ pub async fn serve(listen: Ipv4Addr, hosts_file: PathBuf, network_lock: &'static
         });
     }
     {
-        let hosts = hosts.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((mut stream, peer)) = tcp.accept().await else {
                     continue;
                 };
-                let hosts = hosts.clone();
                 tokio::spawn(async move {
                     let work = async {
                         loop {
                             let len = stream.read_u16().await? as usize;
                             let mut msg = vec![0u8; len];
                             stream.read_exact(&mut msg).await?;
-                            if let Some(out) = answer(&msg, peer.ip(), true, &hosts).await {
+                            if let Some(out) = answer(&msg, peer.ip(), true).await {
                                 let mut framed = (out.len() as u16).to_be_bytes().to_vec();
                                 framed.extend_from_slice(&out);
                                 stream.write_all(&framed).await?;

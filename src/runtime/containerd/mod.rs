@@ -389,6 +389,7 @@ impl Engine {
             };
             let (range, cid) = (plan.userns, id.clone());
             let (name, ports) = (plan.job().name.clone(), plan.env().ports.clone());
+            let net = network::Net::of(plan.bound.bridge.as_ref());
             let exe = match &self.options.logger_binary {
                 Some(path) => path.clone(),
                 None => std::env::current_exe().map_err(|source| RuntimeError::Io {
@@ -398,7 +399,7 @@ impl Engine {
             };
             let attached = tokio::task::spawn_blocking(move || {
                 let pinned = network::pin_namespaces(&dir, range)?;
-                network::attach(&dir, &cid, &name, pinned, &egress, &ports, &exe)
+                network::attach(&dir, &cid, &name, pinned, &egress, &ports, &exe, &net)
             })
             .await
             .map_err(|e| RuntimeError::Internal(format!("the network setup task: {e}")))?

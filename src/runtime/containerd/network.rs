@@ -45,24 +45,81 @@ const NETNS_PIN: &str = "netns";
 const CNI_CACHE: &str = "cni.json";
 /// The interface the container sees.
 const IFNAME: &str = "eth0";
-/// The bridge network every `network: bridge` container joins.
+/// runner's default network, the one every `network: bridge` container joins.
 pub const BRIDGE: &str = "runner0";
 pub const SUBNET: &str = "10.89.0.0/16";
 pub const GATEWAY: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 89, 0, 1);
 const NETWORK_NAME: &str = "runner";
+/// Host-wide network state: per network its names and its registration, the resolver's
+/// policies, the published ports.
+const NET_STATE: &str = "/run/runner/net";
+/// In a network's directory: what it was registered with.
+const NET_MARKER: &str = "network.json";
+
+/// One bridge network: runner's default (`network: bridge`) or a Network document's.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Net {
+    /// The CNI network name (IPAM's directory): `runner`, or `runner-<Network name>`.
+    pub name: String,
+    pub bridge: String,
+    /// `a.b.c.d/n`.
+    pub subnet: String,
+    pub gateway: std::net::Ipv4Addr,
+}
+
+impl Net {
+    pub fn default_net() -> Net {
+        Net {
+            name: NETWORK_NAME.into(),
+            bridge: BRIDGE.into(),
+            subnet: SUBNET.into(),
+            gateway: GATEWAY,
+        }
+    }
+
+    /// The network a container joins: a Network document's, else the default one.
+    pub fn of(def: Option<&crate::manifest::NetworkDef>) -> Net {
+        match def {
+            None => Net::default_net(),
+            Some(d) => Net {
+                name: format!("{NETWORK_NAME}-{}", d.name),
+                bridge: d.bridge.clone(),
+                subnet: d.cidr(),
+                gateway: d.gateway,
+            },
+        }
+    }
+
+    /// Its `/etc/hosts` and `/etc/resolv.conf` (bind-mounted read-only into its containers)
+    /// and its registration.
+    fn dir(&self) -> PathBuf {
+        Path::new(NET_STATE).join(&self.name)
+    }
+
+    fn range(&self) -> Option<(u32, u32)> {
+        let (addr, prefix) = self.subnet.split_once('/')?;
+        let start = u32::from(addr.parse::<std::net::Ipv4Addr>().ok()?);
+        let prefix: u32 = prefix.parse().ok()?;
+        Some((start, start | (u32::MAX.checked_shr(prefix).unwrap_or(0))))
+    }
+
+    fn overlaps(&self, other: &Net) -> bool {
+        match (self.range(), other.range()) {
+            (Some(a), Some(b)) => a.0 <= b.1 && b.0 <= a.1,
+            _ => false,
+        }
+    }
+}
 const CNI_VERSION: &str = "1.0.0";
 /// Where Debian (and most distributions) install the CNI plugins.
 const DEFAULT_CNI_PATH: &str = "/usr/lib/cni:/opt/cni/bin";
 /// Host-wide: every runner on the host shares the bridge, its IPAM and its firewall.
 pub const LOCK_FILE: &str = "/run/runner/cni.lock";
-/// Host-wide too: the network's `/etc/hosts` (every container on it by name) and
-/// `/etc/resolv.conf`, bind-mounted read-only into each of its containers.
-const NAMES_DIR: &str = "/run/runner/net/runner";
 const NFT_TABLE: &str = "runner";
 /// Where host-local keeps its leases (CNI's default data directory), per network name.
 const IPAM_DIR: &str = "/var/lib/cni/networks";
 /// Marks the wall's newest rule (a published port's connections, DNATed by portmap, pass).
-const WALL_VERSION: &str = "runner wall 4";
+const WALL_VERSION: &str = "runner wall 5";
 /// Tags the two iptables rules that let the network's traffic through FORWARD.
 const IPT_COMMENT: &str = "runner bridge network";
 
@@ -96,6 +153,8 @@ pub enum NetworkError {
     Ports(String),
     #[error("runner's resolver: {0}")]
     Resolver(String),
+    #[error("{0}")]
+    Conflict(String),
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> NetworkError {
@@ -249,17 +308,17 @@ pub fn unpin(dir: &Path) -> io::Result<()> {
 
 /// The network's plugin list (a CNI conflist's `plugins`) for a container publishing `ports`
 /// (their host ports picked already).
-fn plugins(ports: &[PortStatus]) -> Vec<Value> {
+fn plugins(net: &Net, ports: &[PortStatus]) -> Vec<Value> {
     let mut list = vec![json!({
         "type": "bridge",
-        "bridge": BRIDGE,
+        "bridge": net.bridge,
         "isGateway": true,
         // No NAT: nothing leaves the network (see the nft wall).
         "ipMasq": false,
         "hairpinMode": true,
         "ipam": {
             "type": "host-local",
-            "ranges": [[{"subnet": SUBNET, "gateway": GATEWAY.to_string()}]],
+            "ranges": [[{"subnet": net.subnet, "gateway": net.gateway.to_string()}]],
             "routes": [{"dst": "0.0.0.0/0"}],
         },
     })];
@@ -315,14 +374,14 @@ fn find_plugin(name: &str) -> Result<PathBuf, NetworkError> {
 fn invoke(
     command: &'static str,
     plugin: &Value,
-    container: &str,
+    (container, network): (&str, &str),
     netns: &Path,
     prev: Option<&Value>,
 ) -> Result<Value, NetworkError> {
     let kind = plugin["type"].as_str().unwrap_or_default().to_string();
     let binary = find_plugin(&kind)?;
     let mut config = plugin.clone();
-    config["name"] = json!(NETWORK_NAME);
+    config["name"] = json!(network);
     config["cniVersion"] = json!(CNI_VERSION);
     if let Some(prev) = prev {
         config["prevResult"] = prev.clone();
@@ -402,6 +461,7 @@ fn lock() -> Result<nix::fcntl::Flock<std::fs::File>, NetworkError> {
 /// Attach container `id` (its pinned namespaces in `dir`) to the bridge network: CNI ADD of
 /// every plugin, the wall in place. On failure what was added is deleted again.
 /// `name`: what the other containers of the network call this one (its hostname).
+#[allow(clippy::too_many_arguments)]
 pub fn attach(
     dir: &Path,
     id: &str,
@@ -410,17 +470,20 @@ pub fn attach(
     egress: &Egress,
     ports: &[PortSpec],
     exe: &Path,
+    net: &Net,
 ) -> Result<Attached, NetworkError> {
     let t0 = std::time::Instant::now();
     let ms = |t: std::time::Instant| t.elapsed().as_secs_f64() * 1e3;
     let _lock = lock()?;
     let wall_made = ensure_wall()?;
+    register(net, wall_made)?;
     tracing::debug!(ms = ms(t0), "network lock and wall");
     let has_rules = !egress.cidrs.is_empty() || !egress.domains.is_empty();
     let published = pick_ports(ports)?;
-    let list = plugins(&published);
+    let list = plugins(net, &published);
+    let who = (id, net.name.as_str());
     // The cache names what DEL needs before ADD runs: a crash mid-ADD is undone by gc.
-    write_cache(dir, id, &pinned.netns, &list, has_rules, None)?;
+    write_cache(dir, id, &pinned.netns, net, &list, has_rules, None)?;
     // Recorded after the cache (which detach finds the id in) and under the lock: a port
     // is never handed out twice, and never stays taken by a container that is gone.
     if let Err(e) = record_ports(id, &published) {
@@ -429,13 +492,13 @@ pub fn attach(
     }
     let mut prev: Option<Value> = None;
     for (i, plugin) in list.iter().enumerate() {
-        match invoke("ADD", plugin, id, &pinned.netns, prev.as_ref()) {
+        match invoke("ADD", plugin, who, &pinned.netns, prev.as_ref()) {
             Ok(result) => prev = Some(result),
             Err(e) => {
                 for done in list[..i].iter().rev() {
-                    let _ = invoke("DEL", done, id, &pinned.netns, prev.as_ref());
+                    let _ = invoke("DEL", done, who, &pinned.netns, prev.as_ref());
                 }
-                let _ = invoke("DEL", plugin, id, &pinned.netns, prev.as_ref());
+                let _ = invoke("DEL", plugin, who, &pinned.netns, prev.as_ref());
                 let _ = std::fs::remove_file(dir.join(CNI_CACHE));
                 let _ = release_ports(id);
                 return Err(e);
@@ -444,7 +507,7 @@ pub fn attach(
     }
     let result = prev.unwrap_or(Value::Null);
     tracing::debug!(ms = ms(t0), "CNI ADD");
-    write_cache(dir, id, &pinned.netns, &list, has_rules, Some(&result))?;
+    write_cache(dir, id, &pinned.netns, net, &list, has_rules, Some(&result))?;
     if !published.is_empty() {
         loopback_redirect(&pinned.netns, &published)?;
     }
@@ -470,6 +533,7 @@ pub fn attach(
         upstream: egress.upstream.clone(),
         set: set.clone(),
         port_set: port_set.clone(),
+        hosts_file: net.dir().join("hosts"),
     };
     write_policy(&policy)?;
     let (resolver_port, started) = ensure_resolver(exe)?;
@@ -482,21 +546,22 @@ pub fn attach(
     if wall_made || started {
         script = format!(
             "flush chain inet {NFT_TABLE} dns
-add rule inet {NFT_TABLE} dns iifname \"{BRIDGE}\" ip daddr {GATEWAY} udp dport 53 redirect to :{resolver_port}
-add rule inet {NFT_TABLE} dns iifname \"{BRIDGE}\" ip daddr {GATEWAY} tcp dport 53 redirect to :{resolver_port}
+add rule inet {NFT_TABLE} dns iifname @bridges ip daddr @gateways udp dport 53 redirect to :{resolver_port}
+add rule inet {NFT_TABLE} dns iifname @bridges ip daddr @gateways tcp dport 53 redirect to :{resolver_port}
 flush set inet {NFT_TABLE} resolver
 add element inet {NFT_TABLE} resolver {{ {resolver_port} }}
 "
         );
     }
     let tag = rule_tag(id);
+    let bridge = &net.bridge;
     for rule in &egress.cidrs {
         let port = rule
             .port
             .map_or(String::new(), |p| format!(" meta l4proto {{ tcp, udp }} th dport {p}"));
         for chain in ["forward", "input"] {
             script.push_str(&format!(
-                "insert rule inet {NFT_TABLE} {chain} iifname \"{BRIDGE}\" ip saddr {ip} ip daddr {}/{}{port} accept comment \"{tag}\"\n",
+                "insert rule inet {NFT_TABLE} {chain} iifname \"{bridge}\" ip saddr {ip} ip daddr {}/{}{port} accept comment \"{tag}\"\n",
                 rule.addr, rule.prefix,
             ));
         }
@@ -507,8 +572,8 @@ add element inet {NFT_TABLE} resolver {{ {resolver_port} }}
         script.push_str(&format!(
             "add set inet {NFT_TABLE} {set} {{ type ipv4_addr; flags timeout; }}
 add set inet {NFT_TABLE} {port_set} {{ type ipv4_addr . inet_service; flags timeout; }}
-insert rule inet {NFT_TABLE} forward iifname \"{BRIDGE}\" ip saddr {ip} ip daddr @{set} accept comment \"{tag}\"
-insert rule inet {NFT_TABLE} forward iifname \"{BRIDGE}\" ip saddr {ip} meta l4proto {{ tcp, udp }} ip daddr . th dport @{port_set} accept comment \"{tag}\"
+insert rule inet {NFT_TABLE} forward iifname \"{bridge}\" ip saddr {ip} ip daddr @{set} accept comment \"{tag}\"
+insert rule inet {NFT_TABLE} forward iifname \"{bridge}\" ip saddr {ip} meta l4proto {{ tcp, udp }} ip daddr . th dport @{port_set} accept comment \"{tag}\"
 "
         ));
     }
@@ -516,7 +581,7 @@ insert rule inet {NFT_TABLE} forward iifname \"{BRIDGE}\" ip saddr {ip} meta l4p
         nft_script(&script)?;
         tracing::debug!(ms = ms(t0), "nft rules");
     }
-    let (hosts_file, resolv_file) = names(id, Some((&ip, name)))?;
+    let (hosts_file, resolv_file) = names(net, id, Some((&ip, name)))?;
     Ok(Attached {
         pinned,
         ip,
@@ -530,12 +595,13 @@ fn write_cache(
     dir: &Path,
     id: &str,
     netns: &Path,
+    net: &Net,
     plugins: &[Value],
     rules: bool,
     result: Option<&Value>,
 ) -> Result<(), NetworkError> {
     // `rules`: whether detach has nft rules and sets of the container's to look for.
-    let cache = json!({"containerId": id, "netns": netns, "ifname": IFNAME, "plugins": plugins, "rules": rules, "result": result});
+    let cache = json!({"containerId": id, "netns": netns, "ifname": IFNAME, "network": net, "plugins": plugins, "rules": rules, "result": result});
     let tmp = dir.join(format!("{CNI_CACHE}.tmp"));
     std::fs::write(&tmp, cache.to_string())
         .and_then(|()| std::fs::rename(&tmp, dir.join(CNI_CACHE)))
@@ -554,6 +620,8 @@ pub fn detach(dir: &Path) -> Result<(), NetworkError> {
         let netns = PathBuf::from(cache["netns"].as_str().unwrap_or_default());
         let result = cache.get("result").filter(|r| !r.is_null()).cloned();
         let list = cache["plugins"].as_array().cloned().unwrap_or_default();
+        // A cache older than named networks was the default network's.
+        let net: Net = serde_json::from_value(cache["network"].clone()).unwrap_or_else(|_| Net::default_net());
         let t0 = std::time::Instant::now();
         match lock() {
             Ok(_lock) => {
@@ -569,12 +637,12 @@ pub fn detach(dir: &Path) -> Result<(), NetworkError> {
                 {
                     first.get_or_insert(io_err("removing the resolver's policy")(e));
                 }
-                if let Err(e) = names(&id, None) {
+                if let Err(e) = names(&net, &id, None) {
                     first.get_or_insert(e);
                 }
                 let t1 = std::time::Instant::now();
                 for plugin in list.iter().rev() {
-                    if let Err(e) = invoke("DEL", &del_form(plugin), &id, &netns, result.as_ref()) {
+                    if let Err(e) = invoke("DEL", &del_form(plugin), (&id, &net.name), &netns, result.as_ref()) {
                         first.get_or_insert(e);
                     }
                 }
@@ -810,8 +878,9 @@ fn del_form(plugin: &Value) -> Value {
     }
 }
 
-/// The nftables wall, made once per host (idempotent: `nft -f` of a table that exists
-/// replaces nothing and adds the same rules only when the table is new).
+/// The nftables wall, one for every network, made once per host; whether it was made now
+/// (an older version is made again whole). The networks are set elements (`register`): a
+/// rule names `@bridges`, never a bridge.
 fn ensure_wall() -> Result<bool, NetworkError> {
     let listed = |what: &[&str]| -> Result<bool, NetworkError> {
         Command::new("nft")
@@ -822,8 +891,6 @@ fn ensure_wall() -> Result<bool, NetworkError> {
             .map(|s| s.success())
             .map_err(|e| NetworkError::Nft(format!("running nft (install nftables): {e}")))
     };
-    // The marked rule is the newest part: a table without it is an older wall, made again
-    // whole.
     let current = Command::new("nft")
         .args(["list", "chain", "inet", NFT_TABLE, "forward"])
         .output()
@@ -835,45 +902,170 @@ fn ensure_wall() -> Result<bool, NetworkError> {
     if listed(&["list", "table", "inet", NFT_TABLE])? {
         nft_script(&format!("delete table inet {NFT_TABLE}\n"))?;
     }
-    ensure_iptables()?;
+    // forward: within one network anything; from a network, nothing else (not another
+    // network either) unless a container's rule accepts it first; to a network, answers
+    // and published ports (DNATed by portmap). input: a network reaches the host only with
+    // answers and DNS for the resolver; the resolver's port is for the networks alone.
     let rules = format!(
         "table inet {NFT_TABLE} {{
+  set bridges {{ type ifname; }}
+  set same {{ type ifname . ifname; }}
+  set gateways {{ type ipv4_addr; }}
+  set subnets {{ type ipv4_addr; flags interval; }}
+  set resolver {{ type inet_service; }}
   chain forward {{
     type filter hook forward priority filter - 10; policy accept;
-    iifname \"{BRIDGE}\" oifname \"{BRIDGE}\" accept
-    iifname \"{BRIDGE}\" drop
-    oifname \"{BRIDGE}\" ct state established,related accept
-    oifname \"{BRIDGE}\" ct status dnat accept comment \"{WALL_VERSION}\"
-    oifname \"{BRIDGE}\" drop
-  }}
-  set resolver {{
-    type inet_service;
+    iifname . oifname @same accept
+    iifname @bridges drop
+    oifname @bridges ct state established,related accept
+    oifname @bridges ct status dnat accept comment \"{WALL_VERSION}\"
+    oifname @bridges drop
   }}
   chain input {{
     type filter hook input priority filter - 10; policy accept;
-    iifname \"{BRIDGE}\" ct state established,related accept
-    iifname \"{BRIDGE}\" ip daddr {GATEWAY} meta l4proto {{ tcp, udp }} th dport @resolver accept
-    iifname \"{BRIDGE}\" drop
+    meta l4proto {{ tcp, udp }} th dport @resolver iifname != @bridges iifname != \"lo\" drop
+    iifname @bridges ct state established,related accept
+    iifname @bridges ip daddr @gateways meta l4proto {{ tcp, udp }} th dport @resolver accept
+    iifname @bridges drop
   }}
   chain dns {{
     type nat hook prerouting priority dstnat; policy accept;
   }}
   chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
-    ip saddr {SUBNET} oifname != \"{BRIDGE}\" masquerade
+    ip saddr @subnets oifname != @bridges masquerade
   }}
 }}
 "
     );
     nft_script(&rules)?;
+    // The networks registered before are elements of the new sets again.
+    for net in registered() {
+        nft_script(&elements("add", &net))?;
+    }
     Ok(true)
 }
 
-/// iptables' FORWARD rules for the subnet, both ways. They only undo a DROP policy: the wall
+/// A network's elements of the wall's sets.
+fn elements(verb: &str, net: &Net) -> String {
+    let (b, g, s) = (&net.bridge, net.gateway, &net.subnet);
+    format!(
+        "{verb} element inet {NFT_TABLE} bridges {{ \"{b}\" }}
+{verb} element inet {NFT_TABLE} same {{ \"{b}\" . \"{b}\" }}
+{verb} element inet {NFT_TABLE} gateways {{ {g} }}
+{verb} element inet {NFT_TABLE} subnets {{ {s} }}
+"
+    )
+}
+
+/// The networks registered on this host (their directories' markers).
+fn registered() -> Vec<Net> {
+    let Ok(dirs) = std::fs::read_dir(NET_STATE) else {
+        return Vec::new();
+    };
+    dirs.flatten()
+        .filter_map(|e| std::fs::read(e.path().join(NET_MARKER)).ok())
+        .filter_map(|b| serde_json::from_slice(&b).ok())
+        .collect()
+}
+
+/// Whether a container is on a network: an interface on its bridge, or an address leased.
+fn in_use(net: &Net) -> bool {
+    let nonempty = |dir: &Path, skip: &dyn Fn(&str) -> bool| {
+        std::fs::read_dir(dir)
+            .map(|d| d.flatten().any(|e| !skip(&e.file_name().to_string_lossy())))
+            .unwrap_or(false)
+    };
+    nonempty(&Path::new("/sys/class/net").join(&net.bridge).join("brif"), &|_| false)
+        || nonempty(&Path::new(IPAM_DIR).join(&net.name), &|n| {
+            n == "lock" || n.starts_with("last_reserved_ip")
+        })
+}
+
+/// Make a network known to the wall (its sets' elements) and to iptables, once: a marker in
+/// its directory says it is. A network whose definition changed is refused while a container
+/// is on it; one that overlaps another's subnet or takes its bridge is refused. Under the lock.
+fn register(net: &Net, wall_made: bool) -> Result<(), NetworkError> {
+    let marker = net.dir().join(NET_MARKER);
+    let known: Option<Net> = std::fs::read(&marker)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    if known.as_ref() == Some(net) {
+        // ensure_wall re-added every registered network's elements if it made the wall.
+        let _ = wall_made;
+        return Ok(());
+    }
+    if let Some(old) = known {
+        if in_use(&old) {
+            return Err(NetworkError::Conflict(format!(
+                "network {} is in use as {} on {}; its definition changed to {} on {}: end its containers first",
+                old.name, old.subnet, old.bridge, net.subnet, net.bridge
+            )));
+        }
+        unregister(&old)?;
+    }
+    if let Some(other) = registered()
+        .into_iter()
+        .find(|o| o.name != net.name && (o.overlaps(net) || o.bridge == net.bridge))
+    {
+        return Err(NetworkError::Conflict(format!(
+            "network {} ({} on {}) clashes with network {} ({} on {}) on this host",
+            net.name, net.subnet, net.bridge, other.name, other.subnet, other.bridge
+        )));
+    }
+    nft_script(&elements("add", net))?;
+    ensure_iptables(&net.subnet)?;
+    std::fs::create_dir_all(net.dir()).map_err(io_err(format!("creating {}", net.dir().display())))?;
+    let text = serde_json::to_vec(net).map_err(|e| io_err("encoding the network")(io::Error::other(e)))?;
+    std::fs::write(&marker, text).map_err(io_err(format!("writing {}", marker.display())))
+}
+
+/// Take a network off the host: its bridge (with the veths of dead namespaces), its set
+/// elements, its iptables pair, IPAM's and its own directory. Under the lock.
+fn unregister(net: &Net) -> Result<(), NetworkError> {
+    let bridge = Path::new("/sys/class/net").join(&net.bridge);
+    if bridge.exists() {
+        let out = Command::new("ip")
+            .args(["link", "del", &net.bridge])
+            .output()
+            .map_err(io_err("running ip link del"))?;
+        if !out.status.success() && bridge.exists() {
+            return Err(NetworkError::Nft(format!(
+                "ip link del {}: {}",
+                net.bridge,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+    }
+    // The elements go only where the wall still stands (delete of a missing one fails).
+    let listed = Command::new("nft")
+        .args(["list", "set", "inet", NFT_TABLE, "bridges"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(&format!("\"{}\"", net.bridge)))
+        .unwrap_or(false);
+    if listed {
+        nft_script(&elements("delete", net))?;
+    }
+    for rule in iptables_rules(&net.subnet) {
+        while iptables("-C", &rule)? == Some(true) {
+            if iptables("-D", &rule)? != Some(true) {
+                return Err(NetworkError::Nft(format!("iptables -D {} failed", rule.join(" "))));
+            }
+        }
+    }
+    for dir in [Path::new(IPAM_DIR).join(&net.name), net.dir()] {
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(io_err(format!("removing {}", dir.display())))?;
+        }
+    }
+    Ok(())
+}
+
+/// iptables' FORWARD rules for a subnet, both ways. They only undo a DROP policy: the wall
 /// (nftables, where a drop is final) decides what passes.
-fn iptables_rules() -> [Vec<&'static str>; 2] {
+fn iptables_rules(subnet: &str) -> [Vec<&str>; 2] {
     ["-s", "-d"].map(|dir| {
-        let mut r = vec!["FORWARD", dir, SUBNET];
+        let mut r = vec!["FORWARD", dir, subnet];
         r.extend(["-m", "comment", "--comment", IPT_COMMENT, "-j", "ACCEPT"]);
         r
     })
@@ -894,8 +1086,8 @@ fn iptables(action: &str, rule: &[&str]) -> Result<Option<bool>, NetworkError> {
     }
 }
 
-fn ensure_iptables() -> Result<(), NetworkError> {
-    for rule in iptables_rules() {
+fn ensure_iptables(subnet: &str) -> Result<(), NetworkError> {
+    for rule in iptables_rules(subnet) {
         match iptables("-C", &rule)? {
             None => {
                 tracing::debug!("no iptables here: nothing in FORWARD to open");
@@ -912,40 +1104,34 @@ fn ensure_iptables() -> Result<(), NetworkError> {
     Ok(())
 }
 
-/// Take the network down when no container is on it (no interface on the bridge, no address
-/// leased, no resolver policy, no published port): the resolver, the bridge, the wall,
-/// iptables' rules, IPAM's and the names' directories. What `runner gc` does; whether there
-/// was anything to take down.
+/// Take down every network no container is on (no interface on its bridge, no address
+/// leased), and, with none left, the resolver and the wall. What `runner gc` does; whether
+/// there was anything to take down.
 pub fn remove_if_unused() -> Result<bool, NetworkError> {
     let _lock = lock()?;
-    let nonempty = |dir: &Path, skip: &dyn Fn(&str) -> bool| {
-        std::fs::read_dir(dir)
-            .map(|d| d.flatten().any(|e| !skip(&e.file_name().to_string_lossy())))
-            .unwrap_or(false)
-    };
-    let bridge = Path::new("/sys/class/net").join(BRIDGE);
-    let ipam = Path::new(IPAM_DIR).join(NETWORK_NAME);
-    let in_use = nonempty(&bridge.join("brif"), &|_| false)
-        || nonempty(&ipam, &|n| n == "lock" || n.starts_with("last_reserved_ip"))
-        || nonempty(Path::new(dns::POLICY_DIR), &|_| false)
-        || std::fs::read_to_string(PORTS_FILE).is_ok_and(|t| !t.trim().is_empty());
-    if in_use {
-        return Ok(false);
+    let mut nets = registered();
+    // A default network made before networks were registered.
+    if !nets.iter().any(|n| n.name == NETWORK_NAME) && Path::new("/sys/class/net").join(BRIDGE).exists() {
+        nets.push(Net::default_net());
     }
-    let mut any = stop_resolver()?;
-    if bridge.exists() {
-        let out = Command::new("ip")
-            .args(["link", "del", BRIDGE])
-            .output()
-            .map_err(io_err("running ip link del"))?;
-        if !out.status.success() && bridge.exists() {
-            return Err(NetworkError::Nft(format!(
-                "ip link del {BRIDGE}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
+    let mut any = false;
+    let mut left = 0;
+    for net in nets {
+        if in_use(&net) {
+            left += 1;
+            continue;
         }
+        unregister(&net)?;
         any = true;
     }
+    let policies = std::fs::read_dir(dns::POLICY_DIR)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false);
+    let ports = std::fs::read_to_string(PORTS_FILE).is_ok_and(|t| !t.trim().is_empty());
+    if left > 0 || policies || ports {
+        return Ok(any);
+    }
+    any |= stop_resolver()?;
     let table = Command::new("nft")
         .args(["list", "table", "inet", NFT_TABLE])
         .stdout(Stdio::null())
@@ -956,20 +1142,6 @@ pub fn remove_if_unused() -> Result<bool, NetworkError> {
         nft_script(&format!("delete table inet {NFT_TABLE}\n"))?;
         any = true;
     }
-    for rule in iptables_rules() {
-        while iptables("-C", &rule)? == Some(true) {
-            if iptables("-D", &rule)? != Some(true) {
-                return Err(NetworkError::Nft(format!("iptables -D {} failed", rule.join(" "))));
-            }
-            any = true;
-        }
-    }
-    for dir in [ipam.as_path(), Path::new(NAMES_DIR)] {
-        if dir.exists() {
-            std::fs::remove_dir_all(dir).map_err(io_err(format!("removing {}", dir.display())))?;
-            any = true;
-        }
-    }
     let _ = std::fs::remove_file(PORTS_FILE);
     Ok(any)
 }
@@ -977,9 +1149,9 @@ pub fn remove_if_unused() -> Result<bool, NetworkError> {
 /// Keep the network's name files: add (`entry`) or drop (None) container `id`'s line of the
 /// hosts file, and write resolv.conf. Written in place (truncate, write): containers bind
 /// the files' inodes, so they see every change. Runs under the network lock.
-fn names(id: &str, entry: Option<(&str, &str)>) -> Result<(PathBuf, PathBuf), NetworkError> {
-    let dir = Path::new(NAMES_DIR);
-    std::fs::create_dir_all(dir).map_err(io_err(format!("creating {NAMES_DIR}")))?;
+fn names(net: &Net, id: &str, entry: Option<(&str, &str)>) -> Result<(PathBuf, PathBuf), NetworkError> {
+    let dir = net.dir();
+    std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
     let hosts = dir.join("hosts");
     let resolv = dir.join("resolv.conf");
     let tag = format!("# {id}");
@@ -998,7 +1170,10 @@ fn names(id: &str, entry: Option<(&str, &str)>) -> Result<(PathBuf, PathBuf), Ne
     write_in_place(&hosts, &text)?;
     write_in_place(
         &resolv,
-        &resolv_conf(&std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default()),
+        &resolv_conf(
+            net.gateway,
+            &std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+        ),
     )?;
     Ok((hosts, resolv))
 }
@@ -1017,8 +1192,8 @@ fn write_in_place(path: &Path, text: &str) -> Result<(), NetworkError> {
 /// The network's resolv.conf: runner's resolver (the gateway) and the host's `options`
 /// lines. The host's resolvers are not named: a container reaches no resolver but runner's,
 /// and the host's search domains are the host's own network's.
-fn resolv_conf(host: &str) -> String {
-    let mut out = format!("# runner: its resolver on the bridge\nnameserver {GATEWAY}\n");
+fn resolv_conf(gateway: std::net::Ipv4Addr, host: &str) -> String {
+    let mut out = format!("# runner: its resolver on the bridge\nnameserver {gateway}\n");
     for line in host.lines().map(str::trim) {
         if line.starts_with("options") {
             out.push_str(line);
@@ -1111,7 +1286,7 @@ fn ensure_resolver(exe: &Path) -> Result<(u16, bool), NetworkError> {
 
 /// `runner resolver`: serve the bridge's DNS until no container needs it.
 pub async fn run_resolver() -> io::Result<()> {
-    dns::serve(GATEWAY, Path::new(NAMES_DIR).join("hosts"), LOCK_FILE).await
+    dns::serve(LOCK_FILE).await
 }
 
 /// Stop the host's resolver (it would exit by itself a minute after its last container).
@@ -1216,7 +1391,7 @@ mod tests {
     #[test]
     fn resolv_conf_names_runners_resolver_only() {
         let host = "# generated\nnameserver 127.0.0.53\nnameserver ::1\nnameserver 10.0.0.2\nsearch corp.example\noptions edns0 trust-ad\n";
-        let out = resolv_conf(host);
+        let out = resolv_conf(GATEWAY, host);
         assert_eq!(
             out,
             "# runner: its resolver on the bridge\nnameserver 10.89.0.1\noptions edns0 trust-ad\n"

@@ -395,8 +395,7 @@ impl SessionManager {
             Context::blocking(move || {
                 let mut set = manifest::parse_str(&text, &base_dir, None)?;
                 if let Some(dir) = &ctx.config.env_dir {
-                    set.env_dir = manifest::load_env_dir(dir)?;
-                    set.env_dir_path = Some(dir.clone());
+                    set.use_env_dir(dir)?;
                 }
                 let job = set
                     .jobs
