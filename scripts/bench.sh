@@ -8,7 +8,8 @@
 #   http:     runner serve on loopback: session create → first shell answer, shell and exec
 #             round trips, on busybox (sh) and on the Python image (bash), cold and from
 #             warm pools (`serve --pool`)
-#   network:  one-shot `runner apply` with `network: bridge` vs `network: none`
+#   network:  one-shot `runner apply` with `network: bridge` vs `network: none`, and N of them
+#             at once (jobs per second)
 #   pull:     the Python image from a loopback registry (docker-registry): `runner image pull`
 #             vs `ctr image pull --plain-http`, wall time and peak RSS, into a second private
 #             containerd whose content is deleted and garbage-collected between runs
@@ -181,6 +182,24 @@ for _ in $(seq 1 "$runs"); do
 done
 b_med=$(printf '%s\n' "${nb[@]}" | median); n_med=$(printf '%s\n' "${nn[@]}" | median)
 echo "network    one-shot runner apply, network: bridge ${b_med} ms   network: none ${n_med} ms   added $(awk "BEGIN{printf \"%+.1f\", $b_med-$n_med}") ms  (median of $runs)"
+# Concurrent bridge jobs: $concurrent `runner apply` processes at once, each its own job, with
+# network: bridge and with network: none (each the median of 3 rounds).
+conc_round() { # $1: the manifest to start from; prints the round's wall ms
+  local t0 t1 i
+  for i in $(seq 1 "$concurrent"); do
+    sed "s/^metadata: {name: bench}$/metadata: {name: conc-$i}/" "$1" > "$work/conc-$i.yaml"
+  done
+  t0=$(date +%s%N)
+  for i in $(seq 1 "$concurrent"); do "$runner" apply -f "$work/conc-$i.yaml" >/dev/null & done
+  wait
+  t1=$(date +%s%N)
+  for i in $(seq 1 "$concurrent"); do "$runner" delete job "conc-$i" >/dev/null; done
+  echo $(( (t1 - t0) / 1000000 ))
+}
+cb=(); cn=()
+for _ in 1 2 3; do cb+=("$(conc_round "$work/bridge.yaml")"); cn+=("$(conc_round "$work/true.yaml")"); done
+cb_med=$(printf '%s\n' "${cb[@]}" | sort -n | sed -n 2p); cn_med=$(printf '%s\n' "${cn[@]}" | sort -n | sed -n 2p)
+echo "network    $concurrent concurrent runner apply: bridge $(awk "BEGIN{printf \"%.1f\", $concurrent*1000/$cb_med}") jobs/s (${cb_med} ms)   none $(awk "BEGIN{printf \"%.1f\", $concurrent*1000/$cn_med}") jobs/s (${cn_med} ms)  (median of 3 rounds)"
 
 # Pulls. The registry gets the Python image from runner's push; the pulls go to a containerd
 # of their own, so no blob is shared with the images above, and each pull's image is deleted

@@ -112,27 +112,29 @@ fi
 
 # Nothing of the bridge network stays: no container interface on runner0, no IPAM lease,
 # no pinned namespace left beside any rootfs.
-veths=$(ip -o link show master runner0 2>/dev/null | wc -l)
-leases=$(find /var/lib/cni/networks/runner -maxdepth 1 -type f ! -name 'last_reserved_ip*' ! -name lock 2>/dev/null | wc -l)
+# (Every runner network: the default runner0 and the rn-* bridges of Network documents; the
+# bridges themselves may be gone already: a test's gc takes unused networks down.)
+veths=$({ ip -o link show type veth 2>/dev/null || true; } | { grep -cE 'master (runner0|rn-)' || true; })
+leases=$({ find /var/lib/cni/networks -mindepth 2 -maxdepth 2 -path '*/runner*/*' -type f ! -name 'last_reserved_ip*' ! -name lock 2>/dev/null || true; } | wc -l)
 pins=$({ grep -F "${RUNNER_ROOTFS_DIR:-/run/runner/rootfs}" /proc/self/mountinfo || true; } | { grep -c nsfs || true; })
 # Nor a firewall or port-mapping rule of a container (iptables: the firewall and portmap
 # plugins; nft: egress rules), nor a host port still recorded as published.
-fwd=$({ iptables-save 2>/dev/null || true; } | { grep -cE '10\.89\.|CNI-DN-' || true; })
+fwd=$({ iptables-save 2>/dev/null || true; } | { grep -cE '10\.89\.|CNI-DN-|runner bridge network' || true; })
 # Nor a container's nft rule or set, resolver policy, or the resolver itself (gc above
 # stopped it once idle).
 nftrules=$({ nft list table inet runner 2>/dev/null || true; } | { grep -cE 'comment "runner:|set [dp][0-9a-f]{16} ' || true; })
 published=$({ cat /run/runner/net/ports 2>/dev/null || true; } | wc -l)
-policies=$(find /run/runner/net/dns -type f 2>/dev/null | wc -l)
+policies=$({ find /run/runner/net/dns -type f 2>/dev/null || true; } | wc -l)
 resolver=0
 if [ -f /run/runner/net/resolver.pid ] && kill -0 "$(cat /run/runner/net/resolver.pid)" 2>/dev/null; then resolver=1; fi
 # With nothing on it, gc took the network itself down: no bridge without users, no wall.
-bridge=$({ ip -o link show runner0 2>/dev/null || true; } | wc -l)
+bridge=$({ ip -o link show type bridge 2>/dev/null || true; } | { grep -cE '^[0-9]+: (runner0|rn-)' || true; })
 wall=$({ nft list table inet runner 2>/dev/null || true; } | wc -l)
 echo "bridge network after the suite: interfaces=$veths ipam-leases=$leases pinned-namespaces=$pins iptables-rules=$fwd nft-rules=$nftrules published-ports=$published dns-policies=$policies resolver=$resolver bridge=$bridge wall-lines=$wall"
 if [ "$veths$leases$pins$fwd$nftrules$published$policies$resolver$bridge$wall" != "0000000000" ]; then
-  ip -o link show master runner0; ls /var/lib/cni/networks/runner; grep nsfs /proc/self/mountinfo
-  iptables-save | grep -E '10\.89\.|CNI-DN-'; nft list table inet runner; cat /run/runner/net/ports
-  ls /run/runner/net/dns
+  { ip -o link show type bridge; ip -o link show type veth; ls -R /var/lib/cni/networks; grep nsfs /proc/self/mountinfo
+    iptables-save | grep -E '10\.89\.|CNI-DN-|runner bridge network'; nft list table inet runner; cat /run/runner/net/ports
+    ls /run/runner/net/dns; } || true
   echo "FAIL: bridge network state left behind" >&2
   exit 1
 fi

@@ -424,7 +424,7 @@ fn egress_is_denied_unless_allowed_by_address_and_port() {
     let a = &up.addr;
     // Probes in Python (busybox's nc has no UDP): each TCP port's answer, then one datagram.
     let probes = format!(
-        "python3 -c '\nimport os, socket\nfor p in (8080, 8081):\n    try:\n        s = socket.create_connection((\"{a}\", p), timeout=3)\n        s.sendall(b\"GET / HTTP/1.0\\r\\n\\r\\n\")\n        print(\"tcp%d\" % p, s.makefile(\"rb\").read().decode().strip().splitlines()[-1])\n    except OSError as e:\n        print(\"tcp%d\" % p, \"refused:\", e)\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(os.environ[\"UDP_MARK\"].encode(), (\"{a}\", 9090))\nprint(\"sent\")\n'"
+        "python3 -c '\nimport os, socket\nfor p in (8080, 8081):\n    try:\n        s = socket.create_connection((\"{a}\", p), timeout=3)\n        s.sendall(b\"GET / HTTP/1.0\\r\\n\\r\\n\")\n        print(\"tcp%d\" % p, s.makefile(\"rb\").read().decode().strip().splitlines()[-1])\n    except OSError as e:\n        print(\"tcp%d\" % p, \"refused:\", e)\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(os.environ[\"UDP_MARK\"].encode(), (\"{a}\", 9090))\nprint(\"sent\")\ni = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)\ni.settimeout(2)\ni.sendto(b\"\\x08\\x00\\x00\\x00\\x00\\x00\\x00\\x01ping\", (\"{a}\", 0))\ntry:\n    i.recv(64)\n    print(\"icmp reply\")\nexcept OSError:\n    print(\"icmp none\")\n'"
     );
     let run = |name: &str, allow: &str, mark: &str| -> String {
         let env_extra = if allow.is_empty() {
@@ -441,15 +441,19 @@ fn egress_is_denied_unless_allowed_by_address_and_port() {
 
     let closed = run("egress-none", "", "from-closed");
     assert!(!reached(&closed, "tcp8080") && !reached(&closed, "tcp8081"), "{closed}");
+    assert!(closed.contains("icmp none"), "{closed}");
     let port = run("egress-port", &format!("\"{a}:8080\""), "from-port");
     assert!(reached(&port, "tcp8080"), "{port}");
     assert!(!reached(&port, "tcp8081"), "{port}");
+    // A port rule is TCP and UDP to that port: no ICMP.
+    assert!(port.contains("icmp none"), "{port}");
     let open = run(
         "egress-cidr",
         &format!("\"{}/30\"", a.trim_end_matches(".2").to_string() + ".0"),
         "from-cidr",
     );
     assert!(reached(&open, "tcp8080") && reached(&open, "tcp8081"), "{open}");
+    assert!(open.contains("icmp reply"), "{open}");
     // UDP: only the container whose rule has no port got a datagram through.
     assert!(eventually(Duration::from_secs(5), || std::fs::read_to_string(
         &up.udp_log

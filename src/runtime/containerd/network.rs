@@ -210,7 +210,7 @@ pub fn pin_namespaces(dir: &Path, range: Option<IdRange>) -> Result<Pinned, Netw
                 libc::read(to_child_r.as_raw_fd(), (&mut b as *mut u8).cast(), 1);
             }
             if ok == 1 {
-                ok = u8::from(libc::unshare(libc::CLONE_NEWNET) == 0 && loopback_up());
+                ok = u8::from(libc::unshare(libc::CLONE_NEWNET) == 0 && loopback_up() && ping_allowed(with_user));
             }
             libc::write(to_parent_w.as_raw_fd(), (&ok as *const u8).cast(), 1);
             loop {
@@ -253,6 +253,24 @@ pub fn pin_namespaces(dir: &Path, range: Option<IdRange>) -> Result<Pinned, Netw
         let _ = unpin(dir);
     }
     made
+}
+
+/// Let every group of the container use ICMP echo sockets (`ping` without NET_RAW, which
+/// the hardened spec drops), as Docker does: `net.ipv4.ping_group_range` of the new netns.
+/// The ids are the writer's user namespace's: the range's 65536 inside one, else all.
+/// Raw system calls only (see `loopback_up`).
+unsafe fn ping_allowed(in_userns: bool) -> bool {
+    unsafe {
+        let path = c"/proc/sys/net/ipv4/ping_group_range";
+        let value: &[u8] = if in_userns { b"0 65535" } else { b"0 2147483647" };
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return false;
+        }
+        let ok = libc::write(fd, value.as_ptr().cast(), value.len()) == value.len() as isize;
+        libc::close(fd);
+        ok
+    }
 }
 
 /// Bring up `lo` in the calling thread's network namespace (runc does it only for the
