@@ -122,7 +122,7 @@ fn cases() -> Vec<(&'static str, String, &'static str, &'static str)> {
             "bad network",
             env_with("  network: wifi\n"),
             "spec.network",
-            "no Network \"wifi\" in this file",
+            "no Network \"wifi\" among this manifest's documents",
         ),
         (
             "network name that cannot be one",

@@ -1212,3 +1212,67 @@ fn networks_are_checked_with_their_place() {
         assert!(err.contains("n.yaml:"), "{err}");
     }
 }
+
+/// A session over HTTP names a Network of `serve --env-dir`.
+#[test]
+#[ignore = "needs a private containerd and the CNI plugins: run scripts/test.sh"]
+fn a_session_over_http_joins_a_network_of_the_env_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let out = runner_ctd(
+        &["image", "import", image_dir().join("python-oci.tar").to_str().unwrap()],
+        &state,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let envs = dir.path().join("envs");
+    std::fs::create_dir_all(&envs).unwrap();
+    std::fs::write(
+        envs.join("net.yaml"),
+        "apiVersion: runner/v1alpha1\nkind: Network\nmetadata: {name: sessnet}\nspec: {subnet: 10.95.0.0/24}\n",
+    )
+    .unwrap();
+    let server = serve_with_args(
+        runner_ctd_command(&[], &state),
+        dir.path(),
+        &["--env-dir", envs.to_str().unwrap()],
+    );
+    let (code, session) = server.call(
+        "POST",
+        "/v1/sessions",
+        Some(&format!(
+            r#"{{"environment": {{"image": "{PYTHON}", "network": "sessnet"}}}}"#
+        )),
+    );
+    assert_eq!(code, 201, "{session}");
+    let id = session["id"].as_str().unwrap().to_string();
+    assert!(
+        session["network"]["ip"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("10.95.0."),
+        "{session}"
+    );
+    let body = serde_json::json!({"command": ["python3", "-c", "print([l for l in open('/etc/resolv.conf') if l.startswith('nameserver')][0].strip())"]}).to_string();
+    let (code, out) = server.call("POST", &format!("/v1/sessions/{id}/exec"), Some(&body));
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(out["stdout"], "nameserver 10.95.0.1\n", "{out}");
+    // A network nobody declared is the request's error, with its field.
+    let (code, err) = server.call(
+        "POST",
+        "/v1/sessions",
+        Some(&format!(
+            r#"{{"environment": {{"image": "{PYTHON}", "network": "nowhere"}}}}"#
+        )),
+    );
+    assert_eq!(code, 400, "{err}");
+    assert!(
+        err["error"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("network: no Network \"nowhere\""),
+        "{err}"
+    );
+    assert_eq!(server.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 204);
+    drop(server);
+    assert_released(&state, &[]);
+}

@@ -770,7 +770,7 @@ impl ManifestSet {
                 return Err(ManifestError::new(
                     env.origin("spec.network"),
                     ManifestErrorKind::Yaml(format!(
-                        "no Network {name:?} in this file{searched} (a network is none, host, bridge or the name of a Network document)"
+                        "no Network {name:?} among this manifest's documents{searched} (a network is none, host, bridge or the name of a Network document)"
                     )),
                 )
                 .in_document(format!("Environment {:?}", env.name))

@@ -166,13 +166,19 @@ impl Drop for Served {
 
 /// Start `cmd` (a runner command with its environment and global flags set) as
 /// `serve --listen 127.0.0.1:0` with `SERVE_TOKEN`, the token file in `dir`.
-pub fn serve_with(mut cmd: Command, dir: &Path) -> Served {
+pub fn serve_with(cmd: Command, dir: &Path) -> Served {
+    serve_with_args(cmd, dir, &[])
+}
+
+/// As `serve_with`, with more `serve` options (`--env-dir DIR`).
+pub fn serve_with_args(mut cmd: Command, dir: &Path, extra: &[&str]) -> Served {
     use std::io::BufRead;
     let token_file = dir.join("serve-token");
     std::fs::write(&token_file, format!("{SERVE_TOKEN}\n")).unwrap();
     let mut child = cmd
         .args(["serve", "--listen", "127.0.0.1:0", "--token-file"])
         .arg(&token_file)
+        .args(extra)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
