@@ -190,7 +190,7 @@ conc_round() { # $1: the manifest to start from; prints the round's wall ms
     sed "s/^metadata: {name: bench}$/metadata: {name: conc-$i}/" "$1" > "$work/conc-$i.yaml"
   done
   t0=$(date +%s%N)
-  for i in $(seq 1 "$concurrent"); do "$runner" apply -f "$work/conc-$i.yaml" >/dev/null & done
+  for i in $(seq 1 "$concurrent"); do "$runner" apply -f "$work/conc-$i.yaml" >/dev/null 2>&1 & done
   wait
   t1=$(date +%s%N)
   for i in $(seq 1 "$concurrent"); do "$runner" delete job "conc-$i" >/dev/null; done

@@ -82,12 +82,16 @@ fn every_example_exports_as_its_golden_file() {
     }
 }
 
-fn jobs_of(text: &str) -> Vec<serde_json::Value> {
+/// Every object of a multi-document YAML text.
+fn docs_of(text: &str) -> Vec<serde_json::Value> {
     text.split("---\n")
         .filter(|d| !d.trim().is_empty())
         .map(|d| serde_saphyr::from_str::<serde_json::Value>(d).unwrap())
-        .filter(|o| o["kind"] == "Job")
         .collect()
+}
+
+fn jobs_of(text: &str) -> Vec<serde_json::Value> {
+    docs_of(text).into_iter().filter(|o| o["kind"] == "Job").collect()
 }
 
 #[test]
@@ -202,11 +206,7 @@ fn bridge_networks_export_their_egress_policy_and_ports() {
     let out = export(&["-f", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
-    let docs: Vec<serde_json::Value> = text
-        .split("---\n")
-        .filter(|d| !d.trim().is_empty())
-        .map(|d| serde_saphyr::from_str(d).unwrap())
-        .collect();
+    let docs = docs_of(&text);
     let policy = docs
         .iter()
         .find(|d| d["kind"] == "NetworkPolicy")
@@ -343,11 +343,7 @@ fn environments_export_as_agent_sandboxes_on_request() {
     let out = export(&["-f", "manifests/examples/python.yaml", "--sandbox", "--node-pids-limit"]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
-    let docs: Vec<serde_json::Value> = text
-        .split("---\n")
-        .filter(|d| !d.trim().is_empty())
-        .map(|d| serde_saphyr::from_str(d).unwrap())
-        .collect();
+    let docs = docs_of(&text);
     assert_eq!(docs[0]["apiVersion"], "agents.x-k8s.io/v1beta1");
     assert_eq!(docs[0]["kind"], "Sandbox");
     let c = &docs[0]["spec"]["podTemplate"]["spec"]["containers"][0];

@@ -25,6 +25,14 @@ fn import(state: &Path) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
+fn import_python(state: &Path) {
+    let out = runner_ctd(
+        &["image", "import", image_dir().join("python-oci.tar").to_str().unwrap()],
+        state,
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 fn manifest(name: &str, command: &str, workspace: Option<&Path>, env_extra: &str) -> String {
     let ws = workspace.map_or(String::new(), |w| format!("  workspace: {}\n", w.display()));
     format!(
@@ -415,11 +423,7 @@ udp()
 fn egress_is_denied_unless_allowed_by_address_and_port() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let out = runner_ctd(
-        &["image", "import", image_dir().join("python-oci.tar").to_str().unwrap()],
-        &state,
-    );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    import_python(&state);
     let up = upstream(dir.path());
     let a = &up.addr;
     // Probes in Python (busybox's nc has no UDP): each TCP port's answer, then one datagram.
@@ -507,11 +511,7 @@ fn containers_on_the_bridge_resolve_each_other_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     import(&state);
-    let out = runner_ctd(
-        &["image", "import", image_dir().join("python-oci.tar").to_str().unwrap()],
-        &state,
-    );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    import_python(&state);
     // The hosts file is the network's, shared by every runner on the host: a name of its own.
     let name = format!("named-{}", std::process::id());
     let ws = dir.path().join("ws");
@@ -551,11 +551,7 @@ fn containers_on_the_bridge_resolve_each_other_by_name() {
 fn a_session_over_http_gets_the_bridge_and_egress_its_environment_names() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let out = runner_ctd(
-        &["image", "import", image_dir().join("python-oci.tar").to_str().unwrap()],
-        &state,
-    );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    import_python(&state);
     let up = upstream(dir.path());
     let server = serve_with(runner_ctd_command(&[], &state), dir.path());
     let call = |method: &str, path: &str, body: Option<&str>| server.call(method, path, body);
@@ -657,11 +653,7 @@ fn http_get(addr: &str) -> std::io::Result<String> {
 fn published_ports_answer_from_the_host_even_for_a_server_on_loopback() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let out = runner_ctd(
-        &["image", "import", image_dir().join("python-oci.tar").to_str().unwrap()],
-        &state,
-    );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    import_python(&state);
     let ws = dir.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let fixed = free_port();
@@ -752,11 +744,7 @@ while True:
 fn a_session_over_http_publishes_its_ports_and_reports_them() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let out = runner_ctd(
-        &["image", "import", image_dir().join("python-oci.tar").to_str().unwrap()],
-        &state,
-    );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    import_python(&state);
     let server = serve_with(runner_ctd_command(&[], &state), dir.path());
     let (code, session) = server.call(
         "POST",
@@ -884,11 +872,7 @@ fn ports_are_checked_with_their_place() {
 fn domains_are_reached_only_through_runners_resolver_and_only_when_allowed() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let out = runner_ctd(
-        &["image", "import", image_dir().join("python-oci.tar").to_str().unwrap()],
-        &state,
-    );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    import_python(&state);
     let mut up = upstream(dir.path());
     let a = up.addr.clone();
     let host_side = a.trim_end_matches(".2").to_string() + ".1";
@@ -1089,11 +1073,7 @@ fn named_networks_are_isolated_from_each_other_and_from_the_default_one() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     import(&state);
-    let out = runner_ctd(
-        &["image", "import", image_dir().join("python-oci.tar").to_str().unwrap()],
-        &state,
-    );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    import_python(&state);
     let ws = dir.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let networks = "apiVersion: runner/v1alpha1\nkind: Network\nmetadata: {name: alpha}\nspec: {subnet: 10.97.0.0/24}\n---\napiVersion: runner/v1alpha1\nkind: Network\nmetadata: {name: beta}\nspec: {subnet: 10.96.0.0/24, gateway: 10.96.0.254, bridge: rtest-beta}\n";
@@ -1219,11 +1199,7 @@ fn networks_are_checked_with_their_place() {
 fn a_session_over_http_joins_a_network_of_the_env_dir() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let out = runner_ctd(
-        &["image", "import", image_dir().join("python-oci.tar").to_str().unwrap()],
-        &state,
-    );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    import_python(&state);
     let envs = dir.path().join("envs");
     std::fs::create_dir_all(&envs).unwrap();
     std::fs::write(

@@ -509,27 +509,22 @@ pub fn export_job(bound: &Bound, payload: &Payload, options: &ExportOptions) -> 
         }));
     }
 
-    if bound.network == NetworkMode::None {
+    // none: nothing in or out; bridge: out only to its network's pods and what egress allows.
+    let policy = match bound.network {
+        NetworkMode::None => Some(("no-network", json!({"policyTypes": ["Ingress", "Egress"]}))),
+        NetworkMode::Bridge => Some((
+            "egress",
+            json!({"policyTypes": ["Egress"], "egress": bridge_egress(env, &network_of(bound))}),
+        )),
+        NetworkMode::Host => None,
+    };
+    if let Some((suffix, mut spec)) = policy {
+        spec["podSelector"] = json!({"matchLabels": {JOB_LABEL: job.name}});
         objects.push(json!({
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
-            "metadata": metadata(&child_name(&job.name, "no-network"), job, options),
-            "spec": {
-                "podSelector": {"matchLabels": {JOB_LABEL: job.name}},
-                "policyTypes": ["Ingress", "Egress"],
-            },
-        }));
-    }
-    if bound.network == NetworkMode::Bridge {
-        objects.push(json!({
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": metadata(&child_name(&job.name, "egress"), job, options),
-            "spec": {
-                "podSelector": {"matchLabels": {JOB_LABEL: job.name}},
-                "policyTypes": ["Egress"],
-                "egress": bridge_egress(env, &network_of(bound)),
-            },
+            "metadata": metadata(&child_name(&job.name, suffix), job, options),
+            "spec": spec,
         }));
     }
 

@@ -376,7 +376,10 @@ impl Engine {
         let t0 = Instant::now();
         let mut built = self.prepare_created(&id, &mut plan, args.is_none(), shape)?;
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "spec, range and views prepared");
-        let mut network = None;
+        // The bridge attach (namespaces, CNI ADD, the wall) runs beside containerd's snapshot
+        // and container creation: what the spec needs of it (the namespaces' pins, the
+        // network's name files) has known paths. It is always awaited before this returns.
+        let mut attaching = None;
         if plan.bound.network == crate::manifest::NetworkMode::Bridge {
             let t1 = Instant::now();
             // Beside the rootfs, not in the state dir: a state dir removed while the container
@@ -397,21 +400,20 @@ impl Engine {
                     source,
                 })?,
             };
-            let attached = tokio::task::spawn_blocking(move || {
-                let pinned = network::pin_namespaces(&dir, range)?;
-                network::attach(&dir, &cid, &name, pinned, &egress, &ports, &exe, &net)
-            })
-            .await
-            .map_err(|e| RuntimeError::Internal(format!("the network setup task: {e}")))?
-            .map_err(|e| RuntimeError::Internal(format!("attaching to the bridge network: {e}")))?;
-            join_namespaces(&mut built, &attached.pinned);
+            let pinned = network::pin_paths(&dir, range);
+            let (hosts_file, resolv_file) = net.files();
+            join_namespaces(&mut built, &pinned);
+            attaching = Some((
+                t1,
+                tokio::task::spawn_blocking(move || {
+                    let pinned = network::pin_namespaces(&dir, range)?;
+                    network::attach(&dir, &cid, &name, pinned, &egress, &ports, &exe, &net)
+                }),
+            ));
             // The network's names and resolvers, read-only (the files change as containers
             // come and go; the container sees each change).
             let mut mounts = built.mounts().clone().unwrap_or_default();
-            for (source, target) in [
-                (&attached.hosts_file, "/etc/hosts"),
-                (&attached.resolv_file, "/etc/resolv.conf"),
-            ] {
+            for (source, target) in [(&hosts_file, "/etc/hosts"), (&resolv_file, "/etc/resolv.conf")] {
                 mounts.push(
                     oci_spec::runtime::MountBuilder::default()
                         .destination(target)
@@ -428,16 +430,45 @@ impl Engine {
                 );
             }
             built.set_mounts(Some(mounts));
-            tracing::debug!(ms = t1.elapsed().as_secs_f64() * 1e3, ip = %attached.ip, "attached to the bridge network");
-            let status = crate::runtime::NetworkStatus {
-                ip: attached.ip.clone(),
-                ports: attached.ports.clone(),
-            };
-            if let Some(hook) = &self.options.on_network {
-                (hook.0)(&status);
-            }
-            network = Some(status);
         }
+        let made = self
+            .create_rest(&id, &plan, image, built, args, kind, with_agent, shape)
+            .await;
+        let Some((t1, attaching)) = attaching else {
+            return made;
+        };
+        let attached = attaching
+            .await
+            .map_err(|e| RuntimeError::Internal(format!("the network setup task: {e}")))
+            .and_then(|a| a.map_err(|e| RuntimeError::Internal(format!("attaching to the bridge network: {e}"))));
+        let (mut made, attached) = (made?, attached?);
+        tracing::debug!(ms = t1.elapsed().as_secs_f64() * 1e3, ip = %attached.ip, "attached to the bridge network");
+        let status = crate::runtime::NetworkStatus {
+            ip: attached.ip.clone(),
+            ports: attached.ports.clone(),
+        };
+        if let Some(hook) = &self.options.on_network {
+            (hook.0)(&status);
+        }
+        made.network = Some(status);
+        Ok(made)
+    }
+
+    /// `create_in` after the network: the cgroup, the agent and tools, the snapshot and the
+    /// container in containerd, the rootfs.
+    #[allow(clippy::too_many_arguments)]
+    async fn create_rest(
+        &self,
+        id: &str,
+        plan: &RunPlan,
+        image: &image::ImageInfo,
+        mut built: oci_spec::runtime::Spec,
+        args: Option<Vec<String>>,
+        kind: &str,
+        with_agent: bool,
+        shape: Option<&pool::Shape>,
+    ) -> Result<Created, RuntimeError> {
+        let id = id.to_string();
         let cgroup = self.cgroup_path(&id);
         if let Some(linux) = built.linux_mut() {
             linux.set_cgroups_path(Some(PathBuf::from(&cgroup)));
@@ -509,7 +540,7 @@ impl Engine {
             .ok_or_else(|| RuntimeError::Refused("spec without process".into()))?;
         let spec_json =
             serde_json::to_vec(&built).map_err(|e| RuntimeError::Refused(format!("encoding the spec: {e}")))?;
-        let labels = self.labels(&plan, kind);
+        let labels = self.labels(plan, kind);
         // A member's container belongs to its pool; its lease and snapshot stay this
         // process's while it makes them (gc must not take them from a filler at work).
         let mut container_labels = labels.clone();
@@ -574,7 +605,7 @@ impl Engine {
             cgroup,
             process,
             agent,
-            network,
+            network: None,
         })
     }
 
@@ -598,6 +629,12 @@ impl Engine {
                 }
             }
         }
+        // Off the bridge network (CNI DEL, its pins) before the directory holding them goes;
+        // beside the task's deletion (no process of the task is left to use the network).
+        let net = self.root_dir(id).join(network::NET_DIR);
+        let detaching = net
+            .exists()
+            .then(|| tokio::task::spawn_blocking(move || network::detach(&net)));
         let mut gone = true;
         match c.task_delete(id).await {
             Ok(_) => {}
@@ -606,19 +643,21 @@ impl Engine {
                 first_error = first_error.or(Some(e));
             }
         }
+        if let Some(detaching) = detaching {
+            let detached = detaching
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()));
+            if let Err(e) = detached {
+                tracing::warn!(container = id, error = %e, "could not detach the container from the network");
+                return Err(RuntimeError::Internal(format!(
+                    "detaching {id} from the bridge network: {e}"
+                )));
+            }
+        }
         // A remapped rootfs and workspace views are runner's own mounts: they go before the
         // snapshot under them, and before anything under the state dir is removed.
         let run = self.run_dir.join(id);
-        // Off the bridge network (CNI DEL, its pins) before the directory holding them goes.
-        let net = self.root_dir(id).join(network::NET_DIR);
-        if net.exists()
-            && let Err(e) = network::detach(&net)
-        {
-            tracing::warn!(container = id, error = %e, "could not detach the container from the network");
-            return Err(RuntimeError::Internal(format!(
-                "detaching {id} from the bridge network: {e}"
-            )));
-        }
         for dir in [self.root_dir(id), run.join(remap::VIEWS_DIR)] {
             if dir.exists()
                 && let Err(e) = late::release(&dir)

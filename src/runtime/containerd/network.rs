@@ -96,6 +96,11 @@ impl Net {
         Path::new(NET_STATE).join(&self.name)
     }
 
+    /// Its hosts and resolv.conf files (what `attach` keeps up to date).
+    pub fn files(&self) -> (PathBuf, PathBuf) {
+        (self.dir().join("hosts"), self.dir().join("resolv.conf"))
+    }
+
     fn range(&self) -> Option<(u32, u32)> {
         let (addr, prefix) = self.subnet.split_once('/')?;
         let start = u32::from(addr.parse::<std::net::Ipv4Addr>().ok()?);
@@ -180,6 +185,14 @@ pub struct Attached {
     pub resolv_file: PathBuf,
     /// Its published ports, each with the host port it got.
     pub ports: Vec<PortStatus>,
+}
+
+/// Where `pin_namespaces` pins the namespaces (known before they are made).
+pub fn pin_paths(dir: &Path, range: Option<IdRange>) -> Pinned {
+    Pinned {
+        userns: range.map(|_| dir.join(USERNS_PIN)),
+        netns: dir.join(NETNS_PIN),
+    }
 }
 
 /// Make and pin the namespaces in `dir` (created): a user namespace with `range`'s maps and
@@ -493,9 +506,8 @@ pub fn attach(
     let t0 = std::time::Instant::now();
     let ms = |t: std::time::Instant| t.elapsed().as_secs_f64() * 1e3;
     let _lock = lock()?;
-    let wall_made = ensure_wall()?;
-    register(net, wall_made)?;
-    tracing::debug!(ms = ms(t0), "network lock and wall");
+    // Nothing below needs the wall until the container starts, after this returns.
+    let check = start_wall_check();
     let has_rules = !egress.cidrs.is_empty() || !egress.domains.is_empty();
     let published = pick_ports(ports)?;
     let list = plugins(net, &published);
@@ -525,6 +537,9 @@ pub fn attach(
     }
     let result = prev.unwrap_or(Value::Null);
     tracing::debug!(ms = ms(t0), "CNI ADD");
+    let wall_made = ensure_wall(check)?;
+    register(net, wall_made)?;
+    tracing::debug!(ms = ms(t0), "wall");
     write_cache(dir, id, &pinned.netns, net, &list, has_rules, Some(&result))?;
     if !published.is_empty() {
         loopback_redirect(&pinned.netns, &published)?;
@@ -899,7 +914,7 @@ fn del_form(plugin: &Value) -> Value {
 /// The nftables wall, one for every network, made once per host; whether it was made now
 /// (an older version is made again whole). The networks are set elements (`register`): a
 /// rule names `@bridges`, never a bridge.
-fn ensure_wall() -> Result<bool, NetworkError> {
+fn ensure_wall(mut check: WallCheck) -> Result<bool, NetworkError> {
     let listed = |what: &[&str]| -> Result<bool, NetworkError> {
         Command::new("nft")
             .args(what)
@@ -909,9 +924,11 @@ fn ensure_wall() -> Result<bool, NetworkError> {
             .map(|s| s.success())
             .map_err(|e| NetworkError::Nft(format!("running nft (install nftables): {e}")))
     };
-    let current = Command::new("nft")
-        .args(["list", "chain", "inet", NFT_TABLE, "forward"])
-        .output()
+    let current = check
+        .0
+        .take()
+        .unwrap_or_else(|| Err(io::Error::other("asked twice")))
+        .and_then(|c| c.wait_with_output())
         .map(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(WALL_VERSION))
         .map_err(|e| NetworkError::Nft(format!("running nft (install nftables): {e}")))?;
     if current {
@@ -962,6 +979,30 @@ fn ensure_wall() -> Result<bool, NetworkError> {
         nft_script(&elements("add", &net))?;
     }
     Ok(true)
+}
+
+/// The question whether the wall stands, asked of nft in the background (a process start,
+/// ~3 ms, that runs beside the bridge plugin's). Asked under the network lock, which whoever
+/// takes the wall down holds too.
+struct WallCheck(Option<io::Result<std::process::Child>>);
+
+fn start_wall_check() -> WallCheck {
+    WallCheck(Some(
+        Command::new("nft")
+            .args(["list", "chain", "inet", NFT_TABLE, "forward"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn(),
+    ))
+}
+
+impl Drop for WallCheck {
+    /// An attach that failed before asking for the answer still reaps the process.
+    fn drop(&mut self) {
+        if let Some(Ok(mut child)) = self.0.take() {
+            let _ = child.wait();
+        }
+    }
 }
 
 /// A network's elements of the wall's sets.
