@@ -393,13 +393,7 @@ impl Engine {
             let (range, cid) = (plan.userns, id.clone());
             let (name, ports) = (plan.job().name.clone(), plan.env().ports.clone());
             let net = network::Net::of(plan.bound.bridge.as_ref());
-            let exe = match &self.options.logger_binary {
-                Some(path) => path.clone(),
-                None => std::env::current_exe().map_err(|source| RuntimeError::Io {
-                    what: "finding the runner binary for the resolver".into(),
-                    source,
-                })?,
-            };
+            let exe = self.runner_exe("the resolver")?;
             let pinned = network::pin_paths(&dir, range);
             let (hosts_file, resolv_file) = net.files();
             join_namespaces(&mut built, &pinned);
@@ -452,6 +446,17 @@ impl Engine {
         }
         made.network = Some(status);
         Ok(made)
+    }
+
+    /// The `runner` binary the shim and the network run (`what` it is for, in the error).
+    fn runner_exe(&self, what: &str) -> Result<PathBuf, RuntimeError> {
+        match &self.options.logger_binary {
+            Some(path) => Ok(path.clone()),
+            None => std::env::current_exe().map_err(|source| RuntimeError::Io {
+                what: format!("finding the runner binary for {what}"),
+                source,
+            }),
+        }
     }
 
     /// `create_in` after the network: the cgroup, the agent and tools, the snapshot and the
@@ -792,13 +797,7 @@ impl Engine {
         let mut stdio = fifos.stdio();
         // Durable output goes through the shim-run logger; otherwise we read the FIFOs.
         let pumps = if durable {
-            let exe = match &self.options.logger_binary {
-                Some(path) => path.clone(),
-                None => std::env::current_exe().map_err(|source| RuntimeError::Io {
-                    what: "finding the runner binary for the output logger".into(),
-                    source,
-                })?,
-            };
+            let exe = self.runner_exe("the output logger")?;
             let live = self.options.live_output.as_deref();
             let uri = logger::uri(&exe, &self.output_dir(id), expect_marker, limit, live);
             stdio.stdout = uri.clone();
