@@ -25,12 +25,16 @@ async fn submission(ctx: &Context, file: &FileArgs, backend: Option<Backend>) ->
 pub async fn validate(ctx: &Context, file: &FileArgs) -> Result<i32, ServiceError> {
     let sub = submission(ctx, file, None).await?;
     println!(
-        "{}: valid ({} environment{}, {} job{}{})",
+        "{}: valid ({} environment{}, {} job{}{}{})",
         file.file.display(),
         sub.environments,
         plural(sub.environments),
         sub.plans.len(),
         plural(sub.plans.len()),
+        match sub.networks {
+            0 => String::new(),
+            n => format!(", {n} network{}", plural(n)),
+        },
         match sub.pools.len() {
             0 => String::new(),
             n => format!(", {n} warm pool{}", plural(n)),

@@ -36,6 +36,8 @@ pub struct Submission {
     /// `--backend`: run every job on this backend instead of its Environment's.
     pub backend: Option<Backend>,
     pub environments: usize,
+    /// `kind: Network` documents.
+    pub networks: usize,
     /// `kind: WarmPool` documents (checked against their Environments).
     pub pools: Vec<manifest::WarmPool>,
     pub plans: Vec<RunPlan>,
@@ -89,6 +91,7 @@ impl Submission {
             env_dir: env_dir.map(Path::to_path_buf),
             backend,
             environments: set.environments.len(),
+            networks: set.networks.len(),
             pools: set.pools.clone(),
             plans,
         })
