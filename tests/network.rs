@@ -1133,6 +1133,39 @@ fn named_networks_are_isolated_from_each_other_and_from_the_default_one() {
     assert_eq!(probe("alpha"), format!("{ip} alpha 10.97.0.1\n"));
     assert_eq!(probe("beta"), "unknown refused 10.96.0.254\n");
     assert_eq!(probe("bridge"), "unknown refused 10.89.0.1\n");
+    // While srv-alpha is on alpha, the host holds alpha to its definition: another subnet
+    // under the same name, another network over its subnet, or one taking its bridge is
+    // refused when a container would join it.
+    for (doc, want) in [
+        (
+            "metadata: {name: alpha}\nspec: {subnet: 10.97.1.0/24}",
+            "network runner-alpha is in use as 10.97.0.0/24",
+        ),
+        (
+            "metadata: {name: gamma}\nspec: {subnet: 10.97.0.128/25}",
+            "clashes with network runner-alpha",
+        ),
+        (
+            "metadata: {name: delta}\nspec: {subnet: 10.94.0.0/24, bridge: rn-alpha}",
+            "clashes with network runner-alpha",
+        ),
+    ] {
+        let name = doc.split(['}', ' ']).nth(2).unwrap().to_string();
+        let text = format!(
+            "apiVersion: runner/v1alpha1\nkind: Network\n{doc}\n{}{}",
+            env("clash", IMAGE, &name),
+            job(&format!("clash-{name}"), "clash", "true", false)
+        );
+        let file = write_manifest(dir.path(), "clash.yaml", &text);
+        // (An infrastructure failure is retried with backoff: a short one here.)
+        let out = runner_ctd_command(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state)
+            .env("RUNNER_BACKOFF_BASE_MS", "10")
+            .output()
+            .unwrap();
+        let v = json_of(&out);
+        let message = v["status"]["attempts"][0]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(want), "{doc}: {v}");
+    }
     drop(running);
     let _ = runner_ctd(&["delete", "job", "srv-alpha"], &state);
     // Nothing is on alpha or beta any more: gc takes them down (the default network may

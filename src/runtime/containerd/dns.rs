@@ -356,7 +356,7 @@ async fn exchange_tcp(server: SocketAddr, msg: &[u8]) -> io::Result<Vec<u8>> {
 
 /// Add answers to a container's sets, each for its TTL: add, delete, add again in one
 /// transaction, so an address already there gets the new timeout.
-fn allow_answers(policy: &Policy, rules: &[&EgressDomain], answers: &[(Ipv4Addr, u32)]) -> io::Result<()> {
+fn allow_answers(policy: &Policy, rules: &[EgressDomain], answers: &[(Ipv4Addr, u32)]) -> io::Result<()> {
     let mut script = String::new();
     for (addr, ttl) in answers {
         let t = (*ttl).clamp(MIN_TTL, MAX_TTL);
@@ -418,7 +418,12 @@ pub async fn answer(msg: &[u8], from: IpAddr, tcp: bool) -> Option<Vec<u8>> {
         };
         return Some(response(msg, &query, 0, &answers));
     }
-    let rules: Vec<&EgressDomain> = policy.domains.iter().filter(|d| d.matches(&query.name)).collect();
+    let rules: Vec<EgressDomain> = policy
+        .domains
+        .iter()
+        .filter(|d| d.matches(&query.name))
+        .cloned()
+        .collect();
     if rules.is_empty() {
         tracing::info!(
             container = policy.id,
@@ -464,12 +469,7 @@ pub async fn answer(msg: &[u8], from: IpAddr, tcp: bool) -> Option<Vec<u8>> {
             None => true,
         })
         .collect();
-    let owned: Vec<EgressDomain> = rules.iter().map(|r| (*r).clone()).collect();
-    let added = tokio::task::spawn_blocking(move || {
-        let rules: Vec<&EgressDomain> = owned.iter().collect();
-        allow_answers(&policy, &rules, &allowed)
-    })
-    .await;
+    let added = tokio::task::spawn_blocking(move || allow_answers(&policy, &rules, &allowed)).await;
     match added {
         Ok(Ok(())) => Some(reply),
         Ok(Err(e)) => {

@@ -177,12 +177,8 @@ pub struct Pinned {
 /// What a container got on the network.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attached {
-    pub pinned: Pinned,
     /// Its address on the bridge (`10.89.0.7`).
     pub ip: String,
-    /// The network's hosts and resolv.conf files, for the container's `/etc`.
-    pub hosts_file: PathBuf,
-    pub resolv_file: PathBuf,
     /// Its published ports, each with the host port it got.
     pub ports: Vec<PortStatus>,
 }
@@ -508,6 +504,7 @@ pub fn attach(
     let _lock = lock()?;
     // Nothing below needs the wall until the container starts, after this returns.
     let check = start_wall_check();
+    let unregistered = vet(net)?;
     let has_rules = !egress.cidrs.is_empty() || !egress.domains.is_empty();
     let published = pick_ports(ports)?;
     let list = plugins(net, &published);
@@ -538,7 +535,9 @@ pub fn attach(
     let result = prev.unwrap_or(Value::Null);
     tracing::debug!(ms = ms(t0), "CNI ADD");
     let wall_made = ensure_wall(check)?;
-    register(net, wall_made)?;
+    if unregistered {
+        register(net)?;
+    }
     tracing::debug!(ms = ms(t0), "wall");
     write_cache(dir, id, &pinned.netns, net, &list, has_rules, Some(&result))?;
     if !published.is_empty() {
@@ -614,14 +613,8 @@ insert rule inet {NFT_TABLE} forward iifname \"{bridge}\" ip saddr {ip} meta l4p
         nft_script(&script)?;
         tracing::debug!(ms = ms(t0), "nft rules");
     }
-    let (hosts_file, resolv_file) = names(net, id, Some((&ip, name)))?;
-    Ok(Attached {
-        pinned,
-        ip,
-        hosts_file,
-        resolv_file,
-        ports: published,
-    })
+    names(net, id, Some((&ip, name)))?;
+    Ok(Attached { ip, ports: published })
 }
 
 fn write_cache(
@@ -1041,18 +1034,18 @@ fn in_use(net: &Net) -> bool {
         })
 }
 
-/// Make a network known to the wall (its sets' elements) and to iptables, once: a marker in
-/// its directory says it is. A network whose definition changed is refused while a container
-/// is on it; one that overlaps another's subnet or takes its bridge is refused. Under the lock.
-fn register(net: &Net, wall_made: bool) -> Result<(), NetworkError> {
+/// Whether a network must be registered before a container joins it (`false`: it is, as
+/// defined). A network whose definition changed is refused while a container is on it (and
+/// taken down first otherwise); one that overlaps another's subnet or takes its bridge is
+/// refused. Before CNI ADD, which would make the bridge as asked. Under the lock.
+fn vet(net: &Net) -> Result<bool, NetworkError> {
     let marker = net.dir().join(NET_MARKER);
     let known: Option<Net> = std::fs::read(&marker)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
     if known.as_ref() == Some(net) {
-        // ensure_wall re-added every registered network's elements if it made the wall.
-        let _ = wall_made;
-        return Ok(());
+        // A wall made anew got every registered network's elements again (ensure_wall).
+        return Ok(false);
     }
     if let Some(old) = known {
         if in_use(&old) {
@@ -1072,6 +1065,13 @@ fn register(net: &Net, wall_made: bool) -> Result<(), NetworkError> {
             net.name, net.subnet, net.bridge, other.name, other.subnet, other.bridge
         )));
     }
+    Ok(true)
+}
+
+/// Make a vetted network known to the wall (its sets' elements) and to iptables, and mark
+/// it registered. After the wall stands. Under the lock.
+fn register(net: &Net) -> Result<(), NetworkError> {
+    let marker = net.dir().join(NET_MARKER);
     nft_script(&elements("add", net))?;
     ensure_iptables(&net.subnet)?;
     std::fs::create_dir_all(net.dir()).map_err(io_err(format!("creating {}", net.dir().display())))?;
@@ -1208,11 +1208,10 @@ pub fn remove_if_unused() -> Result<bool, NetworkError> {
 /// Keep the network's name files: add (`entry`) or drop (None) container `id`'s line of the
 /// hosts file, and write resolv.conf. Written in place (truncate, write): containers bind
 /// the files' inodes, so they see every change. Runs under the network lock.
-fn names(net: &Net, id: &str, entry: Option<(&str, &str)>) -> Result<(PathBuf, PathBuf), NetworkError> {
+fn names(net: &Net, id: &str, entry: Option<(&str, &str)>) -> Result<(), NetworkError> {
     let dir = net.dir();
     std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
-    let hosts = dir.join("hosts");
-    let resolv = dir.join("resolv.conf");
+    let (hosts, resolv) = net.files();
     let tag = format!("# {id}");
     let old = std::fs::read_to_string(&hosts).unwrap_or_default();
     let mut text = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
@@ -1220,21 +1219,22 @@ fn names(net: &Net, id: &str, entry: Option<(&str, &str)>) -> Result<(PathBuf, P
         text.push_str(line);
         text.push('\n');
     }
-    if let Some((ip, name)) = entry {
-        // Hostnames are job names (DNS labels); anything else is left out of the file.
-        let valid = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
-        let names = if valid { format!("{name} {id}") } else { id.to_string() };
-        text.push_str(&format!("{ip}\t{names}\t{tag}\n"));
-    }
+    let Some((ip, name)) = entry else {
+        return write_in_place(&hosts, &text);
+    };
+    // Hostnames are job names (DNS labels); anything else is left out of the file.
+    let valid = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+    let names = if valid { format!("{name} {id}") } else { id.to_string() };
+    text.push_str(&format!("{ip}\t{names}\t{tag}\n"));
     write_in_place(&hosts, &text)?;
+    // Written as a container joins (the host's options may have changed since the last).
     write_in_place(
         &resolv,
         &resolv_conf(
             net.gateway,
             &std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
         ),
-    )?;
-    Ok((hosts, resolv))
+    )
 }
 
 fn write_in_place(path: &Path, text: &str) -> Result<(), NetworkError> {
