@@ -1,5 +1,6 @@
 //! `runner image pull|push|tag` and `imagePullPolicy` against real registries: Debian's
-//! docker-registry on loopback, plain HTTP and TLS with htpasswd auth, started by
+//! docker-registry on loopback, plain HTTP, TLS with htpasswd auth, and TLS demanding a
+//! client certificate, started by
 //! scripts/registries.sh (scripts/test.sh runs it). skopeo is the independent client: it
 //! reads what runner pushes and pushes what runner pulls. Each test uses a containerd
 //! namespace of its own, so a blob one test stored never stands in for another's download.
@@ -768,6 +769,125 @@ fn a_tls_registry_with_auth_takes_a_ca_from_hosts_toml_and_docker_credentials() 
     let out = dst.apply("tls", &name, "", "echo over tls", &["--hosts-dir", hosts_arg]);
     assert_eq!(job_stdout(&out), "over tls\n", "{}", stderr(&out));
     dst.assert_clean();
+}
+
+#[test]
+#[ignore = "needs a private containerd and the test registries: run scripts/test.sh"]
+fn a_registry_that_demands_a_client_certificate_gets_one_from_hosts_toml_or_certs_d() {
+    let reg = registries();
+    let var = |name: &str| PathBuf::from(std::env::var(name).unwrap_or_else(|_| panic!("{name}: run scripts/test.sh")));
+    let mtls = std::env::var("RUNNER_TEST_MTLS_REGISTRY").expect("RUNNER_TEST_MTLS_REGISTRY: run scripts/test.sh");
+    let (cert, key) = (var("RUNNER_TEST_MTLS_CLIENT_CERT"), var("RUNNER_TEST_MTLS_CLIENT_KEY"));
+    let (stranger_cert, stranger_key) = (
+        var("RUNNER_TEST_MTLS_STRANGER_CERT"),
+        var("RUNNER_TEST_MTLS_STRANGER_KEY"),
+    );
+    let mut place = Place::new("mtls");
+    let docker = place.state.path().join("docker");
+    std::fs::create_dir_all(&docker).unwrap();
+    let auth = base64_encode(format!("{}:{}", reg.user, reg.password).as_bytes());
+    std::fs::write(
+        docker.join("config.json"),
+        format!("{{\"auths\":{{\"{mtls}\":{{\"auth\":\"{auth}\"}}}}}}"),
+    )
+    .unwrap();
+    place.docker_config = Some(docker.clone());
+    // containerd's hosts.toml: `client` as a [certificate, key] pair.
+    let hosts_toml = |dir: &str, client: (&Path, &Path)| {
+        let hosts = place.state.path().join(dir);
+        std::fs::create_dir_all(hosts.join(&mtls)).unwrap();
+        std::fs::write(
+            hosts.join(&mtls).join("hosts.toml"),
+            format!(
+                "server = \"https://{mtls}\"\nca = \"{}\"\nclient = [[\"{}\", \"{}\"]]\n",
+                reg.ca.display(),
+                client.0.display(),
+                client.1.display()
+            ),
+        )
+        .unwrap();
+        hosts.to_str().unwrap().to_string()
+    };
+    let good = hosts_toml("hosts", (&cert, &key));
+    let stranger = hosts_toml("stranger", (&stranger_cert, &stranger_key));
+    place.ok(&[
+        "image",
+        "import",
+        image_dir().join("busybox-oci.tar").to_str().unwrap(),
+        "--name",
+        "local/busybox:1.35",
+    ]);
+    let name = format!("{mtls}/{}:1", repo("mtls"));
+    place.ok(&["image", "tag", "local/busybox:1.35", &name]);
+    // A certificate the registry does not trust, and none at all: refused at the handshake,
+    // and the error says so.
+    for hosts in [
+        &stranger,
+        &place.state.path().join("no-hosts").to_str().unwrap().to_string(),
+    ] {
+        let out = place.run(&["--hosts-dir", hosts, "image", "push", &name]);
+        assert!(!out.status.success());
+        let err = stderr(&out);
+        assert!(
+            err.contains(&name) && (err.contains("certificate") || err.contains("handshake") || err.contains("alert")),
+            "{err}"
+        );
+    }
+    place.ok(&["--hosts-dir", &good, "image", "push", &name]);
+    // skopeo, an independent client, reads it with Docker's certs.d layout.
+    let certs_d = place.state.path().join("certs.d").join(&mtls);
+    std::fs::create_dir_all(&certs_d).unwrap();
+    std::fs::copy(&reg.ca, certs_d.join("ca.crt")).unwrap();
+    std::fs::copy(&cert, certs_d.join("client.cert")).unwrap();
+    std::fs::copy(&key, certs_d.join("client.key")).unwrap();
+    let out = Command::new("skopeo")
+        .args(["inspect", "--raw", "--cert-dir"])
+        .arg(&certs_d)
+        .args(["--creds", &format!("{}:{}", reg.user, reg.password)])
+        .arg(format!("docker://{name}"))
+        .output()
+        .expect("run skopeo");
+    assert!(
+        out.status.success(),
+        "skopeo inspect: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Pulled back into a namespace of its own through Docker's certs.d layout (`*.crt` roots,
+    // `NAME.cert` + `NAME.key`): the wrong password is still a clear 401 through the bridge.
+    let certs_root = place.state.path().join("certs.d");
+    let certs_arg = certs_root.to_str().unwrap();
+    let mut dst = Place::new("mtls-dst");
+    let wrong = dst.state.path().join("docker-wrong");
+    std::fs::create_dir_all(&wrong).unwrap();
+    std::fs::write(
+        wrong.join("config.json"),
+        format!(
+            "{{\"auths\":{{\"{mtls}\":{{\"auth\":\"{}\"}}}}}}",
+            base64_encode(format!("{}:wrong", reg.user).as_bytes())
+        ),
+    )
+    .unwrap();
+    dst.docker_config = Some(wrong);
+    let out = dst.run(&["--hosts-dir", certs_arg, "image", "pull", &name]);
+    let err = stderr(&out);
+    assert!(
+        !out.status.success() && err.contains("401") && err.contains(&name),
+        "{err}"
+    );
+    dst.docker_config = Some(docker);
+    dst.ok(&["--hosts-dir", certs_arg, "image", "pull", &name]);
+    // A job's supervisor pulls through the same bridge (Always: it must ask the registry).
+    dst.ctr(&["images", "rm", &name]);
+    let out = dst.apply(
+        "mtls",
+        &name,
+        "  imagePullPolicy: Always\n",
+        "echo over mutual tls",
+        &["--hosts-dir", certs_arg],
+    );
+    assert_eq!(job_stdout(&out), "over mutual tls\n", "{}", stderr(&out));
+    dst.assert_clean();
+    place.assert_clean();
 }
 
 fn base64_encode(data: &[u8]) -> String {

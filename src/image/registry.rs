@@ -17,6 +17,7 @@ use oci_client::secrets::RegistryAuth;
 pub use crate::config::RegistryConfig;
 
 use super::ImageError;
+use super::mtls::{Bridge, ClientCert};
 
 /// Docker's name for Docker Hub in credential stores.
 const DOCKER_HUB_AUTH_KEY: &str = "https://index.docker.io/v1/";
@@ -35,6 +36,7 @@ impl RegistryConfig {
             plain_http: plain,
             ca: Vec::new(),
             skip_verify: false,
+            client_cert: None,
             mirror: false,
             pull: true,
             push: true,
@@ -69,6 +71,8 @@ pub struct Endpoint {
     /// Extra CA certificates (PEM) to trust.
     pub ca: Vec<PathBuf>,
     pub skip_verify: bool,
+    /// A client certificate to present (mutual TLS).
+    pub client_cert: Option<ClientCert>,
     /// A mirror (pull only) rather than the registry itself.
     pub mirror: bool,
     /// Pulls may come from here.
@@ -82,9 +86,15 @@ impl Endpoint {
         if self.plain_http { "http" } else { "https" }
     }
 
-    /// An oci-client for this endpoint.
-    pub fn client(&self) -> Result<oci_client::Client, ImageError> {
+    /// An oci-client for this endpoint, with the bridge it goes through when the endpoint
+    /// takes a client certificate (see `mtls`; the bridge stops when dropped). Must be called
+    /// inside a tokio runtime.
+    pub fn client(&self) -> Result<(oci_client::Client, Option<Bridge>), ImageError> {
         install_crypto_provider();
+        let bridge = match &self.client_cert {
+            Some(cert) if !self.plain_http => Some(super::mtls::start(&self.host, cert, &self.ca, self.skip_verify)?),
+            _ => None,
+        };
         let mut certs = Vec::new();
         for path in &self.ca {
             let data = std::fs::read(path).map_err(|source| ImageError::Io {
@@ -97,7 +107,8 @@ impl Endpoint {
             });
         }
         let config = ClientConfig {
-            protocol: if self.plain_http {
+            // Through a bridge, oci-client speaks plain HTTP to it; the bridge speaks TLS.
+            protocol: if self.plain_http || bridge.is_some() {
                 ClientProtocol::Http
             } else {
                 ClientProtocol::Https
@@ -110,10 +121,12 @@ impl Endpoint {
             // pick one behind our back.
             platform_resolver: None,
             user_agent: concat!("runner/", env!("CARGO_PKG_VERSION")),
+            http_proxy: bridge.as_ref().map(|b| b.proxy_url.clone()),
             ..ClientConfig::default()
         };
-        oci_client::Client::try_from(config)
-            .map_err(|e| ImageError::Registry(format!("setting up a client for {}: {e}", self.host)))
+        let client = oci_client::Client::try_from(config)
+            .map_err(|e| ImageError::Registry(format!("setting up a client for {}: {e}", self.host)))?;
+        Ok((client, bridge))
     }
 
     /// Credentials for this endpoint from Docker's config (anonymous when it has none).
@@ -239,20 +252,7 @@ fn split_url(url: &str, file: &Path) -> Result<(bool, String), ImageError> {
     Ok((plain, host.to_string()))
 }
 
-fn unsupported(
-    file: &Path,
-    what: &str,
-    client: &Option<toml::Value>,
-    header: &Option<toml::Value>,
-    over: Option<bool>,
-) -> Result<(), ImageError> {
-    if client.is_some() {
-        return Err(ImageError::Registry(format!(
-            "{}: {what}: client certificates (`client`) are not supported: the registry client \
-             (oci-client 0.18) cannot present one",
-            file.display()
-        )));
-    }
+fn unsupported(file: &Path, what: &str, header: &Option<toml::Value>, over: Option<bool>) -> Result<(), ImageError> {
     if header.is_some() {
         return Err(ImageError::Registry(format!(
             "{}: {what}: extra request headers (`header`) are not supported",
@@ -276,7 +276,7 @@ fn parse_hosts_toml(file: &Path, registry: &str, upstream_host: &str) -> Result<
     let parsed: HostsFile =
         toml::from_str(&text).map_err(|e| ImageError::Registry(format!("{}: {e}", file.display())))?;
     let base = file.parent().unwrap_or(Path::new("/"));
-    unsupported(file, "server", &parsed.client, &parsed.header, parsed.override_path)?;
+    unsupported(file, "server", &parsed.header, parsed.override_path)?;
     let mut out = Vec::new();
     // toml::Table keeps keys sorted unless `preserve_order`; containerd tries hosts in file
     // order, so recover that order from the text.
@@ -291,13 +291,7 @@ fn parse_hosts_toml(file: &Path, registry: &str, upstream_host: &str) -> Result<
             .clone()
             .try_into()
             .map_err(|e| ImageError::Registry(format!("{}: host {key:?}: {e}", file.display())))?;
-        unsupported(
-            file,
-            &format!("host {key:?}"),
-            &entry.client,
-            &entry.header,
-            entry.override_path,
-        )?;
+        unsupported(file, &format!("host {key:?}"), &entry.header, entry.override_path)?;
         let (plain_http, host) = split_url(key, file)?;
         let caps = entry
             .capabilities
@@ -310,6 +304,7 @@ fn parse_hosts_toml(file: &Path, registry: &str, upstream_host: &str) -> Result<
             plain_http,
             ca: entry.ca.map(|c| c.paths(base)).unwrap_or_default(),
             skip_verify: entry.skip_verify.unwrap_or(false),
+            client_cert: client_cert(file, &format!("host {key:?}"), entry.client.as_ref(), base)?,
             mirror: !caps.iter().any(|c| c == "push"),
             pull: caps.iter().any(|c| c == "pull"),
             push: caps.iter().any(|c| c == "push"),
@@ -327,12 +322,65 @@ fn parse_hosts_toml(file: &Path, registry: &str, upstream_host: &str) -> Result<
         plain_http,
         ca: parsed.ca.map(|c| c.paths(base)).unwrap_or_default(),
         skip_verify: parsed.skip_verify.unwrap_or(false),
+        client_cert: client_cert(file, "server", parsed.client.as_ref(), base)?,
         mirror: false,
         pull: server_caps.iter().any(|c| c == "pull"),
         push: server_caps.iter().any(|c| c == "push"),
     });
     tracing::debug!(registry, file = %file.display(), endpoints = ?out, "registry hosts");
     Ok(out)
+}
+
+/// containerd's `client`: a file holding certificate and key, a list of such files, or a
+/// list of `[certificate, key]` pairs (a key of `""` is in the certificate's file). One TLS
+/// connection presents one certificate, so more than one is refused rather than silently
+/// ignored.
+fn client_cert(
+    file: &Path,
+    what: &str,
+    value: Option<&toml::Value>,
+    base: &Path,
+) -> Result<Option<ClientCert>, ImageError> {
+    use toml::Value;
+    let Some(value) = value else { return Ok(None) };
+    let bad = || {
+        ImageError::Registry(format!(
+            "{}: {what}: `client` must be a file, a list of files, or a list of [certificate, key] pairs",
+            file.display()
+        ))
+    };
+    let one = |v: &Value| -> Result<ClientCert, ImageError> {
+        match v {
+            Value::String(both) => Ok(ClientCert {
+                cert: base.join(both),
+                key: base.join(both),
+            }),
+            Value::Array(pair) => match pair.as_slice() {
+                [Value::String(cert)] => Ok(ClientCert {
+                    cert: base.join(cert),
+                    key: base.join(cert),
+                }),
+                [Value::String(cert), Value::String(key)] => Ok(ClientCert {
+                    cert: base.join(cert),
+                    key: base.join(if key.is_empty() { cert } else { key }),
+                }),
+                _ => Err(bad()),
+            },
+            _ => Err(bad()),
+        }
+    };
+    let certs = match value {
+        Value::Array(list) => list.iter().map(one).collect::<Result<Vec<_>, _>>()?,
+        other => vec![one(other)?],
+    };
+    match certs.len() {
+        0 => Ok(None),
+        1 => Ok(certs.into_iter().next()),
+        n => Err(ImageError::Registry(format!(
+            "{}: {what}: {n} client certificates: runner presents one per registry host",
+            file.display()
+        ))),
+    }
 }
 
 /// Docker's `certs.d/HOST/` layout: `*.crt` are CA roots; `*.cert` + `*.key` a client pair.
@@ -348,10 +396,28 @@ fn docker_certs_dir(dir: &Path, mut endpoint: Endpoint) -> Result<Endpoint, Imag
     for (name, path) in names {
         if name.ends_with(".crt") {
             endpoint.ca.push(path);
-        } else if name.ends_with(".cert") {
+        } else if let Some(stem) = name.strip_suffix(".cert") {
+            // Docker: every `NAME.cert` needs its `NAME.key`.
+            let key = dir.join(format!("{stem}.key"));
+            if !key.is_file() {
+                return Err(ImageError::Registry(format!(
+                    "{}: the client certificate has no key ({} is missing)",
+                    path.display(),
+                    key.display()
+                )));
+            }
+            if endpoint.client_cert.is_some() {
+                return Err(ImageError::Registry(format!(
+                    "{}: more than one client certificate: runner presents one per registry host",
+                    dir.display()
+                )));
+            }
+            endpoint.client_cert = Some(ClientCert { cert: path, key });
+        } else if let Some(stem) = name.strip_suffix(".key")
+            && !dir.join(format!("{stem}.cert")).is_file()
+        {
             return Err(ImageError::Registry(format!(
-                "{}: client certificates are not supported: the registry client (oci-client 0.18) \
-                 cannot present one",
+                "{}: a client key without its certificate ({stem}.cert is missing)",
                 path.display()
             )));
         }
@@ -416,10 +482,62 @@ server = "https://registry-1.docker.io"
     }
 
     #[test]
-    fn what_the_client_cannot_do_is_refused_by_name() {
-        let (_d, config) = config_with("r:1", "server = \"https://r:1\"\nclient = [[\"a.cert\", \"a.key\"]]\n");
+    fn client_certificates_are_read_as_containerd_and_docker_spell_them() {
+        let (dir, config) = config_with(
+            "r:1",
+            "server = \"https://r:1\"\nclient = [[\"c.cert\", \"c.key\"]]\n[host.\"https://m:2\"]\n  client = \"both.pem\"\n",
+        );
+        let eps = config.endpoints("r:1").unwrap();
+        let base = dir.path().join("r:1");
+        assert_eq!(
+            eps[0].client_cert,
+            Some(ClientCert {
+                cert: base.join("both.pem"),
+                key: base.join("both.pem")
+            })
+        );
+        assert_eq!(
+            eps[1].client_cert,
+            Some(ClientCert {
+                cert: base.join("c.cert"),
+                key: base.join("c.key")
+            })
+        );
+        // Docker's certs.d: NAME.cert with NAME.key; a certificate without its key is refused.
+        let docker = tempfile::tempdir().unwrap();
+        let host = docker.path().join("r:1");
+        std::fs::create_dir_all(&host).unwrap();
+        std::fs::write(host.join("ca.crt"), "").unwrap();
+        std::fs::write(host.join("client.cert"), "").unwrap();
+        let config = RegistryConfig {
+            hosts_dirs: vec![docker.path().to_path_buf()],
+            insecure: Vec::new(),
+        };
         let e = config.endpoints("r:1").unwrap_err().to_string();
-        assert!(e.contains("client certificates"), "{e}");
+        assert!(e.contains("client.key is missing"), "{e}");
+        std::fs::write(host.join("client.key"), "").unwrap();
+        let ep = &config.endpoints("r:1").unwrap()[0];
+        assert_eq!(ep.ca, [host.join("ca.crt")]);
+        assert_eq!(
+            ep.client_cert,
+            Some(ClientCert {
+                cert: host.join("client.cert"),
+                key: host.join("client.key")
+            })
+        );
+    }
+
+    #[test]
+    fn what_the_client_cannot_do_is_refused_by_name() {
+        let (_d, config) = config_with(
+            "r:1",
+            "server = \"https://r:1\"\nclient = [[\"a.cert\", \"a.key\"], [\"b.pem\", \"\"]]\n",
+        );
+        let e = config.endpoints("r:1").unwrap_err().to_string();
+        assert!(e.contains("2 client certificates"), "{e}");
+        let (_d, config) = config_with("r:1", "server = \"https://r:1\"\nclient = 3\n");
+        let e = config.endpoints("r:1").unwrap_err().to_string();
+        assert!(e.contains("[certificate, key] pairs"), "{e}");
         let (_d, config) = config_with("r:1", "server = \"ftp://r:1\"\n");
         assert!(
             config

@@ -226,15 +226,30 @@ struct Remote {
     endpoint: Endpoint,
     client: oci_client::Client,
     auth: RegistryAuth,
+    /// The client-certificate bridge the client goes through, if any: it lives as long.
+    bridge: Option<super::mtls::Bridge>,
 }
 
 impl Remote {
     fn new(endpoint: Endpoint) -> Result<Self, ImageError> {
+        let (client, bridge) = endpoint.client()?;
         Ok(Remote {
-            client: endpoint.client()?,
+            client,
             auth: endpoint.auth()?,
             endpoint,
+            bridge,
         })
+    }
+
+    /// A registry error, with what the client-certificate bridge saw when it is one the
+    /// bridge answered (oci-client reports a 502 without its body).
+    fn error(&self, what: &str, e: OciDistributionError) -> ImageError {
+        let err = registry_error(what, e);
+        match self.bridge.as_ref().and_then(|b| b.last_failure()) {
+            Some(failure) if !err.to_string().contains(&failure) => ImageError::Registry(format!("{err} ({failure})")),
+            Some(_) => err,
+            None => err,
+        }
     }
 
     /// The reference as sent to this endpoint (a mirror is asked for the same repository).
@@ -263,7 +278,7 @@ impl Remote {
         self.client
             .pull_blob(&self.address(reference), &oci_descriptor(desc), &mut out)
             .await
-            .map_err(|e| registry_error(&what, e))?;
+            .map_err(|e| self.error(&what, e))?;
         if out.len() as i64 != desc.size || sha256(&out) != desc.digest {
             return Err(ImageError::Format(format!(
                 "{what}: the registry sent {} bytes with digest {}, not {} bytes with digest {}",
@@ -339,7 +354,7 @@ pub async fn pull(client: &Containerd, text: &str, options: &PullOptions) -> Res
                 break;
             }
             Err(e) => {
-                let err = registry_error(&format!("pulling {name} from {}", remote.endpoint.host), e);
+                let err = remote.error(&format!("pulling {name} from {}", remote.endpoint.host), e);
                 if remote.endpoint.mirror {
                     tracing::info!(error = %err, "mirror failed; trying the next host");
                 }
@@ -388,7 +403,7 @@ pub async fn pull(client: &Containerd, text: &str, options: &PullOptions) -> Res
         let (bytes, _) = remote
             .manifest(&by_digest)
             .await
-            .map_err(|e| registry_error(&format!("pulling the {platform} manifest of {name}"), e))?;
+            .map_err(|e| remote.error(&format!("pulling the {platform} manifest of {name}"), e))?;
         if sha256(&bytes) != chosen.digest {
             return Err(ImageError::Format(format!(
                 "pulling {name}: the registry sent a {platform} manifest with digest {}, not {}",
@@ -566,7 +581,7 @@ async fn fetch_layer(
                 .await
                 .map_err(|e| crate::containerd::CtdError::Protocol {
                     op: "registry",
-                    message: registry_error(&what, e).to_string(),
+                    message: remote.error(&what, e).to_string(),
                 })?;
             Ok::<(u64, ByteStream), crate::containerd::CtdError>(match response {
                 BlobResponse::Full(s) => (0, s.stream),
@@ -761,7 +776,7 @@ pub async fn push(client: &Containerd, text: &str, options: &PullOptions) -> Res
             .client
             .blob_exists(&addressed, &blob.digest)
             .await
-            .map_err(|e| registry_error(&what, e))?
+            .map_err(|e| remote.error(&what, e))?
         {
             event(&blob.digest, "exists", total, total);
             skipped += 1;
@@ -782,7 +797,7 @@ pub async fn push(client: &Containerd, text: &str, options: &PullOptions) -> Res
             .client
             .push_blob_stream(&addressed, counted, &blob.digest, Some(total))
             .await
-            .map_err(|e| registry_error(&format!("{what}: blob {}", blob.digest), e))?;
+            .map_err(|e| remote.error(&format!("{what}: blob {}", blob.digest), e))?;
         let n = sent.load(std::sync::atomic::Ordering::Relaxed);
         sent_bytes += n;
         event(&blob.digest, "uploaded", n, total);
@@ -794,7 +809,7 @@ pub async fn push(client: &Containerd, text: &str, options: &PullOptions) -> Res
         .client
         .push_manifest_raw(&addressed, manifest_bytes.clone(), content_type)
         .await
-        .map_err(|e| registry_error(&format!("{what}: the manifest"), e))?;
+        .map_err(|e| remote.error(&format!("{what}: the manifest"), e))?;
     event("", "done", sent_bytes, sent_bytes);
     Ok(Pushed {
         name,
