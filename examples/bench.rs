@@ -61,23 +61,21 @@ async fn main() {
     let dir = tempfile::tempdir().unwrap();
     // BENCH_HOST_USERS=1: no user namespace (the default gives each container its own);
     // BENCH_WORKSPACE=1: the job has a workspace (idmapped in a user namespace).
-    let host_users = if std::env::var_os("BENCH_HOST_USERS").is_some() {
-        "  hostUsers: true\n"
-    } else {
-        ""
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    let plan_for = |host_users: bool, workspace: bool| {
+        let host_users = if host_users { "  hostUsers: true\n" } else { "" };
+        let workspace = if workspace { "  workspace: ./ws\n" } else { "" };
+        let yaml = format!(
+            "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: bb}}\nspec:\n  image: {image}\n{host_users}---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: bench}}\nspec:\n  environment: bb\n{workspace}  command: [\"sh\", \"-c\", \"true\"]\n"
+        );
+        let set = manifest::parse_str(&yaml, dir.path(), None).unwrap();
+        let bound = set.bind(&set.jobs[0], None).unwrap();
+        spec::resolve(&bound, &host).unwrap()
     };
-    let workspace = if std::env::var_os("BENCH_WORKSPACE").is_some() {
-        std::fs::create_dir_all(dir.path().join("ws")).unwrap();
-        "  workspace: ./ws\n"
-    } else {
-        ""
-    };
-    let yaml = format!(
-        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: bb}}\nspec:\n  image: {image}\n{host_users}---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: bench}}\nspec:\n  environment: bb\n{workspace}  command: [\"sh\", \"-c\", \"true\"]\n"
+    let plan = plan_for(
+        std::env::var_os("BENCH_HOST_USERS").is_some(),
+        std::env::var_os("BENCH_WORKSPACE").is_some(),
     );
-    let set = manifest::parse_str(&yaml, dir.path(), None).unwrap();
-    let bound = set.bind(&set.jobs[0], None).unwrap();
-    let plan = spec::resolve(&bound, &host).unwrap();
     match mode {
         "exec" => {
             let live = engine.spawn_live(&plan).await.expect("spawn");
@@ -96,6 +94,33 @@ async fn main() {
             }
             live.cleanup().await.expect("cleanup");
             println!("{{\"exec_ms_median\": {:.2}, \"runs\": {n}}}", median(times));
+        }
+        "userns" => {
+            // The cost of a user namespace as paired differences: each pair runs the same job
+            // (with a workspace) in its own user namespace and with `hostUsers: true`, one
+            // right after the other, in alternating order, so drift and order hit both alike.
+            let (own, shared) = (plan_for(false, true), plan_for(true, true));
+            let (mut a, mut b, mut diff) = (Vec::new(), Vec::new(), Vec::new());
+            for i in 0..n {
+                let mut pair = [0.0f64; 2];
+                let order: [usize; 2] = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+                for which in order {
+                    let p = if which == 0 { &own } else { &shared };
+                    let t = Instant::now();
+                    let r = engine.run_oneshot(p, &CancellationToken::new()).await.expect("job");
+                    assert_eq!(r.exit_code, Some(0));
+                    pair[which] = t.elapsed().as_secs_f64() * 1e3;
+                }
+                a.push(pair[0]);
+                b.push(pair[1]);
+                diff.push(pair[0] - pair[1]);
+            }
+            println!(
+                "{{\"userns_ms_median\": {:.2}, \"host_users_ms_median\": {:.2}, \"paired_cost_ms_median\": {:.2}, \"pairs\": {n}}}",
+                median(a),
+                median(b),
+                median(diff)
+            );
         }
         "concurrent" => {
             let engine = std::sync::Arc::new(engine);
@@ -146,8 +171,9 @@ async fn main() {
 }
 
 /// `bench http N` (BENCH_URL, BENCH_TOKEN, BENCH_IMAGE or BENCH_ENV, an Environment of the
-/// server's env dir): session creation alone and until the first command is answered, then
-/// medians of shell and exec round trips over HTTP.
+/// server's env dir): medians over BENCH_SESSIONS sessions (5) of their creation alone and
+/// until the first command is answered (BENCH_PAUSE_MS between them, for a pool's refill),
+/// then medians of shell and exec round trips over HTTP in the last one.
 fn http(n: usize) {
     let url = std::env::var("BENCH_URL").expect("BENCH_URL");
     let token = std::env::var("BENCH_TOKEN").expect("BENCH_TOKEN");
@@ -164,13 +190,43 @@ fn http(n: usize) {
         Ok(name) => serde_json::to_string(&name).unwrap(),
         Err(_) => format!(r#"{{"image": "{image}"}}"#),
     };
-    let t = Instant::now();
-    let session = post("/v1/sessions", &format!(r#"{{"environment": {environment}}}"#));
-    let created_ms = t.elapsed().as_secs_f64() * 1e3;
-    let id = session["id"].as_str().unwrap().to_string();
-    let first = post(&format!("/v1/sessions/{id}/shell"), r#"{"command": "true"}"#);
-    assert_eq!(first["exitCode"], 0);
-    let create_ms = t.elapsed().as_secs_f64() * 1e3;
+    // Several sessions, one after another (each deleted before the next; from a pool, after
+    // a pause for the refill): one creation is too noisy a sample to hold against a target.
+    let sessions: usize = std::env::var("BENCH_SESSIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let pause = Duration::from_millis(
+        std::env::var("BENCH_PAUSE_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+    );
+    let (mut created, mut answered, mut pools) = (Vec::new(), Vec::new(), Vec::new());
+    let mut id = String::new();
+    for i in 0..sessions {
+        if i > 0 {
+            let _ = ureq::delete(&format!("{url}/v1/sessions/{id}"))
+                .set("Authorization", &auth)
+                .call();
+            std::thread::sleep(pause);
+        }
+        let t = Instant::now();
+        let session = post("/v1/sessions", &format!(r#"{{"environment": {environment}}}"#));
+        created.push(t.elapsed().as_secs_f64() * 1e3);
+        id = session["id"].as_str().unwrap().to_string();
+        let first = post(&format!("/v1/sessions/{id}/shell"), r#"{"command": "true"}"#);
+        assert_eq!(first["exitCode"], 0);
+        answered.push(t.elapsed().as_secs_f64() * 1e3);
+        pools.push(session["pool"].clone());
+    }
+    let pooled = pools.iter().filter(|p| !p.is_null()).count();
+    let (created_ms, create_ms) = (median(created), median(answered.clone()));
+    let spread = format!(
+        "{:.1}..{:.1}",
+        answered.iter().cloned().fold(f64::MAX, f64::min),
+        answered.iter().cloned().fold(0.0, f64::max)
+    );
     let mut shell = Vec::new();
     let mut exec = Vec::new();
     for _ in 0..n {
@@ -185,8 +241,8 @@ fn http(n: usize) {
         .set("Authorization", &auth)
         .call();
     println!(
-        "{{\"session_create_ms\": {created_ms:.1}, \"session_create_to_first_answer_ms\": {create_ms:.1}, \"pool\": {}, \"shell_ms_median\": {:.2}, \"exec_ms_median\": {:.2}, \"runs\": {n}}}",
-        session["pool"],
+        "{{\"session_create_ms\": {created_ms:.1}, \"session_create_to_first_answer_ms\": {create_ms:.1}, \"first_answer_range_ms\": \"{spread}\", \"sessions\": {sessions}, \"from_pool\": {pooled}, \"pool\": {}, \"shell_ms_median\": {:.2}, \"exec_ms_median\": {:.2}, \"runs\": {n}}}",
+        pools.last().cloned().unwrap_or_default(),
         median(shell),
         median(exec)
     );

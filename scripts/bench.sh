@@ -121,16 +121,14 @@ c2_med=$(printf '%s\n' "${c2[@]}" | median)
 echo "pooled     runner apply from a warm pool: ${p_med} ms   ctr run --rm: ${c2_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $p_med/$c2_med}")  (median of $runs)"
 echo "floor      lifecycle alone (library): ${l_med} ms = $(awk "BEGIN{printf \"%.2f\", $l_med/$c_med}")x ctr run --rm;  ctr version: ${v_med} ms"
 # What a user namespace costs per job (a range lease, idmapped layers and workspace view, the
-# overlay mounted by runner): the library lifecycle with a workspace, with and without
-# `hostUsers: true`, in alternating passes so drift hits both.
-u=(); h=()
-for pass in 1 2 3; do
-  u+=("$(BENCH_WORKSPACE=1 "$bench" oneshot "$runs" | sed -n 's/.*"oneshot_ms_median": \([0-9.]*\).*/\1/p')")
-  h+=("$(BENCH_WORKSPACE=1 BENCH_HOST_USERS=1 "$bench" oneshot "$runs" | sed -n 's/.*"oneshot_ms_median": \([0-9.]*\).*/\1/p')")
-done
-u_med=$(printf '%s\n' "${u[@]}" | sort -n | sed -n 2p)
-h_med=$(printf '%s\n' "${h[@]}" | sort -n | sed -n 2p)
-echo "userns     lifecycle with a workspace, own user namespace: ${u_med} ms   hostUsers: true: ${h_med} ms   cost $(awk "BEGIN{printf \"%+.1f\", $u_med-$h_med}") ms  (median of 3 passes of $runs)"
+# overlay mounted by runner, runc entering the namespace): the library lifecycle with a
+# workspace, with and without `hostUsers: true`, as the median of paired differences (each
+# pair back to back, alternating order, so drift hits both).
+userns=$("$bench" userns $((runs * 3)))
+u_med=$(echo "$userns" | sed -n 's/.*"userns_ms_median": \([0-9.]*\).*/\1/p')
+h_med=$(echo "$userns" | sed -n 's/.*"host_users_ms_median": \([0-9.]*\).*/\1/p')
+u_cost=$(echo "$userns" | sed -n 's/.*"paired_cost_ms_median": \(-*[0-9.]*\).*/\1/p')
+echo "userns     lifecycle with a workspace, own user namespace: ${u_med} ms   hostUsers: true: ${h_med} ms   cost ${u_cost} ms  (median of $((runs * 3)) paired differences)"
 
 ctr_ run -d local/busybox:1.35 anchor sh -c 'sleep 100000' >/dev/null
 e=()
@@ -163,9 +161,9 @@ printf 'apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nsp
 serve_pid=$!
 for _ in $(seq 1 200); do grep -q listening "$work/serve2.out" 2>/dev/null && break; sleep 0.05; done
 url=$(sed -n 's/^listening on //p' "$work/serve2.out")
-http_pool=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" BENCH_ENV=bb "$bench" http "$runs")
+http_pool=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" BENCH_ENV=bb BENCH_PAUSE_MS=800 "$bench" http "$runs")
 sleep 1
-http_pool_py=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" BENCH_ENV=py "$bench" http "$runs")
+http_pool_py=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" BENCH_ENV=py BENCH_PAUSE_MS=800 "$bench" http "$runs")
 kill "$serve_pid"; wait "$serve_pid" 2>/dev/null || true
 "$runner" pool rm bb py >/dev/null
 echo "http pool  busybox: $http_pool"
