@@ -214,7 +214,7 @@ pub struct Session {
     /// The shell interpreter of the image (bash when present), found on first use (host
     /// sessions, whose shells run per call).
     shell_bin: tokio::sync::OnceCell<String>,
-    /// A sandbox's resident shells by name, started on first use.
+    /// A sandbox's resident shells by name: `default` from the start, the others on first use.
     shells: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<resident::Resident>>>>>,
     /// Bytes of output kept per shell call.
     output_limit: usize,
@@ -459,6 +459,7 @@ impl SessionManager {
             shells: Mutex::new(HashMap::new()),
             output_limit,
         });
+        session.prestart_shell();
         let view = session.view();
         self.sessions.lock().expect("sessions lock").insert(id, session);
         Ok(view)
