@@ -212,8 +212,11 @@ ref="$RUNNER_TEST_REGISTRY/bench/python:3.11"
 RUNNER_STATE_DIR="$work/pull-state" "$runner" daemon start >/dev/null
 pull_addr=$(RUNNER_STATE_DIR="$work/pull-state" "$runner" daemon status | sed -n 's/^running (pid [0-9]*) at //p')
 timed_rss() { # run a command; print "wall-ms peak-rss-KiB" (fails loudly if it fails)
+  # Each pull starts after a sync: a pull is mostly writes (content fsynced, layers unpacked),
+  # and without it each pull paid for the previous one's writeback (2–9 s for either tool).
   python3 - "$@" <<'PY'
-import resource, subprocess, sys, time
+import os, resource, subprocess, sys, time
+os.sync()
 t = time.monotonic()
 r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 if r.returncode != 0:
@@ -227,14 +230,20 @@ wipe() {
   lease=$(ctr --address "$pull_addr" -n "$1" leases create | awk '{print $1}')
   ctr --address "$pull_addr" -n "$1" leases delete --sync "$lease" >/dev/null
 }
-pull_runs=3
+pull_runs=5
 : > "$work/pull-r"; : > "$work/pull-c"
-for i in $(seq 1 "$pull_runs"); do
-  CONTAINERD_ADDRESS="$pull_addr" CONTAINERD_NAMESPACE="r$i" RUNNER_STATE_DIR="$work/pull-state" \
+pull_r() {
+  CONTAINERD_ADDRESS="$pull_addr" CONTAINERD_NAMESPACE="r$1" RUNNER_STATE_DIR="$work/pull-state" \
     timed_rss "$runner" --insecure-registry "$RUNNER_TEST_REGISTRY" image pull "$ref" >> "$work/pull-r"
-  wipe "r$i"
-  timed_rss ctr --address "$pull_addr" -n "c$i" image pull --plain-http "$ref" >> "$work/pull-c"
-  wipe "c$i"
+  wipe "r$1"
+}
+pull_c() {
+  timed_rss ctr --address "$pull_addr" -n "c$1" image pull --plain-http "$ref" >> "$work/pull-c"
+  wipe "c$1"
+}
+for i in $(seq 1 "$pull_runs"); do
+  # Alternating order: neither tool always follows the other.
+  if [ $((i % 2)) = 1 ]; then pull_r "$i"; pull_c "$i"; else pull_c "$i"; pull_r "$i"; fi
 done
 pr=$(awk '{print $1*1000}' "$work/pull-r" | median); pc=$(awk '{print $1*1000}' "$work/pull-c" | median)
 rr=$(awk 'BEGIN{m=0} {if ($2>m) m=$2} END{printf "%.1f", m/1024}' "$work/pull-r")
