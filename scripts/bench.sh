@@ -19,13 +19,9 @@ cd "$(dirname "$0")/.."
 runs=${1:-15}
 concurrent=${2:-20}
 
-scripts/deps.sh
-cargo build --release --locked --bin runner --example bench >/dev/null 2>&1 || cargo build --release --locked --bin runner --example bench
-runner="$PWD/target/release/runner"
-bench="$PWD/target/release/examples/bench"
-
-work=$(mktemp -d /tmp/runner-bench.XXXXXX)
-export RUNNER_STATE_DIR="$work/state" CONTAINERD_NAMESPACE="runner-bench-$$"
+# shellcheck source=scripts/bench-env.sh
+. scripts/bench-env.sh
+bench_env bench
 cleanup() {
   ctr_ tasks kill -a -s 9 anchor >/dev/null 2>&1 || true
   sleep 0.2
@@ -42,12 +38,9 @@ cleanup() {
   rm -rf "$work"
 }
 ctr_() { ctr --address "$CONTAINERD_ADDRESS" --namespace "$CONTAINERD_NAMESPACE" "$@"; }
-"$runner" daemon start >/dev/null
-export CONTAINERD_ADDRESS
-CONTAINERD_ADDRESS=$("$runner" daemon status | sed -n 's/^running (pid [0-9]*) at //p')
+bench_containerd
 trap cleanup EXIT
-images/busybox/build.sh "$work/busybox.tar" oci >/dev/null
-"$runner" image import "$work/busybox.tar" >/dev/null
+bench_busybox
 # The Python image (bash, debootstrap; its rootfs is cached under /var/cache/runner/images).
 images/python/build.sh "$work/python.tar" oci >/dev/null
 "$runner" image import "$work/python.tar" >/dev/null

@@ -16,14 +16,10 @@ for a in "${@:2}"; do
   esac
 done
 
-scripts/deps.sh
 command -v perf >/dev/null || { apt-get update -q && apt-get install -y -q linux-perf; }
-cargo build --release --locked --bin runner --example bench >/dev/null 2>&1 || cargo build --release --locked --bin runner --example bench
-runner="$PWD/target/release/runner"
-bench="$PWD/target/release/examples/bench"
-
-work=$(mktemp -d /tmp/runner-profile.XXXXXX)
-export RUNNER_STATE_DIR="$work/state" CONTAINERD_NAMESPACE="runner-profile-$$"
+# shellcheck source=scripts/bench-env.sh
+. scripts/bench-env.sh
+bench_env profile
 cleanup() {
   "$runner" pool rm bb >/dev/null 2>&1 || true
   "$runner" gc >/dev/null 2>&1 || true
@@ -31,11 +27,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-"$runner" daemon start >/dev/null
-export CONTAINERD_ADDRESS
-CONTAINERD_ADDRESS=$("$runner" daemon status | sed -n 's/^running (pid [0-9]*) at //p')
-images/busybox/build.sh "$work/busybox.tar" oci >/dev/null
-"$runner" image import "$work/busybox.tar" >/dev/null
+bench_containerd
+bench_busybox
 
 printf 'apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nspec:\n  image: local/busybox:1.35\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: bench}\nspec:\n  environment: bb\n  command: ["sh", "-c", "true"]\n' >"$work/true.yaml"
 for i in $(seq 1 "$n"); do sed "s/^metadata: {name: bench}$/metadata: {name: load-$i}/" "$work/true.yaml" >"$work/load-$i.yaml"; done

@@ -258,19 +258,29 @@ fn oci_layout(dir: &Path, arches: &[&str], marker: Option<&str>, random_bytes: u
     own_layers
 }
 
-/// skopeo copies a layout to `reference` in the plain registry.
-fn skopeo_push(layout: &Path, reference: &str) {
-    let out = Command::new("skopeo")
-        .args(["--insecure-policy", "copy", "--all", "--dest-tls-verify=false"])
-        .arg(format!("oci:{}:v", layout.display()))
-        .arg(format!("docker://{reference}"))
-        .output()
-        .expect("run skopeo");
+/// Run skopeo (the independent client) with `args`; its stdout. A failure fails the test
+/// with skopeo's own message.
+fn skopeo<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Vec<u8> {
+    let out = Command::new("skopeo").args(args).output().expect("run skopeo");
     assert!(
         out.status.success(),
-        "skopeo copy: {}",
+        "skopeo {:?}: {}",
+        args.iter().map(|a| a.as_ref().to_string_lossy()).collect::<Vec<_>>(),
         String::from_utf8_lossy(&out.stderr)
     );
+    out.stdout
+}
+
+/// skopeo copies a layout to `reference` in the plain registry.
+fn skopeo_push(layout: &Path, reference: &str) {
+    skopeo(&[
+        "--insecure-policy".to_string(),
+        "copy".into(),
+        "--all".into(),
+        "--dest-tls-verify=false".into(),
+        format!("oci:{}:v", layout.display()),
+        format!("docker://{reference}"),
+    ]);
 }
 
 /// Requests in the plain registry's access log for a blob, with their HTTP status.
@@ -381,22 +391,22 @@ fn push_then_pull_by_tag_and_digest_and_skopeo_reads_what_we_push() {
     assert!(again.contains("0 blobs uploaded"), "{again}");
 
     // skopeo, an independent client, reads it and checks every blob it copies.
-    let inspect = Command::new("skopeo")
-        .args(["--insecure-policy", "inspect", "--tls-verify=false"])
-        .arg(format!("docker://{name}"))
-        .output()
-        .unwrap();
-    assert!(inspect.status.success(), "{}", String::from_utf8_lossy(&inspect.stderr));
-    let info: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    let inspect = skopeo(&[
+        "--insecure-policy",
+        "inspect",
+        "--tls-verify=false",
+        &format!("docker://{name}"),
+    ]);
+    let info: serde_json::Value = serde_json::from_slice(&inspect).unwrap();
     assert_eq!(info["Digest"], digest.as_str());
     let copy_dir = src.state.path().join("skopeo-copy");
-    let copy = Command::new("skopeo")
-        .args(["--insecure-policy", "copy", "--src-tls-verify=false"])
-        .arg(format!("docker://{name}"))
-        .arg(format!("oci:{}:x", copy_dir.display()))
-        .output()
-        .unwrap();
-    assert!(copy.status.success(), "{}", String::from_utf8_lossy(&copy.stderr));
+    skopeo(&[
+        "--insecure-policy".to_string(),
+        "copy".into(),
+        "--src-tls-verify=false".into(),
+        format!("docker://{name}"),
+        format!("oci:{}:x", copy_dir.display()),
+    ]);
 
     // The Python image too (171 MiB): pushed by runner, read by skopeo.
     src.ok(&[
@@ -412,13 +422,13 @@ fn push_then_pull_by_tag_and_digest_and_skopeo_reads_what_we_push() {
         &src.ok(&["--insecure-registry", &reg.plain, "image", "push", &py, "-o", "json"])
             .stdout_last_line(),
     );
-    let inspect = Command::new("skopeo")
-        .args(["--insecure-policy", "inspect", "--tls-verify=false"])
-        .arg(format!("docker://{py}"))
-        .output()
-        .unwrap();
-    assert!(inspect.status.success(), "{}", String::from_utf8_lossy(&inspect.stderr));
-    let info: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    let inspect = skopeo(&[
+        "--insecure-policy",
+        "inspect",
+        "--tls-verify=false",
+        &format!("docker://{py}"),
+    ]);
+    let info: serde_json::Value = serde_json::from_slice(&inspect).unwrap();
     assert_eq!(info["Digest"], pushed_py["digest"]);
 
     // Another namespace pulls by tag and by digest, and runs it.
@@ -840,18 +850,15 @@ fn a_registry_that_demands_a_client_certificate_gets_one_from_hosts_toml_or_cert
     std::fs::copy(&reg.ca, certs_d.join("ca.crt")).unwrap();
     std::fs::copy(&cert, certs_d.join("client.cert")).unwrap();
     std::fs::copy(&key, certs_d.join("client.key")).unwrap();
-    let out = Command::new("skopeo")
-        .args(["inspect", "--raw", "--cert-dir"])
-        .arg(&certs_d)
-        .args(["--creds", &format!("{}:{}", reg.user, reg.password)])
-        .arg(format!("docker://{name}"))
-        .output()
-        .expect("run skopeo");
-    assert!(
-        out.status.success(),
-        "skopeo inspect: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    skopeo(&[
+        "inspect".to_string(),
+        "--raw".into(),
+        "--cert-dir".into(),
+        certs_d.display().to_string(),
+        "--creds".into(),
+        format!("{}:{}", reg.user, reg.password),
+        format!("docker://{name}"),
+    ]);
     // Pulled back into a namespace of its own through Docker's certs.d layout (`*.crt` roots,
     // `NAME.cert` + `NAME.key`): the wrong password is still a clear 401 through the bridge.
     let certs_root = place.state.path().join("certs.d");

@@ -1,0 +1,24 @@
+# Sourced by the benchmark scripts (bench.sh, load-profile.sh): the release build they
+# measure, and a private state dir and containerd namespace of their own.
+#   bench_env NAME          builds; sets runner, bench, work; exports RUNNER_STATE_DIR and
+#                           CONTAINERD_NAMESPACE (runner-NAME-PID)
+#   bench_containerd        starts the private containerd; exports CONTAINERD_ADDRESS
+#   bench_busybox           builds the busybox test image and imports it
+bench_env() {
+  scripts/deps.sh
+  cargo build --release --locked --bin runner --example bench >/dev/null 2>&1 ||
+    cargo build --release --locked --bin runner --example bench
+  runner="$PWD/target/release/runner"
+  bench="$PWD/target/release/examples/bench"
+  work=$(mktemp -d "/tmp/runner-$1.XXXXXX")
+  export RUNNER_STATE_DIR="$work/state" CONTAINERD_NAMESPACE="runner-$1-$$"
+}
+bench_containerd() {
+  "$runner" daemon start >/dev/null
+  export CONTAINERD_ADDRESS
+  CONTAINERD_ADDRESS=$("$runner" daemon status | sed -n 's/^running (pid [0-9]*) at //p')
+}
+bench_busybox() {
+  images/busybox/build.sh "$work/busybox.tar" oci >/dev/null
+  "$runner" image import "$work/busybox.tar" >/dev/null
+}
