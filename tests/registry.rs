@@ -46,7 +46,8 @@ fn registries() -> Registries {
 /// when a developer reruns the tests against them).
 fn repo(name: &str) -> String {
     let (_, base) = containerd_env();
-    format!("{}/{name}", base.to_lowercase())
+    // The process id too: a second run against the same registries finds nothing of the first.
+    format!("{}-{}/{name}", base.to_lowercase(), std::process::id())
 }
 
 /// A test's own containerd namespace and state dir.
@@ -106,6 +107,18 @@ impl Place {
             String::from_utf8_lossy(&out.stderr)
         );
         out
+    }
+
+    /// Import test image `tar` (a file of RUNNER_TEST_IMAGES) as `local`, tagged `remote` too.
+    fn import_tagged(&self, tar: &str, local: &str, remote: &str) {
+        self.ok(&[
+            "image",
+            "import",
+            image_dir().join(tar).to_str().unwrap(),
+            "--name",
+            local,
+        ]);
+        self.ok(&["image", "tag", local, remote]);
     }
 
     fn ctr(&self, args: &[&str]) -> String {
@@ -271,6 +284,18 @@ fn skopeo<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Vec<u8> {
     out.stdout
 }
 
+/// The manifest digest skopeo reads for `reference` in the plain registry.
+fn skopeo_digest(reference: &str) -> String {
+    let inspect = skopeo(&[
+        "--insecure-policy",
+        "inspect",
+        "--tls-verify=false",
+        &format!("docker://{reference}"),
+    ]);
+    let info: serde_json::Value = serde_json::from_slice(&inspect).unwrap();
+    info["Digest"].as_str().expect("a digest").to_string()
+}
+
 /// skopeo copies a layout to `reference` in the plain registry.
 fn skopeo_push(layout: &Path, reference: &str) {
     skopeo(&[
@@ -367,15 +392,8 @@ fn job_stdout(out: &Output) -> String {
 fn push_then_pull_by_tag_and_digest_and_skopeo_reads_what_we_push() {
     let reg = registries();
     let src = Place::new("push-src");
-    src.ok(&[
-        "image",
-        "import",
-        image_dir().join("busybox-oci.tar").to_str().unwrap(),
-        "--name",
-        "local/busybox:1.35",
-    ]);
     let name = format!("{}/{}:1", reg.plain, repo("round"));
-    src.ok(&["image", "tag", "local/busybox:1.35", &name]);
+    src.import_tagged("busybox-oci.tar", "local/busybox:1.35", &name);
     // Plain HTTP is never implied.
     let refused = src.run(&["image", "push", &name]);
     assert!(!refused.status.success());
@@ -391,14 +409,7 @@ fn push_then_pull_by_tag_and_digest_and_skopeo_reads_what_we_push() {
     assert!(again.contains("0 blobs uploaded"), "{again}");
 
     // skopeo, an independent client, reads it and checks every blob it copies.
-    let inspect = skopeo(&[
-        "--insecure-policy",
-        "inspect",
-        "--tls-verify=false",
-        &format!("docker://{name}"),
-    ]);
-    let info: serde_json::Value = serde_json::from_slice(&inspect).unwrap();
-    assert_eq!(info["Digest"], digest.as_str());
+    assert_eq!(skopeo_digest(&name), digest);
     let copy_dir = src.state.path().join("skopeo-copy");
     skopeo(&[
         "--insecure-policy".to_string(),
@@ -409,27 +420,13 @@ fn push_then_pull_by_tag_and_digest_and_skopeo_reads_what_we_push() {
     ]);
 
     // The Python image too (171 MiB): pushed by runner, read by skopeo.
-    src.ok(&[
-        "image",
-        "import",
-        image_dir().join("python-oci.tar").to_str().unwrap(),
-        "--name",
-        "local/python:3.11",
-    ]);
     let py = format!("{}/{}:3.11", reg.plain, repo("round-python"));
-    src.ok(&["image", "tag", "local/python:3.11", &py]);
+    src.import_tagged("python-oci.tar", "local/python:3.11", &py);
     let pushed_py = json_of(
         &src.ok(&["--insecure-registry", &reg.plain, "image", "push", &py, "-o", "json"])
             .stdout_last_line(),
     );
-    let inspect = skopeo(&[
-        "--insecure-policy",
-        "inspect",
-        "--tls-verify=false",
-        &format!("docker://{py}"),
-    ]);
-    let info: serde_json::Value = serde_json::from_slice(&inspect).unwrap();
-    assert_eq!(info["Digest"], pushed_py["digest"]);
+    assert_eq!(skopeo_digest(&py), pushed_py["digest"].as_str().unwrap());
 
     // Another namespace pulls by tag and by digest, and runs it.
     let dst = Place::new("push-dst");
@@ -707,15 +704,8 @@ fn a_tls_registry_with_auth_takes_a_ca_from_hosts_toml_and_docker_credentials() 
     };
     let good = config(&reg.password);
     let bad = config("wrong");
-    place.ok(&[
-        "image",
-        "import",
-        image_dir().join("busybox-oci.tar").to_str().unwrap(),
-        "--name",
-        "local/busybox:1.35",
-    ]);
     let name = format!("{}/{}:1", reg.tls, repo("tls"));
-    place.ok(&["image", "tag", "local/busybox:1.35", &name]);
+    place.import_tagged("busybox-oci.tar", "local/busybox:1.35", &name);
     let hosts_arg = hosts.to_str().unwrap();
     // Without the CA: the TLS failure, named.
     place.docker_config = Some(good.clone());
@@ -820,15 +810,8 @@ fn a_registry_that_demands_a_client_certificate_gets_one_from_hosts_toml_or_cert
     };
     let good = hosts_toml("hosts", (&cert, &key));
     let stranger = hosts_toml("stranger", (&stranger_cert, &stranger_key));
-    place.ok(&[
-        "image",
-        "import",
-        image_dir().join("busybox-oci.tar").to_str().unwrap(),
-        "--name",
-        "local/busybox:1.35",
-    ]);
     let name = format!("{mtls}/{}:1", repo("mtls"));
-    place.ok(&["image", "tag", "local/busybox:1.35", &name]);
+    place.import_tagged("busybox-oci.tar", "local/busybox:1.35", &name);
     // A certificate the registry does not trust, and none at all: refused at the handshake,
     // and the error says so.
     for hosts in [
