@@ -938,6 +938,26 @@ fn swerex_bash_sessions_in_a_sandbox_are_resident_shells() {
     let s = server();
     let id = session(&s, r#"{"image": "local/python:3.11"}"#);
     let base = format!("{}/v1/sessions/{id}", s.url);
+    let shells = |what: &str| {
+        let r = ok_json(
+            "POST",
+            &format!("{base}/exec"),
+            Some(
+                &serde_json::json!({"command": ["sh", "-c",
+                    "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <$f; echo; done | grep -c '^/usr/bin/bash --norc --noprofile --noediting -i' || true"]})
+                .to_string(),
+            ),
+        );
+        assert_eq!(r["exitCode"], 0, "{what}: {r}");
+        r["stdout"].as_str().unwrap().trim().parse::<u32>().unwrap()
+    };
+    // The session's `default` shell starts with the session, before any call asks for it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while shells("before any call") == 0 {
+        assert!(Instant::now() < deadline, "the default shell never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(shells("before any call"), 1);
     let rx = |route: &str, body: serde_json::Value| {
         call(
             "POST",
@@ -966,24 +986,10 @@ fn swerex_bash_sessions_in_a_sandbox_are_resident_shells() {
     assert_eq!(status, 511, "{text}");
     assert!(text.contains("CommandTimeoutError"), "{text}");
     assert_eq!(run("echo $y")["output"], "42\n");
-    let shells = |what: &str| {
-        let r = ok_json(
-            "POST",
-            &format!("{base}/exec"),
-            Some(
-                &serde_json::json!({"command": ["sh", "-c",
-                    "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' <$f; echo; done | grep -c '^/usr/bin/bash --norc --noprofile --noediting -i' || true"]})
-                .to_string(),
-            ),
-        );
-        assert_eq!(r["exitCode"], 0, "{what}: {r}");
-        r["stdout"].as_str().unwrap().trim().parse::<u32>().unwrap()
-    };
-    // (The session's `default` shell, started with the session, is bash too.)
-    let open = shells("open");
-    assert!(open >= 1, "{open}");
+    // Beside the session's `default` shell.
+    assert_eq!(shells("open"), 2);
     assert_eq!(rx("close_session", serde_json::json!({"session": "s"})).0, 200);
-    assert_eq!(shells("closed"), open - 1, "closing the bash session ends its shell");
+    assert_eq!(shells("closed"), 1, "closing the bash session ends its shell");
 }
 
 /// Sessions from the warm pool `serve --pool` keeps: the member's sandbox gets the session's
