@@ -13,6 +13,14 @@ use runner::runtime::{ExecRequest, Runtime, RuntimeOptions};
 use runner::spec::{self, HostEnv};
 use tokio_util::sync::CancellationToken;
 
+/// A number from the environment, or `default` when unset; a value that is not one fails.
+fn env_number(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+        Err(_) => default,
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -98,16 +106,11 @@ async fn main() {
         "userns" => {
             // The cost of a user namespace per job, in steady state: blocks of BENCH_BLOCK (5)
             // jobs with a workspace, alternately in their own user namespace and with
-            // `hostUsers: true`, so drift hits both. A block's first job is kept apart: it
-            // pays for what the other kind left the kernel to do after its result (namespace
-            // and mount teardown run on after `run_oneshot` returns), which in a stream of
-            // jobs of one kind each job pays for its predecessor.
+            // `hostUsers: true`, so drift hits both. A block's first job is reported apart: it
+            // follows a job of the other kind and may pay for what that one left behind, where
+            // in a stream of one kind each job pays for its own predecessor.
             let (own, shared) = (plan_for(false, true), plan_for(true, true));
-            let block: usize = std::env::var("BENCH_BLOCK")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(5)
-                .max(2);
+            let block = (env_number("BENCH_BLOCK", 5) as usize).max(2);
             let mut steady = [Vec::new(), Vec::new()];
             let mut first = [Vec::new(), Vec::new()];
             for j in 0..2 * n.div_ceil(block - 1) {
@@ -203,23 +206,19 @@ fn http(n: usize) {
     };
     // Several sessions, one after another (each deleted before the next; from a pool, after
     // a pause for the refill): one creation is too noisy a sample to hold against a target.
-    let sessions: usize = std::env::var("BENCH_SESSIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
-    let pause = Duration::from_millis(
-        std::env::var("BENCH_PAUSE_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0),
-    );
+    let sessions = env_number("BENCH_SESSIONS", 5) as usize;
+    let pause = Duration::from_millis(env_number("BENCH_PAUSE_MS", 0));
     let (mut created, mut answered, mut pools) = (Vec::new(), Vec::new(), Vec::new());
+    let delete = |id: &str| {
+        ureq::delete(&format!("{url}/v1/sessions/{id}"))
+            .set("Authorization", &auth)
+            .call()
+            .expect("deleting a session");
+    };
     let mut id = String::new();
     for i in 0..sessions {
         if i > 0 {
-            let _ = ureq::delete(&format!("{url}/v1/sessions/{id}"))
-                .set("Authorization", &auth)
-                .call();
+            delete(&id);
             std::thread::sleep(pause);
         }
         let t = Instant::now();
@@ -248,9 +247,7 @@ fn http(n: usize) {
         post(&format!("/v1/sessions/{id}/exec"), r#"{"command": ["/bin/true"]}"#);
         exec.push(t.elapsed().as_secs_f64() * 1e3);
     }
-    let _ = ureq::delete(&format!("{url}/v1/sessions/{id}"))
-        .set("Authorization", &auth)
-        .call();
+    delete(&id);
     println!(
         "{{\"session_create_ms\": {created_ms:.1}, \"session_create_to_first_answer_ms\": {create_ms:.1}, \"first_answer_range_ms\": \"{spread}\", \"sessions\": {sessions}, \"from_pool\": {pooled}, \"pool\": {}, \"shell_ms_median\": {:.2}, \"exec_ms_median\": {:.2}, \"runs\": {n}}}",
         pools.last().cloned().unwrap_or_default(),

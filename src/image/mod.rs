@@ -89,6 +89,22 @@ pub fn go_arch() -> &'static str {
 }
 
 /// Accept `name[:tag]` with the characters of a reference; add `:latest` when no tag is given.
+/// An error with every cause under it, each said once (HTTP and TLS libraries nest the
+/// useful part — "certificate verify failed", "connection refused" — a few levels down).
+pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
+}
+
 pub fn normalize_name(name: &str) -> Result<String, ImageError> {
     let valid = !name.is_empty()
         && name.len() <= 255

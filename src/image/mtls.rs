@@ -22,6 +22,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
+use base64::Engine;
 use futures::TryStreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 
@@ -107,17 +108,15 @@ fn upstream_client(
         .read_timeout(Duration::from_secs(120))
         .build()
         .map_err(|e| {
-            let source = std::error::Error::source(&e)
-                .map(|s| format!(": {s}"))
-                .unwrap_or_default();
+            let text = super::with_causes(&e);
             // rustls takes X.509 v3 certificates only (Go also takes v1, which `openssl x509
             // -req` makes without an extension file).
-            let hint = if source.contains("UnsupportedCertVersion") {
+            let hint = if text.contains("UnsupportedCertVersion") {
                 format!(" ({} is not an X.509 v3 certificate)", cert.cert.display())
             } else {
                 String::new()
             };
-            ImageError::Registry(format!("{host}: setting up the TLS client: {e}{source}{hint}"))
+            ImageError::Registry(format!("{host}: setting up the TLS client: {text}{hint}"))
         })
 }
 
@@ -134,7 +133,10 @@ pub fn start(host: &str, cert: &ClientCert, ca: &[PathBuf], skip_verify: bool) -
             source,
         })?;
     let password: String = secret.iter().map(|b| format!("{b:02x}")).collect();
-    let expected_auth = format!("Basic {}", base64_encode(format!("runner:{password}").as_bytes()));
+    let expected_auth = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("runner:{password}"))
+    );
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|source| ImageError::Io {
         what: "binding the client-certificate bridge on 127.0.0.1".into(),
         source,
@@ -167,11 +169,6 @@ pub fn start(host: &str, cert: &ClientCert, ca: &[PathBuf], skip_verify: bool) -
         task,
         failure,
     })
-}
-
-fn base64_encode(data: &[u8]) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.encode(data)
 }
 
 /// Headers that belong to one hop (RFC 9110 §7.6.1) and the proxy's own.
@@ -236,14 +233,10 @@ async fn forward(State(up): State<Arc<Upstream>>, req: Request) -> Response {
     let answer = match sent {
         Ok(a) => a,
         Err(e) => {
-            let mut text = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                text.push_str(": ");
-                text.push_str(&s.to_string());
-                source = s.source();
-            }
-            let text = format!("{method} {target} with the client certificate: {text}");
+            let text = format!(
+                "{method} {target} with the client certificate: {}",
+                super::with_causes(&e)
+            );
             tracing::debug!("bridge: {text}");
             if let Ok(mut last) = up.failure.lock() {
                 *last = Some(text.clone());

@@ -201,16 +201,7 @@ fn registry_error(what: &str, e: OciDistributionError) -> ImageError {
             format!("HTTP {code} from {url}: {}", message.trim())
         }
         _ => {
-            let mut text = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                let more = s.to_string();
-                if !text.contains(&more) {
-                    text.push_str(": ");
-                    text.push_str(&more);
-                }
-                source = s.source();
-            }
+            let mut text = super::with_causes(&e);
             if text.contains("InvalidContentType") {
                 // rustls' words for an answer that is not TLS at all.
                 text.push_str(" (the registry does not speak TLS: if it serves plain HTTP, say so with --insecure-registry HOST[:PORT] or an http:// host in hosts.toml)");
@@ -247,8 +238,7 @@ impl Remote {
         let err = registry_error(what, e);
         match self.bridge.as_ref().and_then(|b| b.last_failure()) {
             Some(failure) if !err.to_string().contains(&failure) => ImageError::Registry(format!("{err} ({failure})")),
-            Some(_) => err,
-            None => err,
+            _ => err,
         }
     }
 
