@@ -195,6 +195,38 @@ fn exported_pods_carry_the_hardening_and_the_job_fields() {
     }
 }
 
+/// Our Localhost profile admits the native syscall ABI only: an Environment that allows the
+/// 32-bit one gets the runtime's default profile instead (which admits it), the others ours.
+#[test]
+fn an_environment_that_allows_32bit_syscalls_exports_with_the_runtime_default_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_manifest(
+        dir.path(),
+        "job.yaml",
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: compat}\nspec:\n  image: reg.example/app:1\n  allow32BitSyscalls: true\n---\napiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: native}\nspec:\n  image: reg.example/app:1\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: old-binary}\nspec:\n  environment: compat\n  command: \"./a.out\"\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: new-binary}\nspec:\n  environment: native\n  command: \"./a.out\"\n",
+    );
+    let profile = dir.path().join("runner-seccomp.json");
+    let out = export(&[
+        "-f",
+        file.to_str().unwrap(),
+        "--seccomp-profile",
+        profile.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let jobs = jobs_of(&String::from_utf8(out.stdout).unwrap());
+    let profile_of = |name: &str| {
+        let job = jobs.iter().find(|j| j["metadata"]["name"] == name).unwrap();
+        job["spec"]["template"]["spec"]["containers"][0]["securityContext"]["seccompProfile"].clone()
+    };
+    assert_eq!(profile_of("old-binary"), serde_json::json!({"type": "RuntimeDefault"}));
+    assert_eq!(
+        profile_of("new-binary"),
+        serde_json::json!({"type": "Localhost", "localhostProfile": "runner-seccomp.json"})
+    );
+    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
+    assert_eq!(written["architectures"].as_array().map(Vec::len), Some(1), "{written}");
+}
+
 const BRIDGE_MANIFEST: &str = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec:\n  image: reg.example/app:1\n  network: bridge\n  egress:\n    allow: [\"10.0.0.0/8\", \"203.0.113.7:443\"]\n  ports:\n  - {containerPort: 8080, name: web}\n  - {containerPort: 53, protocol: UDP, hostPort: 1053, hostIP: 0.0.0.0}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: web}\nspec:\n  environment: e\n  command: \"true\"\n";
 
 /// A bridge Job keeps its wall on a cluster: egress only to runner's other pods and the

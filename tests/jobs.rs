@@ -786,3 +786,49 @@ fn pools_survive_a_containerd_restart_and_broken_members_are_replaced() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("2 ready"), "{out:?}");
     assert_eq!((ls()["ready"].as_u64(), ls()["broken"].as_u64()), (Some(2), Some(0)));
 }
+
+/// The seccomp filter admits only the host's native syscall ABI unless the Environment asks:
+/// a 64-bit program that makes one 32-bit system call (`int $0x80`) is killed with SIGSYS
+/// and the Job says why; with `allow32BitSyscalls: true` the same call works.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn the_32bit_syscall_abi_is_refused_unless_the_environment_allows_it() {
+    assert_eq!(std::env::consts::ARCH, "x86_64", "the probe is x86_64 assembly");
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    // getpid through the 32-bit ABI, then exit through the native one: 0 when the call worked.
+    let source = ws.join("probe.c");
+    std::fs::write(
+        &source,
+        "void _start(void) {\n  long pid;\n  __asm__ volatile (\"int $0x80\" : \"=a\"(pid) : \"a\"(20L) : \"memory\");\n  __asm__ volatile (\"syscall\" :: \"a\"(60L), \"D\"(pid > 0 ? 0L : 3L) : \"rcx\", \"r11\", \"memory\");\n  __builtin_unreachable();\n}\n",
+    )
+    .unwrap();
+    let built = std::process::Command::new("gcc")
+        .args(["-nostdlib", "-static", "-fno-stack-protector", "-O2", "-o"])
+        .arg(ws.join("probe"))
+        .arg(&source)
+        .output()
+        .expect("gcc (scripts/deps.sh installs it)");
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    for (name, extra) in [("abi-native", ""), ("abi-compat", "  allow32BitSyscalls: true\n")] {
+        let manifest = format!(
+            "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: {name}}}\nspec:\n  image: local/busybox:1.35\n{extra}---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n  environment: {name}\n  workspace: ./ws\n  command: [\"/workspace/probe\"]\n  timeoutSeconds: 20\n"
+        );
+        let file = write_manifest(dir.path(), &format!("{name}.yaml"), &manifest);
+        let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state);
+        let job = json_of(&out);
+        if extra.is_empty() {
+            assert_eq!(out.status.code(), Some(1), "{job}");
+            assert_eq!(job["status"]["reason"], "Error", "{job}");
+            assert_eq!(job["status"]["result"]["exitCode"], 159, "killed by SIGSYS: {job}");
+            let message = job["status"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains("allow32BitSyscalls"), "{job}");
+        } else {
+            assert_eq!(out.status.code(), Some(0), "{job}");
+            assert_eq!(job["status"]["result"]["exitCode"], 0, "{job}");
+        }
+    }
+}

@@ -49,6 +49,9 @@ pub enum Reason {
     PodFailurePolicy,
 }
 
+/// 128 + SIGSYS: how a process the seccomp filter killed ends.
+const SIGSYS_STATUS: i32 = 128 + 31;
+
 /// How one attempt ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -65,10 +68,18 @@ impl AttemptStatus {
     /// The status a finished command gives its attempt.
     pub fn of(result: ExecResult, deadline_bound: bool) -> Self {
         let (phase, reason) = status_of(result.clone(), deadline_bound);
+        // Our seccomp filter answers a refused syscall with EPERM; it kills (SIGSYS) only a
+        // syscall of an ABI it does not admit: almost always a 32-bit program.
+        let message = (reason == Reason::Error && result.status_code() == SIGSYS_STATUS).then(|| {
+            format!(
+                "exit code {SIGSYS_STATUS} (SIGSYS): a system call of an ABI the seccomp filter does not admit; \
+                 a 32-bit program needs allow32BitSyscalls: true in its Environment"
+            )
+        });
         AttemptStatus {
             phase,
             reason,
-            message: None,
+            message,
             result: Some(result),
         }
     }
@@ -456,6 +467,22 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(status_of(oom, false), (Phase::Failed, Reason::OomKilled));
+    }
+
+    #[test]
+    fn a_command_the_seccomp_filter_killed_is_explained() {
+        let killed = ExecResult {
+            exit_code: Some(159),
+            ..Default::default()
+        };
+        let status = AttemptStatus::of(killed, false);
+        assert_eq!(status.reason, Reason::Error);
+        assert!(status.message.unwrap().contains("allow32BitSyscalls"));
+        let plain = ExecResult {
+            exit_code: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(AttemptStatus::of(plain, false).message, None);
     }
 
     #[test]

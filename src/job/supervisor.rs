@@ -74,8 +74,9 @@ fn outcome_of(status: &AttemptStatus) -> Outcome {
         _ => Outcome::Failed {
             exit_code: status.result.as_ref().map(|r| r.status_code()).unwrap_or(1),
             reason: status.reason,
-            // No command ran: the registry's answer says more than an exit code.
-            message: (status.reason == Reason::ErrImagePull)
+            // No command ran: the registry's answer says more than an exit code; a command
+            // the seccomp filter killed is explained.
+            message: matches!(status.reason, Reason::ErrImagePull | Reason::Error)
                 .then(|| status.message.clone())
                 .flatten(),
         },

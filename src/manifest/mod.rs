@@ -559,6 +559,10 @@ pub struct Environment {
     /// `hostUsers: true`: no user namespace (container root is the host's root, with the
     /// hardened capabilities). Default false: each container gets a range of its own.
     pub host_users: bool,
+    /// `allow32BitSyscalls: true`: the seccomp filter also admits the host's 32-bit syscall
+    /// ABI (x86 on x86_64, arm on aarch64), as Docker's default profile does. Default false:
+    /// a 32-bit program is killed at its first syscall (SIGSYS).
+    pub allow_32bit_syscalls: bool,
     /// `imagePullPolicy`; `None`: Kubernetes' default for the image's tag.
     pub image_pull_policy: Option<PullPolicy>,
     pub setup: Vec<String>,
@@ -1676,6 +1680,7 @@ fn validate_environment(
         env: spec.env,
         include_host_env: spec.include_host_env.as_ref().is_some_and(|b| b.value),
         host_users: spec.host_users.as_ref().is_some_and(|b| b.value),
+        allow_32bit_syscalls: spec.allow_32bit_syscalls.as_ref().is_some_and(|b| b.value),
         image_pull_policy: spec.image_pull_policy.as_ref().map(|p| p.value),
         egress_allow,
         egress_domains,

@@ -106,6 +106,9 @@ pub struct EnvironmentSpec {
     pub env: BTreeMap<String, String>,
     pub include_host_env: Option<Spanned<bool>>,
     pub host_users: Option<Spanned<bool>>,
+    /// Let the host's 32-bit syscall ABI through the seccomp filter (off by default).
+    #[serde(rename = "allow32BitSyscalls")]
+    pub allow_32bit_syscalls: Option<Spanned<bool>>,
     pub image_pull_policy: Option<Spanned<super::PullPolicy>>,
     pub setup: Option<Setup>,
     #[serde(default)]

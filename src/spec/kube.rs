@@ -348,9 +348,13 @@ fn security_context(env: &Environment, options: &ExportOptions) -> Value {
         .map(|c| c.to_string().trim_start_matches("CAP_").to_string())
         .collect();
     caps.sort();
+    // Our profile admits only the native syscall ABI; an Environment that needs the 32-bit one
+    // gets the runtime's default profile (Docker's and containerd's admit it) instead.
     let seccomp = match &options.seccomp {
-        Seccomp::RuntimeDefault => json!({"type": "RuntimeDefault"}),
-        Seccomp::Localhost(path) => json!({"type": "Localhost", "localhostProfile": path}),
+        Seccomp::Localhost(path) if !env.allow_32bit_syscalls => {
+            json!({"type": "Localhost", "localhostProfile": path})
+        }
+        Seccomp::Localhost(_) | Seccomp::RuntimeDefault => json!({"type": "RuntimeDefault"}),
     };
     let mut sc = json!({
         "privileged": false,
@@ -807,9 +811,9 @@ fn read_tree(root: &Path) -> Result<Vec<FileEntry>, String> {
 }
 
 /// Our seccomp filter as a file for the kubelet's seccomp directory (`Localhost` profiles use
-/// the same JSON as an OCI spec's `linux.seccomp`).
+/// the same JSON as an OCI spec's `linux.seccomp`): the native ABI only, as runner's default.
 pub fn seccomp_profile(arch: &str) -> Result<Value, super::SpecError> {
-    serde_json::to_value(super::seccomp::default_profile(arch)?).map_err(|e| super::SpecError::Refused {
+    serde_json::to_value(super::seccomp::default_profile(arch, false)?).map_err(|e| super::SpecError::Refused {
         origin: "seccomp".into(),
         reason: e.to_string(),
     })

