@@ -52,6 +52,42 @@ fn v1_dir(controller: &str, cgroup: &str) -> PathBuf {
         .join(cgroup.trim_start_matches('/'))
 }
 
+/// Where a cgroup v2 hierarchy is mounted, if any (`/sys/fs/cgroup` on v2,
+/// `/sys/fs/cgroup/unified` on hybrid v1 hosts).
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mounts.lines().find_map(|line| {
+        let (pre, post) = line.split_once(" - ")?;
+        if post.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        pre.split_whitespace().nth(4).map(PathBuf::from)
+    })
+}
+
+/// Our own cgroup v2 path (`0::/path` in /proc/self/cgroup).
+pub fn own_cgroup2_path() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim_start_matches('/').to_string())
+}
+
+/// This process's own `cgroup.procs`: in the v2 hierarchy when one is mounted, else in v1's
+/// memory hierarchy.
+pub fn own_procs_file() -> Option<PathBuf> {
+    if let (Some(mount), Some(path)) = (cgroup2_mount(), own_cgroup2_path()) {
+        return Some(mount.join(path).join("cgroup.procs"));
+    }
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers.split(',').any(|c| c == "memory").then_some(path)
+    })?;
+    Some(v1_dir("memory", path).join("cgroup.procs"))
+}
+
 /// Host PIDs of the processes in the cgroup at `cgroup` (empty when it is gone).
 pub fn procs(cgroup: &str) -> Vec<i32> {
     let file = match layout() {

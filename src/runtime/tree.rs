@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
+use super::cgroupfs;
+
 static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 
 /// Prefix of the cgroups the host backend creates (one per process it starts).
@@ -26,27 +28,6 @@ pub struct ProcessTree {
     /// Open `cgroup.procs` of `cgroup`, written by the child before exec.
     procs_fd: Option<OwnedFd>,
     pgid: Option<i32>,
-}
-
-/// Where a cgroup v2 hierarchy is mounted, if any (`/sys/fs/cgroup` on v2,
-/// `/sys/fs/cgroup/unified` on hybrid v1 hosts).
-fn cgroup2_mount() -> Option<PathBuf> {
-    let mounts = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mounts.lines().find_map(|line| {
-        let (pre, post) = line.split_once(" - ")?;
-        if post.split_whitespace().next()? != "cgroup2" {
-            return None;
-        }
-        pre.split_whitespace().nth(4).map(PathBuf::from)
-    })
-}
-
-/// Our own cgroup v2 path (`0::/path` in /proc/self/cgroup).
-fn own_cgroup2_path() -> Option<String> {
-    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(|p| p.trim_start_matches('/').to_string())
 }
 
 impl ProcessTree {
@@ -72,8 +53,8 @@ impl ProcessTree {
     }
 
     fn make_cgroup() -> Option<PathBuf> {
-        let mount = cgroup2_mount()?;
-        let parent = mount.join(own_cgroup2_path()?);
+        let mount = cgroupfs::cgroup2_mount()?;
+        let parent = mount.join(cgroupfs::own_cgroup2_path()?);
         let name = format!(
             "{CGROUP_PREFIX}{}-{}",
             std::process::id(),

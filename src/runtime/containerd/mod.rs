@@ -7,6 +7,7 @@
 //! Snapshots.Remove → Containers.Delete, NotFound counting as done.
 
 pub mod agent;
+mod attach_lock;
 pub mod dns;
 mod io;
 pub mod logger;
@@ -237,7 +238,10 @@ impl Engine {
         rootfs: Vec<containerd_client::types::Mount>,
         stdio: &client::Stdio,
     ) -> Result<u32, CtdError> {
+        // runc moves the init into its cgroups in there (see `attach_lock`).
+        let warm = attach_lock::hold();
         let created = self.client.task_create(id, rootfs, stdio).await;
+        drop(warm);
         self.drop_host_mounts(id);
         created
     }
