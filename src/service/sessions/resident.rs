@@ -3,7 +3,8 @@
 //! variables, functions, aliases, options and directory persist because nothing restarts it.
 //!
 //! Channels, all FIFOs in the sandbox's shared directory (`Sandbox::fifo`):
-//! - `sh-NAME.in`: the shell's stdin. The host writes one call as two lines:
+//! - `sh-NAME.in`: the shell's input (bash's stdin, another sh's script file; see `LAUNCH`).
+//!   The host writes one call as two lines:
 //!   `{ eval '<command>'\n} </dev/null >OUT 2>&1 4>&-` then `printf N<tag>\ %d\\n $? >&4`.
 //!   The command is one quoted word, so nothing it contains can break the framing; it runs in
 //!   the shell itself (a group, not a subshell), without the shell's stdin or status FIFO.
@@ -45,10 +46,17 @@ use crate::service::ServiceError;
 /// Starts the shell detached from the launching command (which the agent waits for): `setsid`
 /// forks when its caller leads a group, as the agent's commands do. Without `setsid` the shell
 /// is an asynchronous list, so its commands inherit SIGINT ignored: a timeout then escalates.
+///
+/// bash reads the FIFO as its stdin. Any other `sh` reads it as a script file (`sh -i FIFO`,
+/// stdin /dev/null), still interactive: busybox's ash reads an interactive stdin that is no
+/// terminal with stdio's `fgets`, and a signal it catches while waiting there (SIGCHLD: a
+/// background job ending between calls) fails that read with EINTR, which ash takes for the
+/// end of its input, and exits. A script file it reads with `read(2)`, retried on EINTR.
 const LAUNCH: &str = r#"runner_in=$1 runner_st=$2
-if runner_i=$(command -v bash); then set -- "$runner_i" --norc --noprofile --noediting -i; else set -- /bin/sh -i; fi
-if command -v setsid >/dev/null 2>&1; then exec setsid "$@" <"$runner_in" 4>"$runner_st" >/dev/null 2>&1; fi
-"$@" <"$runner_in" 4>"$runner_st" >/dev/null 2>&1 &"#;
+if runner_i=$(command -v bash); then set -- "$runner_i" --norc --noprofile --noediting -i; runner_src=$runner_in
+else set -- /bin/sh -i "$runner_in"; runner_src=/dev/null; fi
+if command -v setsid >/dev/null 2>&1; then exec setsid "$@" <"$runner_src" 4>"$runner_st" >/dev/null 2>&1; fi
+"$@" <"$runner_src" 4>"$runner_st" >/dev/null 2>&1 &"#;
 
 /// How long a new shell may take to say hello.
 const START_LIMIT: Duration = Duration::from_secs(15);
@@ -250,8 +258,8 @@ impl Resident {
         written.map_err(|e| ServiceError::internal("writing to the shell", e))
     }
 
-    /// Whether the shell was found gone (it exited between calls: busybox's ash, for one, can
-    /// act on an interrupt it was sent during the previous call's escalation only later).
+    /// Whether the shell was found gone: it exited between calls (a background job of the
+    /// user's killed it, say).
     pub(super) fn gone(&self) -> bool {
         self.gone
     }
