@@ -4,6 +4,7 @@
 #                           CONTAINERD_NAMESPACE (runner-NAME-PID)
 #   bench_containerd        starts the private containerd; exports CONTAINERD_ADDRESS
 #   bench_busybox           builds the busybox test image and imports it
+#   bench_stop              removes what runner left in containerd, stops it, removes $work
 bench_env() {
   scripts/deps.sh
   cargo build --release --locked --bin runner --example bench >/dev/null 2>&1 ||
@@ -21,4 +22,9 @@ bench_containerd() {
 bench_busybox() {
   images/busybox/build.sh "$work/busybox.tar" oci >/dev/null
   "$runner" image import "$work/busybox.tar" >/dev/null
+}
+bench_stop() {
+  "$runner" gc >/dev/null 2>&1 || true
+  "$runner" daemon stop >/dev/null 2>&1 || true
+  rm -rf "$work"
 }

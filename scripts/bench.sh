@@ -144,10 +144,22 @@ for _ in $(seq 1 100); do grep -q listening "$work/serve.out" 2>/dev/null && bre
 url=$(sed -n 's/^listening on //p' "$work/serve.out")
 http=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" "$bench" http "$runs")
 http_py=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" BENCH_IMAGE=local/python:3.11 "$bench" http "$runs")
-kill "$serve_pid"; wait "$serve_pid" 2>/dev/null || true
+# What keeping the kernel's cgroup attach lock warm saves a cold session (a second server with
+# it off, RUNNER_WARM_CGROUP_ATTACH=0; the two alternate, three rounds of BENCH_SESSIONS each).
+# On a host whose cgroup2 is mounted with favordynmods the two are the same.
+RUNNER_WARM_CGROUP_ATTACH=0 "$runner" serve --listen 127.0.0.1:0 --token-file "$work/token" > "$work/serve-cold.out" 2>"$work/serve-cold.err" &
+cold_pid=$!
+for _ in $(seq 1 100); do grep -q listening "$work/serve-cold.out" 2>/dev/null && break; sleep 0.05; done
+url_off=$(sed -n 's/^listening on //p' "$work/serve-cold.out")
+created_ms() { BENCH_URL="$1" BENCH_TOKEN="$(cat "$work/token")" "$bench" http 1 | sed -n 's/.*"session_create_ms": \([0-9.]*\).*/\1/p'; }
+w_on=(); w_off=()
+for _ in 1 2 3; do w_on+=("$(created_ms "$url")"); w_off+=("$(created_ms "$url_off")"); done
+kill "$serve_pid" "$cold_pid"; wait "$serve_pid" "$cold_pid" 2>/dev/null || true
+won_med=$(printf '%s\n' "${w_on[@]}" | sort -n | sed -n 2p); woff_med=$(printf '%s\n' "${w_off[@]}" | sort -n | sed -n 2p)
 h_exec=$(echo "$http" | sed -n 's/.*"exec_ms_median": \([0-9.]*\).*/\1/p')
 echo "http       busybox: $http"
 echo "http       python (bash resident shell): $http_py"
+echo "http       cold session create, cgroup attach lock kept warm: ${won_med} ms   not: ${woff_med} ms  (median of 3 rounds)"
 # The same from warm pools `serve --pool` keeps (sessions claim a member; the pool refills).
 mkdir -p "$work/envs"
 printf 'apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nspec:\n  image: local/busybox:1.35\n---\napiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: py}\nspec:\n  image: local/python:3.11\n' > "$work/envs/envs.yaml"

@@ -22,9 +22,7 @@ command -v perf >/dev/null || { apt-get update -q && apt-get install -y -q linux
 bench_env profile
 cleanup() {
   "$runner" pool rm bb >/dev/null 2>&1 || true
-  "$runner" gc >/dev/null 2>&1 || true
-  "$runner" daemon stop >/dev/null 2>&1 || true
-  rm -rf "$work"
+  bench_stop
 }
 trap cleanup EXIT
 bench_containerd
