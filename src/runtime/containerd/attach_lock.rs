@@ -11,7 +11,10 @@
 //!
 //! So while a create is in flight, one thread of this process moves the process into its
 //! own cgroup every few milliseconds: a migration that changes nothing but takes the same
-//! lock, keeping it in its writer fast path for runc's write. The kernel's `favordynmods`
+//! lock, keeping it in its writer fast path for runc's write. Every such write also holds off
+//! forks and exits host-wide for its few microseconds, so the runner processes of a host take
+//! turns: a write is skipped when any of them wrote less than an interval ago (the mtime of a
+//! shared mark file says when); twenty `runner apply` processes write no more than one does. The kernel's `favordynmods`
 //! cgroup mount option (Linux ≥ 6.0; systemd may set it) removes the wait for everybody; with
 //! it these writes are cheap no-ops. Best effort: the first write that fails (a read-only
 //! cgroupfs in a container, a cgroup that does not accept processes) turns it off for the life
@@ -33,21 +36,34 @@ struct State {
     started: bool,
     /// A write failed, or there is nothing to write to: never again.
     off: bool,
+    /// The writer waits for a hold (it cannot write before one comes).
+    parked: bool,
 }
 
 struct Warmer {
     /// This process's own `cgroup.procs`.
     target: Option<PathBuf>,
+    /// The host-wide mark of the last write (see `MARK`).
+    mark: PathBuf,
+    /// Between writes (`INTERVAL`; longer in tests, which must not depend on scheduling).
+    interval: Duration,
     state: Mutex<State>,
     wake: Condvar,
 }
+
+/// Touched at each write by whichever runner process made it (host-wide, as the lock is).
+const MARK: &str = "/run/runner/cgroup-attach-warm";
 
 /// Set to `0` to turn the warming off (to measure what it saves: `scripts/bench.sh`).
 pub const SWITCH_ENV: &str = "RUNNER_WARM_CGROUP_ATTACH";
 
 static WARMER: LazyLock<Arc<Warmer>> = LazyLock::new(|| {
     let wanted = std::env::var(SWITCH_ENV).map_or(true, |v| v != "0");
-    Warmer::new(wanted.then(crate::runtime::cgroupfs::own_procs_file).flatten())
+    Warmer::new(
+        wanted.then(crate::runtime::cgroupfs::own_procs_file).flatten(),
+        PathBuf::from(MARK),
+        INTERVAL,
+    )
 });
 
 /// Held while a container is being created; the lock is kept warm until the last one drops.
@@ -59,9 +75,11 @@ pub fn hold() -> Hold {
 }
 
 impl Warmer {
-    fn new(target: Option<PathBuf>) -> Arc<Self> {
+    fn new(target: Option<PathBuf>, mark: PathBuf, interval: Duration) -> Arc<Self> {
         Arc::new(Warmer {
             target,
+            mark,
+            interval,
             state: Mutex::new(State::default()),
             wake: Condvar::new(),
         })
@@ -100,21 +118,46 @@ impl Warmer {
         Hold(self.clone())
     }
 
+    /// Whether some runner process wrote less than an interval ago.
+    fn written_lately(&self) -> bool {
+        std::fs::metadata(&self.mark)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age < self.interval)
+    }
+
     /// The writer: idle while nothing is being created.
     fn run(&self, target: PathBuf) {
+        // Without a mark (no /run/runner yet) this process writes on its own schedule.
+        let mark = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&self.mark)
+            .ok();
         loop {
-            drop(
-                self.wake
-                    .wait_while(self.state(), |s| s.holders == 0)
-                    .unwrap_or_else(|e| e.into_inner()),
-            );
-            // "0": the writing process itself, into the cgroup it is already in.
-            if let Err(e) = std::fs::write(&target, "0") {
-                tracing::debug!(file = %target.display(), error = %e, "the cgroup attach lock is not kept warm");
-                self.state().off = true;
-                return;
+            {
+                let mut state = self.state();
+                state.parked = true;
+                let mut state = self
+                    .wake
+                    .wait_while(state, |s| s.holders == 0)
+                    .unwrap_or_else(|e| e.into_inner());
+                state.parked = false;
             }
-            std::thread::sleep(INTERVAL);
+            if !(mark.is_some() && self.written_lately()) {
+                // "0": the writing process itself, into the cgroup it is already in.
+                if let Err(e) = std::fs::write(&target, "0") {
+                    tracing::debug!(file = %target.display(), error = %e, "the cgroup attach lock is not kept warm");
+                    self.state().off = true;
+                    return;
+                }
+                if let Some(mark) = &mark {
+                    let _ = mark.set_modified(std::time::SystemTime::now());
+                }
+            }
+            std::thread::sleep(self.interval);
         }
     }
 }
@@ -142,29 +185,54 @@ mod tests {
     fn writes_only_while_held_and_stops_for_good_after_a_failure() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("cgroup.procs");
-        let warmer = Warmer::new(Some(file.clone()));
+        let warmer = Warmer::new(Some(file.clone()), dir.path().join("mark"), INTERVAL);
         let (a, b) = (warmer.hold(), warmer.hold());
         wait_for("a write while held", || file.exists());
         drop(a);
         std::fs::remove_file(&file).unwrap();
         wait_for("writes go on while one hold is left", || file.exists());
         drop(b);
-        // At most the write already under way lands after the last hold went.
-        std::thread::sleep(INTERVAL * 3);
+        // Once parked, it writes nothing until the next hold.
+        wait_for("the writer parks", || warmer.state().parked);
         let _ = std::fs::remove_file(&file);
         std::thread::sleep(INTERVAL * 5);
         assert!(!file.exists(), "written with nothing held");
         assert_eq!(warmer.state().holders, 0);
 
-        let broken = Warmer::new(Some(dir.path().join("gone/cgroup.procs")));
+        let broken = Warmer::new(
+            Some(dir.path().join("gone/cgroup.procs")),
+            dir.path().join("mark2"),
+            INTERVAL,
+        );
         let held = broken.hold();
         wait_for("a failed write turns it off", || broken.state().off);
         drop(held);
         let _again = broken.hold();
         assert!(broken.state().off);
-        let nothing = Warmer::new(None);
+        let nothing = Warmer::new(None, dir.path().join("mark3"), INTERVAL);
         let _held = nothing.hold();
         let state = nothing.state();
         assert!(state.off && !state.started);
+    }
+
+    #[test]
+    fn processes_take_turns_through_the_shared_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cgroup.procs");
+        let mark = dir.path().join("mark");
+        // Another process wrote just now, and keeps writing: this one skips its writes.
+        std::fs::write(&mark, "").unwrap();
+        let other = std::fs::File::options().write(true).open(&mark).unwrap();
+        let interval = Duration::from_millis(300);
+        let warmer = Warmer::new(Some(file.clone()), mark, interval);
+        let held = warmer.hold();
+        for _ in 0..20 {
+            other.set_modified(std::time::SystemTime::now()).unwrap();
+            std::thread::sleep(interval / 10);
+        }
+        assert!(!file.exists(), "wrote while another process was writing");
+        // The other one stops: this one takes over.
+        wait_for("taking over", || file.exists());
+        drop(held);
     }
 }
