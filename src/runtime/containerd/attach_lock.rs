@@ -14,11 +14,13 @@
 //! lock, keeping it in its writer fast path for runc's write. Every such write also holds off
 //! forks and exits host-wide for its few microseconds, so the runner processes of a host take
 //! turns: a write is skipped when any of them wrote less than an interval ago (the mtime of a
-//! shared mark file says when); twenty `runner apply` processes write no more than one does. The kernel's `favordynmods`
-//! cgroup mount option (Linux ≥ 6.0; systemd may set it) removes the wait for everybody; with
-//! it these writes are cheap no-ops. Best effort: the first write that fails (a read-only
-//! cgroupfs in a container, a cgroup that does not accept processes) turns it off for the life
-//! of the process, and nothing depends on it but time.
+//! shared mark file says when); twenty `runner apply` processes write no more than one does.
+//!
+//! The kernel's `favordynmods` cgroup mount option (Linux ≥ 6.0) removes the wait for
+//! everybody, and with it these writes are cheap no-ops; on Linux ≥ 6.17 it cannot be turned
+//! off again until a reboot, which is why runner does not set it itself. Best effort: the
+//! first write that fails (a read-only cgroupfs in a container, a cgroup that does not accept
+//! processes) turns it off for the life of the process, and nothing depends on it but time.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, LazyLock, Mutex};
