@@ -17,8 +17,9 @@
 //! shared mark file says when); twenty `runner apply` processes write no more than one does.
 //!
 //! The kernel's `favordynmods` cgroup mount option (Linux ≥ 6.0) removes the wait for
-//! everybody, and with it these writes are cheap no-ops; on Linux ≥ 6.17 it cannot be turned
-//! off again until a reboot, which is why runner does not set it itself. Best effort: the
+//! everybody, and with it these writes are cheap no-ops; but it is host policy, and on this
+//! project's kernel (6.18) a remount without it left the fast path on until a reboot, so
+//! runner does not set it itself. Best effort: the
 //! first write that fails (a read-only cgroupfs in a container, a cgroup that does not accept
 //! processes) turns it off for the life of the process, and nothing depends on it but time.
 
