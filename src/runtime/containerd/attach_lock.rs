@@ -19,9 +19,9 @@
 //! The kernel's `favordynmods` cgroup mount option (Linux ≥ 6.0) removes the wait for
 //! everybody, and with it these writes are cheap no-ops; but it is host policy, and on this
 //! project's kernel (6.18) a remount without it left the fast path on until a reboot, so
-//! runner does not set it itself. Best effort: the
-//! first write that fails (a read-only cgroupfs in a container, a cgroup that does not accept
-//! processes) turns it off for the life of the process, and nothing depends on it but time.
+//! runner does not set it itself. Best effort: the first write that fails (a read-only
+//! cgroupfs in a container, a cgroup that does not accept processes) turns it off for the life
+//! of the process, and nothing depends on it but time.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, LazyLock, Mutex};
