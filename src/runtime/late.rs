@@ -254,25 +254,65 @@ fn unmount_resolved(dir: &Path) -> io::Result<()> {
 }
 
 /// Remove a tree, never following a symlink, never entering another filesystem nor any mount
-/// point (a bind from the same filesystem has the same device: the mount table says).
+/// point (a bind from the same filesystem has the same device: the mount table says). What
+/// vanishes meanwhile is removed already: two processes may tear down one container (the
+/// fillers of a pool each remove the used members they find).
 fn remove_unmounted(path: &Path, dev: u64, mounts: &std::collections::HashSet<PathBuf>) -> io::Result<()> {
-    let meta = std::fs::symlink_metadata(path)?;
+    fn gone_is_done<T>(r: io::Result<T>) -> io::Result<Option<T>> {
+        match r {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+    let Some(meta) = gone_is_done(std::fs::symlink_metadata(path))? else {
+        return Ok(());
+    };
     if meta.dev() != dev || mounts.contains(path) {
         return Err(io::Error::other(format!("{} is a mount point", path.display())));
     }
     if meta.is_dir() {
-        for entry in std::fs::read_dir(path)? {
-            remove_unmounted(&entry?.path(), dev, mounts)?;
+        let Some(entries) = gone_is_done(std::fs::read_dir(path))? else {
+            return Ok(());
+        };
+        for entry in entries {
+            if let Some(entry) = gone_is_done(entry)? {
+                remove_unmounted(&entry.path(), dev, mounts)?;
+            }
         }
-        std::fs::remove_dir(path)
+        gone_is_done(std::fs::remove_dir(path)).map(drop)
     } else {
-        std::fs::remove_file(path)
+        gone_is_done(std::fs::remove_file(path)).map(drop)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two teardowns of one container at once both succeed: what the other removed first
+    /// is not an error.
+    #[test]
+    fn two_releases_of_one_tree_at_once_both_succeed() {
+        for _ in 0..30 {
+            let tmp = tempfile::tempdir().unwrap();
+            let root = tmp.path().join("run");
+            for d in 0..20 {
+                let dir = root.join(format!("d{d}/sub"));
+                std::fs::create_dir_all(&dir).unwrap();
+                for f in 0..10 {
+                    std::fs::write(dir.join(format!("f{f}")), "x").unwrap();
+                }
+            }
+            std::thread::scope(|scope| {
+                let a = scope.spawn(|| release(&root));
+                let b = scope.spawn(|| release(&root));
+                a.join().unwrap().unwrap();
+                b.join().unwrap().unwrap();
+            });
+            assert!(!root.exists());
+        }
+    }
 
     #[test]
     fn mountinfo_escapes_are_undone() {
