@@ -72,8 +72,8 @@ impl AttemptStatus {
         // syscall of an ABI it does not admit: almost always a 32-bit program.
         let message = (reason == Reason::Error && result.status_code() == SIGSYS_STATUS).then(|| {
             format!(
-                "exit code {SIGSYS_STATUS} (SIGSYS): a system call of an ABI the seccomp filter does not admit; \
-                 a 32-bit program needs allow32BitSyscalls: true in its Environment"
+                "exit code {SIGSYS_STATUS} (SIGSYS): in a container, a system call of an ABI the seccomp \
+                 filter does not admit; a 32-bit program needs allow32BitSyscalls: true in its Environment"
             )
         });
         AttemptStatus {
