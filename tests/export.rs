@@ -94,25 +94,32 @@ fn jobs_of(text: &str) -> Vec<serde_json::Value> {
     docs_of(text).into_iter().filter(|o| o["kind"] == "Job").collect()
 }
 
-#[test]
-fn exported_pods_carry_the_hardening_and_the_job_fields() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = write_manifest(
-        dir.path(),
-        "job.yaml",
-        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec:\n  image: reg.example/app:1\n  user: \"1000:1000\"\n  workdir: /work\n  env: {A: \"1\", B: \"$(HOME) $$\"}\n  setup: {commands: [\"echo set up\"]}\n  resources: {memory: 300Mi, cpu: 250m}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: many, labels: {team: x}, annotations: {note: hi}}\nspec:\n  environment: e\n  command: \"exit 3\"\n  timeoutSeconds: 7\n  activeDeadlineSeconds: 100\n  backoffLimit: 2\n  completions: 4\n  parallelism: 2\n  completionMode: Indexed\n  ttlSecondsAfterFinished: 60\n  podFailurePolicy:\n    rules:\n      - {action: FailJob, onExitCodes: {operator: In, values: [42, 3]}}\n      - {action: Ignore, onExitCodes: {operator: In, values: [137]}}\n",
-    );
-    let profile = dir.path().join("runner-seccomp.json");
-    let out = export(&[
+/// `runner export` of `manifest` with `--seccomp-profile runner-seccomp.json` and `extra`
+/// flags: what it printed, and the profile it wrote.
+fn export_with_profile(dir: &Path, manifest: &str, extra: &[&str]) -> (String, serde_json::Value) {
+    let file = write_manifest(dir, "job.yaml", manifest);
+    let profile = dir.join("runner-seccomp.json");
+    let mut args = vec![
         "-f",
         file.to_str().unwrap(),
         "--seccomp-profile",
         profile.to_str().unwrap(),
-        "--kube-namespace",
-        "evals",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let out = export(&args);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).unwrap();
+    let written = serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
+    (String::from_utf8(out.stdout).unwrap(), written)
+}
+
+#[test]
+fn exported_pods_carry_the_hardening_and_the_job_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let (text, profile) = export_with_profile(
+        dir.path(),
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec:\n  image: reg.example/app:1\n  user: \"1000:1000\"\n  workdir: /work\n  env: {A: \"1\", B: \"$(HOME) $$\"}\n  setup: {commands: [\"echo set up\"]}\n  resources: {memory: 300Mi, cpu: 250m}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: many, labels: {team: x}, annotations: {note: hi}}\nspec:\n  environment: e\n  command: \"exit 3\"\n  timeoutSeconds: 7\n  activeDeadlineSeconds: 100\n  backoffLimit: 2\n  completions: 4\n  parallelism: 2\n  completionMode: Indexed\n  ttlSecondsAfterFinished: 60\n  podFailurePolicy:\n    rules:\n      - {action: FailJob, onExitCodes: {operator: In, values: [42, 3]}}\n      - {action: Ignore, onExitCodes: {operator: In, values: [137]}}\n",
+        &["--kube-namespace", "evals"],
+    );
     let jobs = jobs_of(&text);
     let job = &jobs[0];
     let spec = &job["spec"];
@@ -187,7 +194,6 @@ fn exported_pods_carry_the_hardening_and_the_job_fields() {
     // network: none (the default) is a deny-all NetworkPolicy on the job's pods.
     assert!(text.contains("kind: NetworkPolicy"), "{text}");
     // The profile written is our filter: default errno, the dangerous calls absent.
-    let profile: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
     assert_eq!(profile["defaultAction"], "SCMP_ACT_ERRNO");
     let names = profile["syscalls"].to_string();
     for refused in ["\"mount\"", "\"unshare\"", "\"bpf\"", "\"keyctl\"", "\"init_module\""] {
@@ -200,20 +206,12 @@ fn exported_pods_carry_the_hardening_and_the_job_fields() {
 #[test]
 fn an_environment_that_allows_32bit_syscalls_exports_with_the_runtime_default_profile() {
     let dir = tempfile::tempdir().unwrap();
-    let file = write_manifest(
+    let (text, written) = export_with_profile(
         dir.path(),
-        "job.yaml",
         "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: compat}\nspec:\n  image: reg.example/app:1\n  allow32BitSyscalls: true\n---\napiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: native}\nspec:\n  image: reg.example/app:1\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: old-binary}\nspec:\n  environment: compat\n  command: \"./a.out\"\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: new-binary}\nspec:\n  environment: native\n  command: \"./a.out\"\n",
+        &[],
     );
-    let profile = dir.path().join("runner-seccomp.json");
-    let out = export(&[
-        "-f",
-        file.to_str().unwrap(),
-        "--seccomp-profile",
-        profile.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let jobs = jobs_of(&String::from_utf8(out.stdout).unwrap());
+    let jobs = jobs_of(&text);
     let profile_of = |name: &str| {
         let job = jobs.iter().find(|j| j["metadata"]["name"] == name).unwrap();
         job["spec"]["template"]["spec"]["containers"][0]["securityContext"]["seccompProfile"].clone()
@@ -223,7 +221,6 @@ fn an_environment_that_allows_32bit_syscalls_exports_with_the_runtime_default_pr
         profile_of("new-binary"),
         serde_json::json!({"type": "Localhost", "localhostProfile": "runner-seccomp.json"})
     );
-    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
     assert_eq!(written["architectures"].as_array().map(Vec::len), Some(1), "{written}");
 }
 
