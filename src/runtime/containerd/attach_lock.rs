@@ -58,7 +58,7 @@ struct Warmer {
 const MARK: &str = "/run/runner/cgroup-attach-warm";
 
 /// Set to `0` to turn the warming off (to measure what it saves: `scripts/bench.sh`).
-pub const SWITCH_ENV: &str = "RUNNER_WARM_CGROUP_ATTACH";
+const SWITCH_ENV: &str = "RUNNER_WARM_CGROUP_ATTACH";
 
 static WARMER: LazyLock<Arc<Warmer>> = LazyLock::new(|| {
     let wanted = std::env::var(SWITCH_ENV).map_or(true, |v| v != "0");
@@ -97,11 +97,11 @@ impl Warmer {
         state.holders += 1;
         if !state.off && !state.started {
             match &self.target {
-                Some(target) => {
-                    let (me, target) = (self.clone(), target.clone());
+                Some(_) => {
+                    let me = self.clone();
                     let spawned = std::thread::Builder::new()
                         .name("cgroup-attach-warm".into())
-                        .spawn(move || me.run(target));
+                        .spawn(move || me.run());
                     match spawned {
                         Ok(_) => state.started = true,
                         Err(e) => {
@@ -131,7 +131,8 @@ impl Warmer {
     }
 
     /// The writer: idle while nothing is being created.
-    fn run(&self, target: PathBuf) {
+    fn run(&self) {
+        let Some(target) = &self.target else { return };
         // Without a mark (no /run/runner yet) this process writes on its own schedule.
         let mark = std::fs::OpenOptions::new()
             .create(true)
@@ -151,7 +152,7 @@ impl Warmer {
             }
             if !(mark.is_some() && self.written_lately()) {
                 // "0": the writing process itself, into the cgroup it is already in.
-                if let Err(e) = std::fs::write(&target, "0") {
+                if let Err(e) = std::fs::write(target, "0") {
                     tracing::debug!(file = %target.display(), error = %e, "the cgroup attach lock is not kept warm");
                     self.state().off = true;
                     return;
