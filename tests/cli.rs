@@ -29,6 +29,27 @@ fn apply_json_keeps_streams_apart_and_maps_a_failing_job_to_exit_1() {
     assert!(job["status"]["startTime"].as_str().unwrap().ends_with('Z'));
 }
 
+/// A command that cannot start is the submission's failure (exit 127), and the Job says why.
+#[test]
+fn a_command_that_cannot_start_fails_the_job_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_manifest(
+        dir.path(),
+        "job.yaml",
+        &host_job("missing", r#"["/nonexistent/program-971"]"#, ""),
+    );
+    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let job = json_of(&out);
+    assert_eq!(job["status"]["reason"], "Error", "{job}");
+    assert_eq!(job["status"]["result"]["exitCode"], 127, "{job}");
+    let message = job["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("cannot start") && message.contains("program-971"),
+        "{job}"
+    );
+}
+
 #[test]
 fn apply_yaml_and_default_output_of_a_succeeding_job() {
     let dir = tempfile::tempdir().unwrap();

@@ -74,8 +74,8 @@ fn outcome_of(status: &AttemptStatus) -> Outcome {
         _ => Outcome::Failed {
             exit_code: status.result.as_ref().map(|r| r.status_code()).unwrap_or(1),
             reason: status.reason,
-            // No command ran: the registry's answer says more than an exit code; a command
-            // the seccomp filter killed is explained.
+            // Where the attempt says why (the registry's answer when no command ran, a command
+            // that could not start, one the seccomp filter killed), the Job says it too.
             message: matches!(status.reason, Reason::ErrImagePull | Reason::Error)
                 .then(|| status.message.clone())
                 .flatten(),
