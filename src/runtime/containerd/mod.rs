@@ -231,19 +231,34 @@ impl Engine {
     /// Tasks.Create, then the host's copies of a remapped rootfs and of workspace views are
     /// unmounted: the container's mount namespace holds its own, and while they stay on the
     /// host anything removing the state dir would reach through them (a view is the user's
-    /// workspace).
+    /// workspace). The unmounts run beside Tasks.Start: `start_task` waits for them.
     async fn create_task(
         &self,
         id: &str,
         rootfs: Vec<containerd_client::types::Mount>,
         stdio: &client::Stdio,
-    ) -> Result<u32, CtdError> {
+    ) -> Result<(u32, HostMounts), CtdError> {
         // runc moves the init into its cgroups in there (see `attach_lock`).
         let warm = attach_lock::hold();
         let created = self.client.task_create(id, rootfs, stdio).await;
         drop(warm);
-        self.drop_host_mounts(id);
-        created
+        let dropping = HostMounts({
+            let (engine, id) = (self.clone(), id.to_string());
+            tokio::task::spawn_blocking(move || engine.drop_host_mounts(&id))
+        });
+        match created {
+            Ok(pid) => Ok((pid, dropping)),
+            Err(e) => {
+                dropping.wait().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Tasks.Start of a task `create_task` made, once its host mounts are gone too.
+    async fn start_task(&self, id: &str, mounts: HostMounts) -> Result<u32, CtdError> {
+        let (started, ()) = tokio::join!(self.client.task_start(id, ""), mounts.wait());
+        started
     }
 
     /// The rootfs directory itself stays: runc starts every exec's helper with the rootfs
@@ -334,10 +349,13 @@ impl Engine {
     }
 
     /// Build the spec for a plan against the image, create container + snapshot under a lease.
-    /// `with_agent`: share an agent directory with the container (live containers).
+    /// `image`: already resolved (by a pool claim that found no member); `with_agent`: share
+    /// an agent directory with the container (live containers).
+    #[allow(clippy::too_many_arguments)]
     async fn create(
         &self,
         plan: &RunPlan,
+        image: Option<image::ImageInfo>,
         args: Option<Vec<String>>,
         kind: &str,
         with_agent: bool,
@@ -348,21 +366,35 @@ impl Engine {
             .image
             .clone()
             .ok_or_else(|| RuntimeError::Refused("spec.image is required".into()))?;
-        let t0 = Instant::now();
-        let image =
-            image::remote::ensure(&self.client, &image_name, env.image_pull_policy, &self.options.registry).await?;
-        tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "image resolved");
+        let image = match image {
+            Some(image) => image,
+            None => {
+                let t0 = Instant::now();
+                let image =
+                    image::remote::ensure(&self.client, &image_name, env.image_pull_policy, &self.options.registry)
+                        .await?;
+                tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "image resolved");
+                image
+            }
+        };
         let mut plan = plan.clone();
         plan.image_env = image.config.env.clone().unwrap_or_default();
         let id = container_id(&plan.job().name);
         self.claim_run_dir(&id)?;
-        let created = self.create_in(&id, plan, &image, args, kind, with_agent, shape).await;
-        if created.is_err() {
-            // Whatever step failed, one way out: nothing of it stays (NotFound is success).
-            let _ = self.client.snapshot_remove(&id).await;
-            let _ = self.client.container_delete(&id).await;
-            let _ = late::release(&self.late_dir(&id));
-            let _ = self.discard_run_dir(&id, true);
+        let mut lease = CreateLease::take(&self.client, &format!("{id}-create"), self.labels(&plan, kind));
+        let created = self
+            .create_in(&id, plan, &image, &mut lease, args, kind, with_agent, shape)
+            .await;
+        match &created {
+            Ok(_) => lease.release_later(),
+            Err(_) => {
+                // Whatever step failed, one way out: nothing of it stays (NotFound is success).
+                let _ = self.client.snapshot_remove(&id).await;
+                let _ = self.client.container_delete(&id).await;
+                lease.release().await;
+                let _ = late::release(&self.late_dir(&id));
+                let _ = self.discard_run_dir(&id, true);
+            }
         }
         created
     }
@@ -373,6 +405,7 @@ impl Engine {
         id: &str,
         mut plan: RunPlan,
         image: &image::ImageInfo,
+        lease: &mut CreateLease,
         args: Option<Vec<String>>,
         kind: &str,
         with_agent: bool,
@@ -432,7 +465,7 @@ impl Engine {
             built.set_mounts(Some(mounts));
         }
         let made = self
-            .create_rest(&id, &plan, image, built, args, kind, with_agent, shape)
+            .create_rest(&id, &plan, image, lease, built, args, kind, with_agent, shape)
             .await;
         let Some((t1, attaching)) = attaching else {
             return made;
@@ -473,6 +506,7 @@ impl Engine {
         id: &str,
         plan: &RunPlan,
         image: &image::ImageInfo,
+        lease: &mut CreateLease,
         mut built: oci_spec::runtime::Spec,
         args: Option<Vec<String>>,
         kind: &str,
@@ -568,47 +602,39 @@ impl Engine {
                 });
             }
         }
-        let lease = format!("{id}-create");
-        let mut lease_labels = labels.clone();
-        let expire = std::time::SystemTime::now() + CREATE_LEASE_TTL;
-        lease_labels.insert(
-            LEASE_EXPIRE_LABEL.into(),
-            humantime::format_rfc3339_seconds(expire).to_string(),
-        );
-        self.client.lease_create(&lease, lease_labels).await?;
+        lease.held().await?;
         let create_began = Instant::now();
-        let created = async {
+        // The snapshot and the container's record go to containerd at once (the lease keeps
+        // the snapshot until the record exists); a failure of either is undone by `create`.
+        let (userns, root_dir) = (plan.userns, self.root_dir(&id));
+        let prepared = async {
             let mounts = self
                 .client
-                .snapshot_prepare(&lease, &id, &image.top_chain, labels.clone())
+                .snapshot_prepare(&lease.name, &id, &image.top_chain, labels.clone())
                 .await?;
-            self.client
-                .container_create(&lease, &id, &image.name, spec_json, container_labels)
-                .await?;
-            Ok::<_, CtdError>(mounts)
-        }
-        .await;
+            // With a user namespace runner mounts the rootfs itself (see `remap`); the task is
+            // then created without rootfs mounts.
+            let Some(range) = userns else {
+                return Ok(mounts);
+            };
+            let t0 = Instant::now();
+            let mounted = remap::mount_rootfs(&mounts, &root_dir, range);
+            tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "remapped rootfs mounted");
+            mounted.map(|_| Vec::new()).map_err(|source| RuntimeError::Io {
+                what: "mounting the remapped rootfs".into(),
+                source,
+            })
+        };
+        let recorded = self
+            .client
+            .container_create(&lease.name, &id, &image.name, spec_json, container_labels);
+        let (rootfs, recorded) = tokio::join!(prepared, recorded);
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "create")], create_began.elapsed());
-        // The container now references its snapshot; the lease only bridged the gap.
-        if let Err(e) = self.client.lease_delete(&lease).await {
-            tracing::warn!(lease, error = %e, "could not delete the create lease (it expires by itself)");
-        }
-        // With a user namespace runner mounts the rootfs itself (see `remap`); the task is
-        // then created without rootfs mounts.
-        let rootfs = created
-            .map_err(RuntimeError::from)
-            .and_then(|mounts| match plan.userns {
-                Some(range) => {
-                    let t0 = Instant::now();
-                    let mounted = remap::mount_rootfs(&mounts, &self.root_dir(&id), range);
-                    tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "remapped rootfs mounted");
-                    mounted.map(|_| Vec::new()).map_err(|source| RuntimeError::Io {
-                        what: "mounting the remapped rootfs".into(),
-                        source,
-                    })
-                }
-                None => Ok(mounts),
-            });
+        tracing::debug!(
+            ms = create_began.elapsed().as_secs_f64() * 1e3,
+            "snapshot and container created"
+        );
+        recorded?;
         let rootfs = rootfs?;
         Ok(Created {
             id,
@@ -768,14 +794,15 @@ impl Engine {
     /// Run one job to completion in a fresh container: setup + command in one task.
     pub async fn run_oneshot(&self, plan: &RunPlan, cancel: &CancellationToken) -> Result<ExecResult, RuntimeError> {
         let t0 = Instant::now();
+        let mut image = None;
         if self.options.use_pools {
             match self.claim(plan, pool::KIND_POOLED).await {
-                Ok(Some(member)) => return self.run_pooled(member, plan, cancel).await,
-                Ok(None) => {}
+                Ok(pool::Claim::Member(member)) => return self.run_pooled(*member, plan, cancel).await,
+                Ok(pool::Claim::Cold(resolved)) => image = resolved,
                 Err(e) => tracing::warn!(error = %e, "claiming a pool member failed; running cold"),
             }
         }
-        let created = self.create(plan, None, "oneshot", false, None).await?;
+        let created = self.create(plan, image, None, "oneshot", false, None).await?;
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "container created");
         let result = self.run_created(plan, &created, cancel).await;
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "task finished");
@@ -813,13 +840,13 @@ impl Engine {
             Some(OutputPump::start(&fifos, expect_marker, limit)?)
         };
         let started = Instant::now();
-        self.create_task(id, created.rootfs.clone(), &stdio).await?;
+        let (_, mounts) = self.create_task(id, created.rootfs.clone(), &stdio).await?;
         let waiter = {
             let engine = self.clone();
             let id = id.clone();
             tokio::spawn(async move { engine.wait(&id, "").await })
         };
-        self.client.task_start(id, "").await?;
+        self.start_task(id, mounts).await?;
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "start")], started.elapsed());
         let deadline = job.timeout.into_iter().chain(job.active_deadline).min();
         let (exit, timed_out, interrupted) = self
@@ -926,9 +953,10 @@ impl Engine {
 
     /// Start a live container: setup runs once in its init, which then idles.
     pub async fn spawn_live(&self, plan: &RunPlan) -> Result<LiveContainer, RuntimeError> {
+        let mut image = None;
         if self.options.use_pools && self.options.exec_via_agent {
             match self.claim(plan, "live").await {
-                Ok(Some(member)) => {
+                Ok(pool::Claim::Member(member)) => {
                     // Off the session's path (the hook starts a process), and a moment later:
                     // a refill is a container start (shim, runc) that would take the CPU the
                     // session's first commands need (measured with `bench http` on 2 cores:
@@ -942,9 +970,9 @@ impl Engine {
                             let _ = tokio::task::spawn_blocking(move || (hook.0)(&pool)).await;
                         });
                     }
-                    return self.live_from_member(member, plan).await;
+                    return self.live_from_member(*member, plan).await;
                 }
-                Ok(None) => {}
+                Ok(pool::Claim::Cold(resolved)) => image = resolved,
                 Err(e) => tracing::warn!(error = %e, "claiming a pool member failed; starting cold"),
             }
         }
@@ -958,7 +986,9 @@ impl Engine {
             None,
             &[spec::SHELL.to_string(), "-c".to_string(), idle.to_string()],
         );
-        let mut created = self.create(plan, Some(init_args), "live", with_agent, None).await?;
+        let mut created = self
+            .create(plan, image, Some(init_args), "live", with_agent, None)
+            .await?;
         match self.start_live(plan, &mut created).await {
             Ok(live) => Ok(live),
             Err(e) => {
@@ -976,14 +1006,16 @@ impl Engine {
         let limit = self.options.output_limit;
         let mut pumps = OutputPump::start(&fifos, expect_marker, limit)?;
         let started = Instant::now();
-        let init_pid = self.create_task(&id, created.rootfs.clone(), &fifos.stdio()).await?;
+        let (init_pid, mounts) = self.create_task(&id, created.rootfs.clone(), &fifos.stdio()).await?;
+        tracing::debug!(ms = started.elapsed().as_secs_f64() * 1e3, "task created");
         let mut waiter = {
             let engine = self.clone();
             let id = id.clone();
             tokio::spawn(async move { engine.wait(&id, "").await })
         };
-        self.client.task_start(&id, "").await?;
+        self.start_task(&id, mounts).await?;
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "start")], started.elapsed());
+        tracing::debug!(ms = started.elapsed().as_secs_f64() * 1e3, "task started");
         let mut setup = None;
         if expect_marker {
             let limit = job.timeout.into_iter().chain(job.active_deadline).min();
@@ -1078,6 +1110,70 @@ fn join<T>(r: Result<Result<T, CtdError>, tokio::task::JoinError>) -> Result<T, 
     match r {
         Ok(inner) => Ok(inner?),
         Err(e) => Err(RuntimeError::Internal(format!("waiting for the task: {e}"))),
+    }
+}
+
+/// The unmounting of a created task's host mounts (see `Engine::create_task`).
+struct HostMounts(tokio::task::JoinHandle<()>);
+
+impl HostMounts {
+    async fn wait(self) {
+        if let Err(e) = self.0.await {
+            tracing::warn!(error = %e, "unmounting a container's host mounts failed");
+        }
+    }
+}
+
+/// The lease that keeps a fresh snapshot from containerd's garbage collection until the
+/// container that references it exists. It is taken beside the spec's preparation and
+/// given back off the caller's path: neither wait is worth a cold start's time.
+struct CreateLease {
+    name: String,
+    client: Containerd,
+    taking: Option<tokio::task::JoinHandle<Result<(), CtdError>>>,
+}
+
+impl CreateLease {
+    fn take(client: &Containerd, name: &str, mut labels: HashMap<String, String>) -> Self {
+        // Should this process die before giving it back, the lease goes by itself.
+        let expire = std::time::SystemTime::now() + CREATE_LEASE_TTL;
+        labels.insert(
+            LEASE_EXPIRE_LABEL.into(),
+            humantime::format_rfc3339_seconds(expire).to_string(),
+        );
+        let taking = {
+            let (client, name) = (client.clone(), name.to_string());
+            tokio::spawn(async move { client.lease_create(&name, labels).await })
+        };
+        CreateLease {
+            name: name.to_string(),
+            client: client.clone(),
+            taking: Some(taking),
+        }
+    }
+
+    /// Wait until containerd holds it.
+    async fn held(&mut self) -> Result<(), RuntimeError> {
+        match self.taking.take() {
+            Some(taking) => taking
+                .await
+                .map_err(|e| RuntimeError::Internal(format!("taking the create lease: {e}")))?
+                .map_err(RuntimeError::from),
+            None => Ok(()),
+        }
+    }
+
+    /// Give it back now (a create that failed: whatever it held is gone already).
+    async fn release(mut self) {
+        let _ = self.held().await;
+        if let Err(e) = self.client.lease_delete(&self.name).await {
+            tracing::warn!(lease = self.name, error = %e, "could not delete the create lease (it expires by itself)");
+        }
+    }
+
+    /// Give it back in the background (the container now references its snapshot).
+    fn release_later(self) {
+        tokio::spawn(self.release());
     }
 }
 

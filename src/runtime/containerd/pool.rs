@@ -26,6 +26,7 @@ use super::io::OutputPump;
 use super::{
     Engine, LABEL_JOB, LABEL_KIND, LABEL_OWNER, LABEL_STATE_DIR, LiveContainer, SIGKILL, TaskEnd, cgroupfs, task_result,
 };
+use crate::image::ImageInfo;
 use crate::owner::owner_id;
 use crate::runtime::late::{self, Layout, Place};
 use crate::runtime::{ExecResult, RuntimeError, SetupResult};
@@ -62,6 +63,13 @@ pub(super) struct Shape {
     pub layout: Layout,
     pub pool: String,
     pub key: String,
+}
+
+/// What `claim` found.
+pub enum Claim {
+    Member(Box<Member>),
+    /// No member: the job starts cold, with the image the claim resolved (if it got that far).
+    Cold(Option<ImageInfo>),
 }
 
 /// A claimed member, held by this process until it is destroyed.
@@ -285,9 +293,9 @@ impl Engine {
         self.run_dir.with_file_name("late").join(id)
     }
 
-    /// The key of the pool that can serve this plan, with its layout; `None` when no pool
-    /// can (the host backend, no image).
-    pub async fn pool_key(&self, plan: &RunPlan) -> Result<(String, Layout), RuntimeError> {
+    /// The key of the pool that can serve this plan, with its layout and the image it
+    /// resolved (a cold start goes on with that, instead of resolving it again).
+    pub async fn pool_key(&self, plan: &RunPlan) -> Result<(String, Layout, ImageInfo), RuntimeError> {
         let image_name = plan
             .env()
             .image
@@ -314,13 +322,13 @@ impl Engine {
             h.update(tool.name.as_bytes());
             h.update(Sha256::digest(tool.contents));
         }
-        Ok((hex::encode(&h.finalize()[..12]), layout))
+        Ok((hex::encode(&h.finalize()[..12]), layout, image))
     }
 
     /// Make one member of pool `pool` for a plan (a template job of the pool's Environment)
     /// and start it; it is ready to be claimed when this returns.
     pub async fn create_member(&self, plan: &RunPlan, pool: &str) -> Result<String, RuntimeError> {
-        let (key, layout) = self.pool_key(plan).await?;
+        let (key, layout, image) = self.pool_key(plan).await?;
         let mut member = member_plan(plan);
         member.bound.job.name = format!("pool-{pool}");
         let shape = Shape {
@@ -333,14 +341,17 @@ impl Engine {
             "-c".to_string(),
             agent::AGENT_SCRIPT.to_string(),
         ];
-        let created = self.create(&member, Some(args), KIND_POOL, true, Some(&shape)).await?;
+        let created = self
+            .create(&member, Some(image), Some(args), KIND_POOL, true, Some(&shape))
+            .await?;
         let id = created.id.clone();
         let started = async {
             // Nothing reads a member's own output: its init writes none, and a FIFO without
             // a reader would stop it after the runner that made it exits.
-            self.create_task(&id, created.rootfs.clone(), &crate::containerd::Stdio::default())
+            let (_, mounts) = self
+                .create_task(&id, created.rootfs.clone(), &crate::containerd::Stdio::default())
                 .await?;
-            self.client.task_start(&id, "").await?;
+            self.start_task(&id, mounts).await?;
             std::fs::write(self.run_dir.join(&id).join(READY_FILE), pool).map_err(|source| RuntimeError::Io {
                 what: "marking the member ready".into(),
                 source,
@@ -402,16 +413,16 @@ impl Engine {
     /// Claim a ready member that can serve `plan`, relabelled as this process's container of
     /// kind `kind` (with the plan's labels). `None`: no ready member; the caller runs cold.
     /// Broken members found on the way are torn down.
-    pub async fn claim(&self, plan: &RunPlan, kind: &str) -> Result<Option<Member>, RuntimeError> {
+    pub async fn claim(&self, plan: &RunPlan, kind: &str) -> Result<Claim, RuntimeError> {
         if plan.env().image.is_none() {
-            return Ok(None);
+            return Ok(Claim::Cold(None));
         }
         if let Some(why) = unpoolable(plan) {
             tracing::debug!(why, "the job cannot run in a pool member");
-            return Ok(None);
+            return Ok(Claim::Cold(None));
         }
         let t0 = Instant::now();
-        let (key, layout) = self.pool_key(plan).await?;
+        let (key, layout, image) = self.pool_key(plan).await?;
         let mut candidates = self.members(Some(&key)).await?;
         tracing::debug!(key, candidates = candidates.len(), "looking for a pool member");
         // Claimants start at different places, so concurrent claims rarely collide.
@@ -483,7 +494,7 @@ impl Engine {
             match claimed {
                 Ok(member) => {
                     tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, member = member.id, "claimed");
-                    return Ok(Some(member));
+                    return Ok(Claim::Member(Box::new(member)));
                 }
                 Err(e) => {
                     let _ = self.teardown(&c.id).await;
@@ -491,7 +502,7 @@ impl Engine {
                 }
             }
         }
-        Ok(None)
+        Ok(Claim::Cold(Some(image)))
     }
 
     /// Bind the plan's workspace, mounts and static assets into a claimed member.
