@@ -207,34 +207,44 @@ fn reserved_ranges() -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// A user namespace with these mappings, held by an fd. A child process makes it and exits;
-/// the namespace lives as long as the fd and the mounts idmapped with it.
+/// A user namespace with these mappings, held by an fd. A child born in it holds it while
+/// the maps are written, then is killed; the namespace lives as long as the fd and the
+/// mounts idmapped with it.
 pub fn user_namespace(uids: &[IdMap], gids: &[IdMap]) -> io::Result<OwnedFd> {
-    let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
-    // SAFETY: the child only makes raw system calls (no allocation, no locks) and `_exit`s,
-    // which is all a child of a multithreaded process may do.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if pid == 0 {
-        unsafe {
-            let ok: u8 = u8::from(libc::unshare(libc::CLONE_NEWUSER) == 0);
-            libc::write(ready_w.as_raw_fd(), (&ok as *const u8).cast(), 1);
-            // Wait to be killed. Not for EOF: a child another thread forked at the same
-            // moment holds copies of our pipes' ends, so EOF could never come.
-            loop {
-                libc::pause();
+    /// The child's whole life: wait to be killed. A raw system call, no libc wrapper: the
+    /// child shares our memory, so it must not touch errno or anything else of ours.
+    extern "C" fn idle(_: *mut libc::c_void) -> libc::c_int {
+        loop {
+            unsafe {
+                libc::syscall(
+                    libc::SYS_ppoll,
+                    std::ptr::null_mut::<libc::pollfd>(),
+                    0,
+                    std::ptr::null::<libc::timespec>(),
+                    std::ptr::null::<libc::sigset_t>(),
+                );
             }
         }
     }
-    drop(ready_w);
+    // CLONE_VM: the child shares our memory instead of a copy of it. A fork of a large
+    // multithreaded server copied its page tables and tore them down again: the two user
+    // namespaces of a cold start cost ~1 ms that way.
+    let mut stack = vec![0u8; 64 * 1024];
+    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
+    // SAFETY: the child runs `idle` on its own stack and makes one system call, over and
+    // over, until it is killed; the stack outlives it (it is reaped below before the drop).
+    let pid = unsafe {
+        libc::clone(
+            idle,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_NEWUSER | libc::SIGCHLD,
+            std::ptr::null_mut(),
+        )
+    };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
     let made = (|| {
-        let mut ok = [0u8; 1];
-        let n = nix::unistd::read(&ready_r, &mut ok).map_err(io::Error::from)?;
-        if n != 1 || ok[0] != 1 {
-            return Err(io::Error::other("the helper could not make a user namespace"));
-        }
         let text = |maps: &[IdMap]| {
             maps.iter()
                 .map(|m| format!("{} {} {}\n", m.inside, m.outside, m.count))
@@ -246,7 +256,19 @@ pub fn user_namespace(uids: &[IdMap], gids: &[IdMap]) -> io::Result<OwnedFd> {
         Ok(OwnedFd::from(ns))
     })();
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+    let reaped = loop {
+        match nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break other,
+        }
+    };
+    if reaped.is_ok() {
+        drop(stack);
+    } else {
+        // Someone else reaped it (a reaper of every child), or it was not ours to wait for:
+        // its stack may still be in use, so it is kept.
+        std::mem::forget(stack);
+    }
     made
 }
 
