@@ -211,65 +211,102 @@ fn reserved_ranges() -> Vec<(u64, u64)> {
 /// the maps are written, then is killed; the namespace lives as long as the fd and the
 /// mounts idmapped with it.
 pub fn user_namespace(uids: &[IdMap], gids: &[IdMap]) -> io::Result<OwnedFd> {
-    /// The child's whole life: wait to be killed. A raw system call, no libc wrapper: the
-    /// child shares our memory, so it must not touch errno or anything else of ours.
-    extern "C" fn idle(_: *mut libc::c_void) -> libc::c_int {
-        loop {
-            unsafe {
-                libc::syscall(
-                    libc::SYS_ppoll,
-                    std::ptr::null_mut::<libc::pollfd>(),
-                    0,
-                    std::ptr::null::<libc::timespec>(),
-                    std::ptr::null::<libc::sigset_t>(),
-                );
+    let helper = NamespaceHolder::start()?;
+    let pid = helper.pid;
+    let text = |maps: &[IdMap]| {
+        maps.iter()
+            .map(|m| format!("{} {} {}\n", m.inside, m.outside, m.count))
+            .collect::<String>()
+    };
+    std::fs::write(format!("/proc/{pid}/uid_map"), text(uids))?;
+    std::fs::write(format!("/proc/{pid}/gid_map"), text(gids))?;
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/user"))?;
+    Ok(OwnedFd::from(ns))
+}
+
+/// A child in a new user namespace that only waits to be killed, which dropping this does
+/// (on every path out of `user_namespace`, a panic's too).
+///
+/// It is cloned with CLONE_VM: it shares our memory instead of getting a copy. A fork of a
+/// large multithreaded server copied its page tables and tore them down again, ~1 ms for the
+/// two namespaces of a cold start. Sharing memory is why the child runs with every signal
+/// blocked (a handler of ours would run in it, on its small stack, beside us) and makes raw
+/// system calls only, whose results it ignores; its stack is freed only once it is reaped.
+/// The same reasoning is all a forked child of a threaded process may do, too (no locks, no
+/// allocation): see `network::pin_namespaces`.
+struct NamespaceHolder {
+    pid: libc::pid_t,
+    stack: Option<Vec<u8>>,
+}
+
+impl NamespaceHolder {
+    const STACK: usize = 64 * 1024;
+
+    fn start() -> io::Result<Self> {
+        extern "C" fn idle(_: *mut libc::c_void) -> libc::c_int {
+            loop {
+                // SAFETY: a raw system call with no pointers to fill. (`libc::syscall` sets
+                // errno on failure, but with every signal blocked ppoll without a timeout
+                // never returns: SIGKILL ends it.)
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_ppoll,
+                        std::ptr::null_mut::<libc::pollfd>(),
+                        0,
+                        std::ptr::null::<libc::timespec>(),
+                        std::ptr::null::<libc::sigset_t>(),
+                    );
+                }
             }
         }
-    }
-    // CLONE_VM: the child shares our memory instead of a copy of it. A fork of a large
-    // multithreaded server copied its page tables and tore them down again: the two user
-    // namespaces of a cold start cost ~1 ms that way.
-    let mut stack = vec![0u8; 64 * 1024];
-    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
-    // SAFETY: the child runs `idle` on its own stack and makes one system call, over and
-    // over, until it is killed; the stack outlives it (it is reaped below before the drop).
-    let pid = unsafe {
-        libc::clone(
-            idle,
-            top as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_NEWUSER | libc::SIGCHLD,
-            std::ptr::null_mut(),
-        )
-    };
-    if pid < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let made = (|| {
-        let text = |maps: &[IdMap]| {
-            maps.iter()
-                .map(|m| format!("{} {} {}\n", m.inside, m.outside, m.count))
-                .collect::<String>()
+        let mut stack = vec![0u8; Self::STACK];
+        let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
+        // SAFETY: sigset and mask calls on locals; the old mask is restored right after.
+        let pid = unsafe {
+            let (mut all, mut old) = (
+                std::mem::zeroed::<libc::sigset_t>(),
+                std::mem::zeroed::<libc::sigset_t>(),
+            );
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+            // SAFETY: the child runs `idle` on its own stack (kept until it is reaped) with
+            // the full mask inherited from this thread.
+            let pid = libc::clone(
+                idle,
+                top as *mut libc::c_void,
+                libc::CLONE_VM | libc::CLONE_NEWUSER | libc::SIGCHLD,
+                std::ptr::null_mut(),
+            );
+            let err = io::Error::last_os_error();
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            if pid < 0 {
+                return Err(err);
+            }
+            pid
         };
-        std::fs::write(format!("/proc/{pid}/uid_map"), text(uids))?;
-        std::fs::write(format!("/proc/{pid}/gid_map"), text(gids))?;
-        let ns = std::fs::File::open(format!("/proc/{pid}/ns/user"))?;
-        Ok(OwnedFd::from(ns))
-    })();
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-    let reaped = loop {
-        match nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            other => break other,
-        }
-    };
-    if reaped.is_ok() {
-        drop(stack);
-    } else {
-        // Someone else reaped it (a reaper of every child), or it was not ours to wait for:
-        // its stack may still be in use, so it is kept.
-        std::mem::forget(stack);
+        Ok(NamespaceHolder {
+            pid,
+            stack: Some(stack),
+        })
     }
-    made
+}
+
+impl Drop for NamespaceHolder {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.pid);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        let reaped = loop {
+            match nix::sys::wait::waitpid(pid, None) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                other => break other,
+            }
+        };
+        // ECHILD: reaped already (SIGCHLD ignored, or a reaper of every child), so dead too.
+        // Anything else and it may still run on its stack: that is kept (64 KiB).
+        if !matches!(reaped, Ok(_) | Err(nix::errno::Errno::ECHILD)) {
+            std::mem::forget(self.stack.take());
+        }
+    }
 }
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
@@ -437,6 +474,46 @@ mod tests {
         assert_eq!(leases.allocate(state, "ctd", "c").unwrap(), a);
         let last = FIRST_BASE as u64 + SLOTS as u64 * IdRange::SIZE as u64 - 1;
         assert!(last <= crate::manifest::MAX_ID);
+    }
+
+    /// Every helper that held a namespace is gone once its fd is returned (killed and reaped,
+    /// from several threads at once): no child of ours is left in another user namespace.
+    #[test]
+    fn namespace_helpers_are_reaped() {
+        let range = IdRange { host_base: FIRST_BASE };
+        let map = IdMap::range(range);
+        let ours = std::fs::read_link("/proc/self/ns/user").unwrap();
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    for _ in 0..25 {
+                        let ns = user_namespace(&[map], &[map]).expect("a user namespace (the suite runs as root)");
+                        assert_ne!(std::fs::read_link(format!("/proc/self/fd/{}", ns.as_raw_fd())).ok(), None);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        // Alive in another namespace, or a zombie (other tests' children are reaped within
+        // moments: a stray is one seen twice, 200 ms apart).
+        let strays = || -> std::collections::HashSet<String> {
+            std::fs::read_dir("/proc/self/task")
+                .unwrap()
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok())
+                .flat_map(|c| c.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+                .filter(|pid| {
+                    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                        .is_ok_and(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')));
+                    zombie || std::fs::read_link(format!("/proc/{pid}/ns/user")).is_ok_and(|ns| ns != ours)
+                })
+                .collect()
+        };
+        let first = strays();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let left: Vec<_> = first.intersection(&strays()).cloned().collect();
+        assert!(left.is_empty(), "namespace helpers left behind: {left:?}");
     }
 
     /// An idmapped bind shows the owner as the mapped id and stores writes as the owner's.

@@ -201,8 +201,9 @@ pub fn pin_namespaces(dir: &Path, range: Option<IdRange>) -> Result<Pinned, Netw
     let (to_child_r, to_child_w) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io_err("a pipe")(e.into()))?;
     let with_user = range.is_some();
-    // SAFETY: the child makes raw system calls only and never returns (see
-    // idmap::user_namespace for why that is all a child of a threaded process may do).
+    // SAFETY: the child makes raw system calls only and never returns: a forked child of a
+    // threaded process must not take a lock or allocate (another thread may have held the
+    // lock at the fork, and nothing in the child would ever release it).
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(io_err("forking the namespace helper")(io::Error::last_os_error()));
