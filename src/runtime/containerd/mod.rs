@@ -389,6 +389,8 @@ impl Engine {
             Ok(_) => lease.release_later(),
             Err(_) => {
                 // Whatever step failed, one way out: nothing of it stays (NotFound is success).
+                // A remapped rootfs may be mounted from the snapshot: off first.
+                let _ = late::unmount_all(&self.root_dir(&id).join(remap::ROOTFS_DIR));
                 let _ = self.client.snapshot_remove(&id).await;
                 let _ = self.client.container_delete(&id).await;
                 lease.release().await;
@@ -634,8 +636,8 @@ impl Engine {
             ms = create_began.elapsed().as_secs_f64() * 1e3,
             "snapshot and container created"
         );
-        recorded?;
         let rootfs = rootfs?;
+        recorded?;
         Ok(Created {
             id,
             rootfs,
@@ -1126,11 +1128,13 @@ impl HostMounts {
 
 /// The lease that keeps a fresh snapshot from containerd's garbage collection until the
 /// container that references it exists. It is taken beside the spec's preparation and
-/// given back off the caller's path: neither wait is worth a cold start's time.
+/// given back off the caller's path: neither wait is worth a cold start's time. Dropped
+/// unreleased (a create cancelled midway), it is given back in the background.
 struct CreateLease {
     name: String,
     client: Containerd,
     taking: Option<tokio::task::JoinHandle<Result<(), CtdError>>>,
+    released: bool,
 }
 
 impl CreateLease {
@@ -1149,6 +1153,7 @@ impl CreateLease {
             name: name.to_string(),
             client: client.clone(),
             taking: Some(taking),
+            released: false,
         }
     }
 
@@ -1165,15 +1170,38 @@ impl CreateLease {
 
     /// Give it back now (a create that failed: whatever it held is gone already).
     async fn release(mut self) {
-        let _ = self.held().await;
-        if let Err(e) = self.client.lease_delete(&self.name).await {
-            tracing::warn!(lease = self.name, error = %e, "could not delete the create lease (it expires by itself)");
-        }
+        self.released = true;
+        let taking = self.taking.take();
+        give_back(self.client.clone(), self.name.clone(), taking).await;
     }
 
     /// Give it back in the background (the container now references its snapshot).
     fn release_later(self) {
-        tokio::spawn(self.release());
+        drop(self);
+    }
+}
+
+impl Drop for CreateLease {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        // Without a runtime (the process is ending) the lease expires by itself.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let taking = self.taking.take();
+            runtime.spawn(give_back(self.client.clone(), self.name.clone(), taking));
+        }
+    }
+}
+
+/// Delete a create lease once its creation (if still in flight) is over: a delete that
+/// overtook the create would leave the lease behind.
+async fn give_back(client: Containerd, name: String, taking: Option<tokio::task::JoinHandle<Result<(), CtdError>>>) {
+    if let Some(taking) = taking {
+        let _ = taking.await;
+    }
+    if let Err(e) = client.lease_delete(&name).await {
+        tracing::warn!(lease = name, error = %e, "could not delete the create lease (it expires by itself)");
     }
 }
 

@@ -411,7 +411,8 @@ impl Engine {
     }
 
     /// Claim a ready member that can serve `plan`, relabelled as this process's container of
-    /// kind `kind` (with the plan's labels). `None`: no ready member; the caller runs cold.
+    /// kind `kind` (with the plan's labels). `Claim::Cold`: no ready member; the caller runs
+    /// cold, with the image resolved here if it got that far.
     /// Broken members found on the way are torn down.
     pub async fn claim(&self, plan: &RunPlan, kind: &str) -> Result<Claim, RuntimeError> {
         if plan.env().image.is_none() {
