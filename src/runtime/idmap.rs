@@ -488,7 +488,10 @@ mod tests {
                 std::thread::spawn(move || {
                     for _ in 0..25 {
                         let ns = user_namespace(&[map], &[map]).expect("a user namespace (the suite runs as root)");
-                        assert_ne!(std::fs::read_link(format!("/proc/self/fd/{}", ns.as_raw_fd())).ok(), None);
+                        assert_ne!(
+                            std::fs::read_link(format!("/proc/self/fd/{}", ns.as_raw_fd())).ok(),
+                            None
+                        );
                     }
                 })
             })
@@ -504,8 +507,11 @@ mod tests {
                 .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok())
                 .flat_map(|c| c.split_whitespace().map(str::to_string).collect::<Vec<_>>())
                 .filter(|pid| {
-                    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                        .is_ok_and(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')));
+                    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                        s.rsplit(')')
+                            .next()
+                            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+                    });
                     zombie || std::fs::read_link(format!("/proc/{pid}/ns/user")).is_ok_and(|ns| ns != ours)
                 })
                 .collect()
