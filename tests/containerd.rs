@@ -454,6 +454,25 @@ async fn twenty_concurrent_jobs_leave_nothing_behind() {
     assert_eq!(ranges_held(&dir.path().join("state")), Vec::<u32>::new());
 }
 
+/// A create that fails midway (its workspace vanished after the plan was made) leaves
+/// nothing: no container, snapshot or create lease (the lease is taken beside the spec's
+/// preparation, so it exists before the failure), and no user-namespace range.
+#[tokio::test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+async fn a_create_that_fails_midway_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plan(dir.path(), "", "", r#"["true"]"#);
+    std::fs::remove_dir(dir.path().join("ws")).unwrap();
+    let err = engine(&dir.path().join("state"))
+        .await
+        .run_oneshot(&p, &CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("workspace"), "{err}");
+    assert_eq!(leftovers(&client().await, &p.job().name).await, 0);
+    assert_eq!(ranges_held(&dir.path().join("state")), Vec::<u32>::new());
+}
+
 /// The user-namespace ranges (host bases) a state dir's containers hold.
 fn ranges_held(state: &Path) -> Vec<u32> {
     let state = std::fs::canonicalize(state).unwrap_or_else(|_| state.to_path_buf());
