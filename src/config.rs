@@ -14,6 +14,9 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/runner";
 pub const DEFAULT_OUTPUT_LIMIT: usize = 10 << 20;
 /// Idle sessions of `runner serve` end after this long.
 pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
+/// After SIGTERM or Ctrl-C, how long `serve` and a foreground `apply` take at most to stop
+/// (in-flight calls finish or are cut, sandboxes are stopped), whatever their sandboxes do.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// The longest namespace containerd accepts.
 const MAX_NAMESPACE_LEN: usize = 76;
 
@@ -41,6 +44,8 @@ pub struct Config {
     /// Where runner's resolver asks for bridge containers' allowed domains (empty: the
     /// host's resolvers).
     pub dns_upstream: Vec<std::net::SocketAddr>,
+    /// After SIGTERM or Ctrl-C, how long `serve` and a foreground `apply` may take to stop.
+    pub shutdown_grace: Duration,
 }
 
 impl Config {
@@ -57,13 +62,17 @@ impl Config {
             runner_exe: None,
             log: "warn".to_string(),
             dns_upstream: Vec::new(),
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
         }
     }
 
     /// The registry and DNS settings as command-line flags, for the runner processes this one
     /// starts (supervisors and pool fillers pull images and attach containers too).
     pub fn inherited_args(&self) -> Vec<std::ffi::OsString> {
-        let mut args = Vec::new();
+        let mut args = vec![
+            "--shutdown-grace".into(),
+            humantime::format_duration(self.shutdown_grace).to_string().into(),
+        ];
         for server in &self.dns_upstream {
             args.push("--dns-upstream".into());
             args.push(server.to_string().into());

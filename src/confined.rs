@@ -175,6 +175,18 @@ pub struct PackReport {
     pub bytes: u64,
 }
 
+/// What [`Root::clear_setid`] found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SetidReport {
+    /// Regular files whose setuid or setgid bit was cleared.
+    pub cleared: u64,
+    /// Entries looked at.
+    pub entries: u64,
+    /// Directories deeper than [`MAX_PACK_DEPTH`], mount points and names that changed kind
+    /// while the walk looked at them: not entered.
+    pub skipped: u64,
+}
+
 /// A workspace directory, held open; every operation stays beneath it.
 pub struct Root {
     fd: OwnedFd,
@@ -216,6 +228,33 @@ impl Root {
     /// The host path the root was opened at (for the host's own messages).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// An `O_PATH` descriptor of `rel` (a file or directory), resolved now like a read:
+    /// relative symlinks that stay inside are followed, anything leaving the root (an absolute
+    /// or escaping link, a mount point) is [`ConfinedError::Escapes`]. What the host mounts
+    /// from a workspace is mounted from such a descriptor (`open_tree` on it), never by path:
+    /// the sandbox may swap any component for a link between a check and a path-based use.
+    pub fn open_path(&self, rel: &str) -> Result<OwnedFd> {
+        let rel = RelPath::parse(rel)?;
+        open_beneath(self.fd.as_fd(), &rel.joined(), OFlag::O_PATH, 0, BENEATH)
+            .map_err(|e| errno_error("resolving", &rel.shown(), e))
+    }
+
+    /// Clears the setuid and setgid bits of every regular file in the tree. A sandbox's root
+    /// writes a workspace as the workspace's owner (host root for a root-owned one): a
+    /// `chmod 4755` there would leave the host a root shell for any local user who can reach
+    /// the path. The walk goes through descriptors (`O_NOFOLLOW`, never leaving the
+    /// filesystem), and a file's mode is changed through a descriptor of the file itself, so
+    /// a name swapped for a link meanwhile cannot turn this onto a host file.
+    pub fn clear_setid(&self) -> Result<SetidReport> {
+        let mut report = SetidReport::default();
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY;
+        let top =
+            open_beneath(self.fd.as_fd(), b".", flags, 0, NO_SYMLINKS).map_err(|e| errno_error("opening", ".", e))?;
+        let top = Dir::from_fd(top).map_err(|e| errno_error("reading", ".", e))?;
+        clear_setid_in(top, "", 0, &mut report)?;
+        Ok(report)
     }
 
     /// Opens a regular file for reading. Relative symlinks that stay inside are followed (the
@@ -1296,6 +1335,71 @@ fn pack_dir(
     Ok(())
 }
 
+/// [`Root::clear_setid`] for one directory, recursing through descriptors.
+fn clear_setid_in(mut dir: Dir, shown: &str, depth: u64, report: &mut SetidReport) -> Result<()> {
+    let mut names = Vec::new();
+    for entry in dir.iter() {
+        let entry = entry.map_err(|e| errno_error("reading", shown, e))?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(name.to_vec());
+        }
+    }
+    let mut subdirs = Vec::new();
+    let mut setid = Vec::new();
+    for name in names {
+        report.entries += 1;
+        let st = match nix::sys::stat::fstatat(dir.as_fd(), name.as_slice(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(e) if changed_meanwhile(e) => continue,
+            Err(e) => return Err(errno_error("inspecting", &child_shown(shown, &name), e)),
+        };
+        match file_type(&st) {
+            libc::S_IFDIR => subdirs.push(name),
+            libc::S_IFREG if st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0 => setid.push(name),
+            _ => {}
+        }
+    }
+    let fd = dir.as_fd();
+    for name in setid {
+        let child = child_shown(shown, &name);
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
+        let file = match open_beneath(fd, &name, flags, 0, NO_SYMLINKS) {
+            Ok(file) => file,
+            Err(e) if changed_meanwhile(e) => {
+                report.skipped += 1;
+                continue;
+            }
+            Err(e) => return Err(errno_error("opening", &child, e)),
+        };
+        let st = fstat(file.as_fd(), &child)?;
+        if file_type(&st) == libc::S_IFREG && st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
+            chmod_fd(file.as_fd(), st.st_mode & 0o1777, &child)?;
+            report.cleared += 1;
+        }
+    }
+    for name in subdirs {
+        let child = child_shown(shown, &name);
+        if depth >= MAX_PACK_DEPTH {
+            report.skipped += 1;
+            continue;
+        }
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
+        let sub = match open_beneath(fd, &name, flags, 0, NO_SYMLINKS) {
+            Ok(sub) => sub,
+            // A mount point (EXDEV) is another filesystem's, not the workspace's.
+            Err(e) if changed_meanwhile(e) => {
+                report.skipped += 1;
+                continue;
+            }
+            Err(e) => return Err(errno_error("opening", &child, e)),
+        };
+        let sub = Dir::from_fd(sub).map_err(|e| errno_error("reading", &child, e))?;
+        clear_setid_in(sub, &child, depth + 1, report)?;
+    }
+    Ok(())
+}
+
 /// Errors that only mean the name became something else between the look and the open.
 fn changed_meanwhile(e: Errno) -> bool {
     matches!(
@@ -2195,6 +2299,59 @@ mod tests {
     }
 
     #[test]
+    fn setid_bits_are_cleared_in_the_tree_and_never_through_a_link() {
+        let mut fx = Fixture::new();
+        fs::set_permissions(fx.outside().join("secret"), fs::Permissions::from_mode(0o4755)).unwrap();
+        fx.before = fx.snapshot();
+        let rp = fx.rp();
+        fs::create_dir_all(rp.join("d/e")).unwrap();
+        for (name, mode) in [
+            ("suid", 0o4755),
+            ("sgid", 0o2711),
+            ("d/e/both", 0o6750),
+            ("plain", 0o755),
+        ] {
+            fs::write(rp.join(name), b"x").unwrap();
+            fs::set_permissions(rp.join(name), fs::Permissions::from_mode(mode)).unwrap();
+        }
+        // A setgid directory keeps its bit (group inheritance, nothing runs as anyone).
+        fs::set_permissions(rp.join("d"), fs::Permissions::from_mode(0o2775)).unwrap();
+        symlink(fx.outside().join("secret"), rp.join("link")).unwrap();
+        symlink(fx.outside(), rp.join("dirlink")).unwrap();
+        let report = fx.root.clear_setid().unwrap();
+        assert_eq!(report.cleared, 3, "{report:?}");
+        let mode = |name: &str| fs::symlink_metadata(rp.join(name)).unwrap().mode() & 0o7777;
+        assert_eq!(
+            [mode("suid"), mode("sgid"), mode("d/e/both"), mode("plain"), mode("d")],
+            [0o755, 0o711, 0o750, 0o755, 0o2775]
+        );
+        fx.assert_outside_unchanged();
+        assert_eq!(fx.root.clear_setid().unwrap().cleared, 0);
+    }
+
+    #[test]
+    fn open_path_follows_links_inside_and_refuses_ones_leaving() {
+        let fx = Fixture::new();
+        let rp = fx.rp();
+        fs::create_dir_all(rp.join("data/sub")).unwrap();
+        symlink("data", rp.join("alias")).unwrap();
+        symlink(fx.outside(), rp.join("abs")).unwrap();
+        symlink("../outside", rp.join("rel")).unwrap();
+        let inode = |fd: OwnedFd| nix::sys::stat::fstat(fd.as_fd()).unwrap().st_ino;
+        let sub = fs::metadata(rp.join("data/sub")).unwrap().ino();
+        assert_eq!(inode(fx.root.open_path("data/sub").unwrap()), sub);
+        assert_eq!(inode(fx.root.open_path("alias/sub").unwrap()), sub);
+        for bad in ["abs", "abs/sub", "rel/sub"] {
+            let e = fx.root.open_path(bad).unwrap_err();
+            assert!(matches!(e, ConfinedError::Escapes { .. }), "{bad}: {e}");
+        }
+        assert!(matches!(
+            fx.root.open_path("data/none").unwrap_err(),
+            ConfinedError::NotFound { .. }
+        ));
+    }
+
+    #[test]
     fn pack_of_a_single_file_names_it_by_its_last_component() {
         let fx = Fixture::new();
         fx.mkdir("a/b");
@@ -2261,7 +2418,12 @@ mod tests {
     /// may change and no outside content may come back.
     #[test]
     fn racing_swaps_of_a_directory_for_an_escaping_symlink_never_let_an_operation_out() {
-        let fx = Fixture::new();
+        let mut fx = Fixture::new();
+        // Setuid files outside: a sweep that followed a swapped link would clear their bits.
+        for name in ["secret", "x", "only-outside"] {
+            fs::set_permissions(fx.outside().join(name), fs::Permissions::from_mode(0o4755)).unwrap();
+        }
+        fx.before = fx.snapshot();
         let rp = fx.rp();
         fs::create_dir(rp.join("d")).unwrap();
         fs::write(rp.join("d/x"), b"inside").unwrap();
@@ -2287,7 +2449,7 @@ mod tests {
         };
 
         let archive = tarball(&[dir_m("u"), file_m("u/f", b"unpacked")]);
-        let ops = ["write", "read", "list", "mkdir", "unpack", "pack"];
+        let ops = ["write", "read", "list", "mkdir", "unpack", "pack", "setid", "path"];
         let mut tally: BTreeMap<&str, (u64, BTreeMap<&'static str, u64>)> = BTreeMap::new();
         let started = Instant::now();
         for _ in 0..1000 {
@@ -2302,6 +2464,8 @@ mod tests {
                     }),
                     "mkdir" => fx.root.create_dir_all("d/a/b", None),
                     "unpack" => fx.root.unpack_tar("d", &archive, None, MIB).map(drop),
+                    "setid" => fx.root.clear_setid().map(drop),
+                    "path" => fx.root.open_path("d/x").map(drop),
                     _ => fx.pack("d").map(|(bytes, _)| {
                         assert!(!bytes.windows(12).any(|w| w == b"only-outside"), "packed outside");
                     }),

@@ -438,6 +438,10 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> AppRes
     serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
 }
 
+/// Of the shutdown grace period, what is kept for ending the sessions at most (half of it when
+/// it is shorter).
+const SHUTDOWN_TEARDOWN_RESERVE: Duration = Duration::from_secs(5);
+
 /// Serve until Ctrl-C or SIGTERM, then end every session.
 pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<(), ServiceError> {
     let token = std::fs::read_to_string(&serve.token_file)
@@ -514,32 +518,65 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
         Some(addr) => Some(serve_metrics(addr, state.clone(), &on_event).await?),
         None => None,
     };
-    let shutdown = async {
-        crate::signals::shutdown().await;
-    };
+    // Stopping: at SIGTERM or Ctrl-C the listener closes and in-flight calls get the grace
+    // period but a reserve; then every session is ended (which ends the calls still waiting
+    // on one) within the reserve, and the server returns whatever is left: a sandbox can hold
+    // a call (a command that never ends, a client that never reads) but never the stop.
+    let stop = tokio_util::sync::CancellationToken::new();
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            crate::signals::shutdown().await;
+            stop.cancel();
+        });
+    }
+    let grace = serve.config.shutdown_grace;
+    let reserve = (grace / 2).min(SHUTDOWN_TEARDOWN_RESERVE);
     let io = |what: &'static str| move |e: std::io::Error| ServiceError::internal(what, e);
-    let served = match (&serve.socket, listen) {
-        (Some(path), _) => {
-            let listener = bind_unix(path)?;
-            on_event(ServeEvent::Listening(format!("unix:{}", path.display())));
-            axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    let server = async {
+        match (&serve.socket, listen) {
+            (Some(path), _) => {
+                let listener = bind_unix(path)?;
+                on_event(ServeEvent::Listening(format!("unix:{}", path.display())));
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stop.clone().cancelled_owned())
+                    .await
+                    .map_err(io("serving"))
+            }
+            (None, addr) => {
+                let addr = addr.expect("a listen address when there is no socket");
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(io("binding the address"))?;
+                let local = listener.local_addr().map_err(io("reading the address"))?;
+                on_event(ServeEvent::Listening(format!("http://{local}")));
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stop.clone().cancelled_owned())
+                    .await
+                    .map_err(io("serving"))
+            }
         }
-        (None, addr) => {
-            let addr = addr.expect("a listen address when there is no socket");
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(io("binding the address"))?;
-            let local = listener.local_addr().map_err(io("reading the address"))?;
-            on_event(ServeEvent::Listening(format!("http://{local}")));
-            axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    };
+    let served = tokio::select! {
+        served = server => served,
+        () = async {
+            stop.cancelled().await;
+            tokio::time::sleep(grace.saturating_sub(reserve)).await;
+        } => {
+            tracing::warn!(?grace, "calls still in flight at the end of the shutdown grace period: their sessions are ended");
+            Ok(())
         }
     };
     housekeeping.abort();
     if let Some(task) = metrics_server {
         task.abort();
     }
-    state.sessions.close_all().await;
-    served.map_err(io("serving"))
+    if tokio::time::timeout(reserve, state.sessions.close_all()).await.is_err() {
+        tracing::warn!(
+            "sessions still being torn down at the end of the shutdown grace period; `runner gc` removes what is left"
+        );
+    }
+    served
 }
 
 /// `--metrics-listen`: GET /metrics alone, without the token, on a loopback address.

@@ -91,9 +91,20 @@ pub async fn apply(
     let stopped_by = Arc::new(OnceLock::new());
     {
         let (cancel, stopped_by) = (cancel.clone(), stopped_by.clone());
+        let grace = ctx.config.shutdown_grace;
         tokio::spawn(async move {
-            let _ = stopped_by.set(crate::signals::shutdown().await);
+            let signal = crate::signals::shutdown().await;
+            let _ = stopped_by.set(signal);
             cancel.cancel();
+            // Stopping the attempts (SIGTERM, their grace, SIGKILL, teardown) normally ends
+            // well inside the grace period; a containerd that stopped answering must not
+            // keep the stop waiting. What is left is the next `get`'s or `wait`'s to adopt.
+            tokio::time::sleep(grace).await;
+            eprintln!(
+                "runner: the jobs did not stop within the {} shutdown grace period; exiting (`runner get` re-adopts what is left and records its result)",
+                humantime::format_duration(grace)
+            );
+            std::process::exit(signal.exit_code());
         });
     }
     let mut code = 0;

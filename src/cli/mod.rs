@@ -81,6 +81,18 @@ pub struct Global {
         value_parser = parse_upstream
     )]
     pub dns_upstream: Vec<std::net::SocketAddr>,
+    /// After SIGTERM or Ctrl-C, how long `serve` and a foreground `apply` take at most to stop:
+    /// in-flight calls and attempts get this long to end, then what is left is cut (`10s`,
+    /// `500ms`).
+    #[arg(
+        long,
+        global = true,
+        env = "RUNNER_SHUTDOWN_GRACE",
+        value_name = "DURATION",
+        default_value = "10s",
+        value_parser = humantime::parse_duration
+    )]
+    pub shutdown_grace: std::time::Duration,
     /// The runner binary supervisors and output loggers run (default: this one).
     #[arg(long, global = true, hide = true)]
     pub runner_exe: Option<PathBuf>,
@@ -133,6 +145,7 @@ impl Global {
         }
         config.registry.insecure = self.insecure_registries.clone();
         config.dns_upstream = self.dns_upstream.clone();
+        config.shutdown_grace = self.shutdown_grace;
         config
     }
 }

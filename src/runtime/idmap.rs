@@ -336,38 +336,81 @@ pub struct Flags {
     pub restricted: bool,
 }
 
+/// What a detached tree is cloned from.
+#[derive(Clone, Copy, Debug)]
+pub enum Source<'a> {
+    /// A host path the host chose (an image layer, a workspace's own directory): its last
+    /// component is not followed if a symlink.
+    Path(&'a Path),
+    /// A descriptor (`O_PATH` will do) already resolved beneath a directory the sandbox can
+    /// write: cloning from it never resolves a name again, so nothing swapped in since can
+    /// redirect the mount.
+    Fd(BorrowedFd<'a>),
+}
+
+impl std::fmt::Display for Source<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Path(p) => write!(f, "{}", p.display()),
+            Source::Fd(fd) => write!(f, "a path resolved beneath the workspace (fd {})", fd.as_raw_fd()),
+        }
+    }
+}
+
 /// A detached copy of the mount at `source` (just that mount, no submounts), private, seen
-/// through `userns`'s mapping. `source`'s last component is not followed if a symlink.
-pub fn idmapped_tree(source: &Path, userns: BorrowedFd<'_>, flags: Flags) -> io::Result<OwnedFd> {
-    let path = cstring(source)?;
-    // SAFETY: plain system calls with valid pointers; the fd returned is owned here.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
-        )
+/// through `userns`'s mapping when there is one.
+pub fn idmapped_tree(source: Source<'_>, userns: Option<BorrowedFd<'_>>, flags: Flags) -> io::Result<OwnedFd> {
+    let clone = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
+    // SAFETY: plain system calls with valid pointers (a NUL-terminated path, or "" with an
+    // open descriptor); the fd returned is owned here.
+    let fd = match source {
+        Source::Path(path) => {
+            let path = cstring(path)?;
+            unsafe {
+                libc::syscall(
+                    libc::SYS_open_tree,
+                    libc::AT_FDCWD,
+                    path.as_ptr(),
+                    clone | libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
+                )
+            }
+        }
+        Source::Fd(dir) => unsafe {
+            libc::syscall(
+                libc::SYS_open_tree,
+                dir.as_raw_fd(),
+                c"".as_ptr(),
+                clone | libc::AT_EMPTY_PATH as libc::c_uint,
+            )
+        },
     };
     if fd < 0 {
         let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("open_tree {}: {e}", source.display())));
+        return Err(io::Error::new(e.kind(), format!("open_tree {source}: {e}")));
     }
+    // SAFETY: open_tree returned a new descriptor nothing else owns.
     let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    let mut set = MOUNT_ATTR_IDMAP;
+    let mut set = 0;
+    if userns.is_some() {
+        set |= MOUNT_ATTR_IDMAP;
+    }
     if flags.read_only {
         set |= MOUNT_ATTR_RDONLY;
     }
     if flags.restricted {
         set |= MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
     }
+    if set == 0 {
+        return Ok(tree);
+    }
     let attr = MountAttr {
         attr_set: set,
         attr_clr: 0,
         propagation: libc::MS_PRIVATE,
-        userns_fd: userns.as_raw_fd() as u64,
+        userns_fd: userns.map_or(0, |u| u.as_raw_fd() as u64),
     };
     let empty = c"";
+    // SAFETY: the attribute struct lives across the call and its size is passed with it.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
@@ -380,15 +423,12 @@ pub fn idmapped_tree(source: &Path, userns: BorrowedFd<'_>, flags: Flags) -> io:
     };
     if rc < 0 {
         let e = io::Error::last_os_error();
-        let hint = if e.raw_os_error() == Some(libc::EINVAL) {
+        let hint = if e.raw_os_error() == Some(libc::EINVAL) && userns.is_some() {
             " (the filesystem may not support idmapped mounts; hostUsers: true runs without a user namespace)"
         } else {
             ""
         };
-        return Err(io::Error::new(
-            e.kind(),
-            format!("idmapping {}: {e}{hint}", source.display()),
-        ));
+        return Err(io::Error::new(e.kind(), format!("idmapping {source}: {e}{hint}")));
     }
     Ok(tree)
 }
@@ -418,10 +458,19 @@ pub fn attach(tree: OwnedFd, target: &Path) -> io::Result<()> {
 }
 
 /// Mount `source` at `target` (made here: a file or a directory like the source) seen
-/// through `userns`.
-pub fn bind_idmapped(source: &Path, target: &Path, userns: BorrowedFd<'_>, flags: Flags) -> io::Result<()> {
+/// through `userns` (none: ids as they are).
+pub fn bind_idmapped(
+    source: Source<'_>,
+    target: &Path,
+    userns: Option<BorrowedFd<'_>>,
+    flags: Flags,
+) -> io::Result<()> {
     let tree = idmapped_tree(source, userns, flags)?;
-    if std::fs::symlink_metadata(source)?.is_dir() {
+    let is_dir = match source {
+        Source::Path(path) => std::fs::symlink_metadata(path)?.is_dir(),
+        Source::Fd(fd) => nix::sys::stat::fstat(fd).map_err(io::Error::from)?.st_mode & libc::S_IFMT == libc::S_IFDIR,
+    };
+    if is_dir {
         std::fs::create_dir_all(target)?;
     } else {
         std::fs::File::create(target)?;
@@ -535,9 +584,9 @@ mod tests {
         let ns = user_namespace(&[u], &[g]).expect("a user namespace (the suite runs as root)");
         let target = tmp.path().join("view");
         bind_idmapped(
-            &src,
+            Source::Path(&src),
             &target,
-            ns.as_fd(),
+            Some(ns.as_fd()),
             Flags {
                 read_only: false,
                 restricted: true,

@@ -269,24 +269,41 @@ pub fn resolve(bound: &Bound, host: &HostEnv) -> Result<RunPlan, SpecError> {
         let source = if source.is_absolute() {
             source.to_path_buf()
         } else {
-            // Relative sources live in the workspace and must stay inside it.
+            // Relative sources live in the workspace and must stay inside it. The workspace
+            // is the sandbox's to change (a previous attempt, a parallel index, a session on
+            // it), so the source is kept as written, beneath the workspace: it is checked here
+            // beneath the workspace's descriptor, and resolved that way again when each
+            // container is made (see `runtime::containerd::remap::workspace_view`), never
+            // followed by path.
             let Some(ws) = &workspace else {
                 return Err(SpecError::Refused {
                     origin,
                     reason: format!("relative source {:?} needs spec.workspace", m.source),
                 });
             };
-            let joined = canonical(&ws.join(source), origin.clone())?;
-            if !joined.starts_with(ws) {
-                return Err(SpecError::Refused {
-                    origin,
-                    reason: format!("{:?} resolves to {} outside the workspace", m.source, joined.display()),
-                });
-            }
-            joined
+            check_beneath(ws, &m.source, &origin)?;
+            return Ok(BindMount {
+                source: ws.join(relative_source(&m.source)),
+                target: m.target.clone(),
+                read_only: m.read_only,
+            });
         };
+        let source = canonical(&source, origin.clone())?;
+        // An absolute source inside the workspace is the workspace's like a relative one.
+        if let Some(ws) = &workspace
+            && let Ok(rel) = source.strip_prefix(ws)
+            && !rel.as_os_str().is_empty()
+        {
+            let rel = rel.to_string_lossy().into_owned();
+            check_beneath(ws, &rel, &origin)?;
+            return Ok(BindMount {
+                source: ws.join(rel),
+                target: m.target.clone(),
+                read_only: m.read_only,
+            });
+        }
         Ok(BindMount {
-            source: canonical(&source, origin)?,
+            source,
             target: m.target.clone(),
             read_only: m.read_only,
         })
@@ -324,6 +341,30 @@ pub fn resolve(bound: &Bound, host: &HostEnv) -> Result<RunPlan, SpecError> {
         stdin_file: None,
         userns: None,
     })
+}
+
+/// A workspace-relative source as it is joined to the workspace: `.` and empty components
+/// dropped (`..` was refused with the manifest).
+fn relative_source(source: &str) -> PathBuf {
+    source
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect::<Vec<_>>()
+        .join("/")
+        .into()
+}
+
+/// Check that `rel` resolves beneath the workspace `ws` (relative links that stay inside
+/// followed, anything leaving it refused), as each container's mount will resolve it.
+fn check_beneath(ws: &Path, rel: &str, origin: &str) -> Result<(), SpecError> {
+    let refused = |reason: String| SpecError::Refused {
+        origin: origin.to_string(),
+        reason,
+    };
+    let root = crate::confined::Root::open(ws).map_err(|e| refused(format!("the workspace {}: {e}", ws.display())))?;
+    root.open_path(rel)
+        .map(drop)
+        .map_err(|e| refused(format!("mount source {rel:?} in the workspace: {e}")))
 }
 
 /// The bind mounts in product.md's merge order — workspace → environment mounts → spawn

@@ -265,6 +265,8 @@ impl Agent {
 
 impl Agent {
     /// Remove a finished request's directory (symlink-safe: `remove_dir_all` never follows).
+    /// The sandbox may have filled it with any number of entries: call it on the blocking
+    /// pool, never on an async thread.
     pub fn remove(&self, name: &str) {
         let _ = std::fs::remove_dir_all(self.dir.join(name));
     }
@@ -316,21 +318,33 @@ fn check_tool_name(name: &str) -> Result<(), RuntimeError> {
     }
 }
 
+/// Longest `pid` file read: a PID is at most 7 digits and a newline.
+const PID_FILE_LIMIT: u64 = 32;
+
 /// The command's PID inside the container, as the agent reported it in `pid`.
+///
+/// The file is the sandbox's to replace. It is opened without blocking and without following
+/// a link, and read only when it is a regular file: a FIFO planted there would otherwise hold
+/// the host's open until a writer came (forever), on whatever thread asked. What it says is a
+/// claim only: `host_pid` accepts it only for a process of this container, so a forged PID can
+/// at worst make the host signal another process of the same sandbox.
 pub fn container_pid(dir_fd: &OwnedFd) -> Option<i32> {
-    {
-        let fd = openat(
-            dir_fd,
-            "pid",
-            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .ok()?;
-        let mut text = String::new();
-        use std::io::Read;
-        File::from(fd).take(32).read_to_string(&mut text).ok()?;
-        text.trim().parse().ok().filter(|p| *p > 1)
+    let fd = openat(
+        dir_fd,
+        "pid",
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY,
+        Mode::empty(),
+    )
+    .ok()?;
+    let st = fstat(&fd).ok()?;
+    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+        tracing::debug!("the agent's pid file is not a regular file: ignored");
+        return None;
     }
+    let mut text = String::new();
+    use std::io::Read;
+    File::from(fd).take(PID_FILE_LIMIT).read_to_string(&mut text).ok()?;
+    text.trim().parse().ok().filter(|p| *p > 1)
 }
 
 /// Parse the status the agent wrote ("0".."255").
@@ -338,14 +352,15 @@ pub fn parse_status(text: &str) -> Option<u32> {
     text.trim().parse::<u32>().ok().filter(|s| *s <= 255)
 }
 
-/// Host PID of the process with PID `ns_pid` in the PID namespace of `init_host_pid`.
-pub fn host_pid(init_host_pid: u32, ns_pid: i32) -> Option<i32> {
+/// Host PID of the process with PID `ns_pid` in the PID namespace of `init_host_pid`, looked
+/// for among the processes of the container's cgroup (`cgroup`, the spec's `cgroupsPath`):
+/// the kernel's list, as long as the container's pids limit at most, where a scan of all of
+/// `/proc` would cost time in proportion to every process on the host.
+pub fn host_pid(cgroup: &str, init_host_pid: u32, ns_pid: i32) -> Option<i32> {
     let ns = std::fs::metadata(format!("/proc/{init_host_pid}/ns/pid")).ok()?.ino();
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+    for pid in crate::runtime::cgroupfs::procs(cgroup) {
+        let dir = PathBuf::from(format!("/proc/{pid}"));
+        let Ok(status) = std::fs::read_to_string(dir.join("status")) else {
             continue;
         };
         let Some(nspids) = status.lines().find_map(|l| l.strip_prefix("NSpid:")) else {
@@ -354,7 +369,7 @@ pub fn host_pid(init_host_pid: u32, ns_pid: i32) -> Option<i32> {
         if nspids.split_whitespace().last().and_then(|p| p.parse::<i32>().ok()) != Some(ns_pid) {
             continue;
         }
-        if std::fs::metadata(entry.path().join("ns/pid")).map(|m| m.ino()).ok() == Some(ns) {
+        if std::fs::metadata(dir.join("ns/pid")).map(|m| m.ino()).ok() == Some(ns) {
             return Some(pid);
         }
     }

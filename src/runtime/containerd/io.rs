@@ -4,6 +4,7 @@
 //! the setup marker, and capped.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -162,8 +163,13 @@ struct Shared {
     discard: bool,
 }
 
-/// A reader task and, when it captures, what it captured.
-type PumpTask = (tokio::task::JoinHandle<()>, Option<Arc<Mutex<Shared>>>);
+/// A reader task and, when it captures, what it captured; when it forwards, whether it is
+/// waiting for its consumer to take an event.
+type PumpTask = (
+    tokio::task::JoinHandle<()>,
+    Option<Arc<Mutex<Shared>>>,
+    Option<Arc<AtomicBool>>,
+);
 
 /// Reader tasks for stdout and stderr of one process.
 pub struct OutputPump {
@@ -183,6 +189,50 @@ async fn read_loop(mut rx: pipe::Receiver, mut on_chunk: impl FnMut(&[u8])) {
                 break;
             }
         }
+    }
+}
+
+/// Read one stream and send it on as events, one read at a time: the next read waits until
+/// the consumer took the last event.
+async fn forward_loop(
+    mut rx: pipe::Receiver,
+    is_stdout: bool,
+    tx: mpsc::Sender<RuntimeEvent>,
+    sending: Arc<AtomicBool>,
+) {
+    let event = |data: String| {
+        if is_stdout {
+            RuntimeEvent::Stdout { data }
+        } else {
+            RuntimeEvent::Stderr { data }
+        }
+    };
+    let mut decoder = Utf8Chunker::default();
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        let n = match rx.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading process output failed");
+                break;
+            }
+        };
+        let text = decoder.decode(&buf[..n]);
+        if !text.is_empty() {
+            sending.store(true, Ordering::Release);
+            let sent = tx.send(event(text)).await;
+            sending.store(false, Ordering::Release);
+            if sent.is_err() {
+                // Nobody listens any more: dropping the read end tells the writer (EPIPE).
+                return;
+            }
+        }
+    }
+    let rest = decoder.flush();
+    if !rest.is_empty() {
+        let _ = tx.send(event(rest)).await;
     }
 }
 
@@ -238,48 +288,32 @@ impl OutputPump {
                 });
                 notify.notify_waiters();
             });
-            tasks.push((task, Some(shared)));
+            tasks.push((task, Some(shared), None));
         }
         OutputPump { tasks, marker }
     }
 
-    /// Forward both streams as events (no split, no cap: the consumer decides).
+    /// Forward both streams as events (no split, no cap: the consumer decides). Nothing is
+    /// buffered beyond the consumer's channel: a stream is read only while the consumer takes
+    /// events, so a slow consumer (an HTTP client reading slowly) fills the pipe and blocks the
+    /// sandbox's writes, as a pipe to a slow reader would. When the consumer is gone the read
+    /// end is closed: the writer gets EPIPE.
     pub fn stream(fifos: &Fifos, tx: mpsc::Sender<RuntimeEvent>) -> Result<Self, RuntimeError> {
         let (out, err) = fifos.receivers()?;
         Ok(Self::forward(out, err, tx))
     }
 
-    /// Forward two already-open streams as events.
+    /// Forward two already-open streams as events (see `stream`).
     pub fn forward(out: pipe::Receiver, err: pipe::Receiver, tx: mpsc::Sender<RuntimeEvent>) -> Self {
         let mut tasks = Vec::new();
         for (rx, is_stdout) in [(out, true), (err, false)] {
             let tx = tx.clone();
-            let task = tokio::spawn(async move {
-                let (chunks_tx, mut chunks_rx) = mpsc::unbounded_channel::<Vec<u8>>();
-                let reader = tokio::spawn(read_loop(rx, move |c| {
-                    let _ = chunks_tx.send(c.to_vec());
-                }));
-                let mut decoder = Utf8Chunker::default();
-                let event = |data: String| {
-                    if is_stdout {
-                        RuntimeEvent::Stdout { data }
-                    } else {
-                        RuntimeEvent::Stderr { data }
-                    }
-                };
-                while let Some(chunk) = chunks_rx.recv().await {
-                    let text = decoder.decode(&chunk);
-                    if !text.is_empty() {
-                        let _ = tx.send(event(text)).await;
-                    }
-                }
-                let rest = decoder.flush();
-                if !rest.is_empty() {
-                    let _ = tx.send(event(rest)).await;
-                }
-                let _ = reader.await;
-            });
-            tasks.push((task, None));
+            let sending = Arc::new(AtomicBool::new(false));
+            tasks.push((
+                tokio::spawn(forward_loop(rx, is_stdout, tx, sending.clone())),
+                None,
+                Some(sending),
+            ));
         }
         OutputPump {
             tasks,
@@ -288,7 +322,7 @@ impl OutputPump {
     }
 
     fn shared(&self, i: usize) -> Option<&Arc<Mutex<Shared>>> {
-        self.tasks.get(i).and_then(|(_, s)| s.as_ref())
+        self.tasks.get(i).and_then(|(_, s, _)| s.as_ref())
     }
 
     /// Wait until both streams passed the setup marker (or ended); the status stdout carried.
@@ -323,7 +357,7 @@ impl OutputPump {
 
     /// Keep draining but store nothing more (a live container's init after setup).
     pub fn discard_rest(self) {
-        for (_, shared) in &self.tasks {
+        for (_, shared, _) in &self.tasks {
             if let Some(s) = shared {
                 let mut s = s.lock().expect("pump lock");
                 s.discard = true;
@@ -339,8 +373,15 @@ impl OutputPump {
     /// a writer to a FIFO without a reader would die of SIGPIPE.
     pub async fn finish(self, limit: Duration, detach: bool) -> (StreamOut, StreamOut) {
         let mut outs = Vec::new();
-        for (mut task, shared) in self.tasks {
-            if tokio::time::timeout(limit, &mut task).await.is_err() {
+        for (mut task, shared, sending) in self.tasks {
+            // A forwarder still handing output to a slow consumer is not held by a background
+            // process: it is waited for, so that every byte comes before the exit event. It
+            // ends when the output does or the consumer goes away.
+            let mut ended = tokio::time::timeout(limit, &mut task).await.is_ok();
+            while !ended && sending.as_ref().is_some_and(|s| s.load(Ordering::Acquire)) {
+                ended = tokio::time::timeout(limit, &mut task).await.is_ok();
+            }
+            if !ended {
                 if detach {
                     if let Some(s) = &shared {
                         s.lock().expect("pump lock").discard = true;

@@ -191,37 +191,46 @@ impl Engine {
             Some(shape) => pool::member_spec(plan, &self.host, &shape.layout, &self.late_dir(id))?,
             None => spec::build(plan, &self.host).map_err(|e| RuntimeError::Refused(e.to_string()))?,
         };
-        let Some(range) = plan.userns else {
-            return Ok(built);
-        };
         let run = self.run_dir.join(id);
-        // The rootfs lives outside the state dir: runc's init, already the container's root,
-        // binds it by path, so every directory above it must be open to that id (a state dir
-        // under a 0700 home or mktemp directory is not). Only its own directory is closed.
-        let root_dir = self.root_dir(id);
-        std::fs::create_dir_all(root_dir.parent().unwrap_or(&root_dir))
-            .and_then(|()| std::fs::create_dir(&root_dir))
-            .and_then(|()| std::os::unix::fs::chown(&root_dir, Some(range.host_id(0)), Some(range.host_id(0))))
-            .and_then(|()| std::fs::set_permissions(&root_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)))
-            .map_err(io("making the rootfs directory"))?;
-        let root = oci_spec::runtime::RootBuilder::default()
-            .path(root_dir.join(remap::ROOTFS_DIR))
-            .readonly(false)
-            .build()
-            .map_err(|e| RuntimeError::Internal(format!("root: {e}")))?;
-        built.set_root(Some(root));
+        if let Some(range) = plan.userns {
+            // The rootfs lives outside the state dir: runc's init, already the container's
+            // root, binds it by path, so every directory above it must be open to that id (a
+            // state dir under a 0700 home or mktemp directory is not). Only its own directory
+            // is closed.
+            let root_dir = self.root_dir(id);
+            std::fs::create_dir_all(root_dir.parent().unwrap_or(&root_dir))
+                .and_then(|()| std::fs::create_dir(&root_dir))
+                .and_then(|()| std::os::unix::fs::chown(&root_dir, Some(range.host_id(0)), Some(range.host_id(0))))
+                .and_then(|()| std::fs::set_permissions(&root_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)))
+                .map_err(io("making the rootfs directory"))?;
+            let root = oci_spec::runtime::RootBuilder::default()
+                .path(root_dir.join(remap::ROOTFS_DIR))
+                .readonly(false)
+                .build()
+                .map_err(|e| RuntimeError::Internal(format!("root: {e}")))?;
+            built.set_root(Some(root));
+        }
         if let Some(workspace) = &plan.workspace {
-            let owner = remap::workspace_owner(workspace).map_err(io("reading the workspace's owner"))?;
+            let ids = match plan.userns {
+                Some(range) => Some(remap::ViewIds {
+                    owner: remap::workspace_owner(workspace).map_err(io("reading the workspace's owner"))?,
+                    user: (uid, gid),
+                    range,
+                }),
+                None => None,
+            };
             let mut mounts = built.mounts().clone().unwrap_or_default();
-            for (i, m) in mounts.iter_mut().enumerate() {
-                let Some(source) = m.source().clone() else { continue };
-                if m.typ().as_deref() != Some("bind") || !source.starts_with(workspace) {
-                    continue;
-                }
-                let read_only = m.options().as_ref().is_some_and(|o| o.iter().any(|x| x == "ro"));
-                let view = remap::workspace_view(&run, i, &source, owner, (uid, gid), range, read_only)
-                    .map_err(io(&format!("mapping {} into the user namespace", source.display())))?;
-                m.set_source(Some(view));
+            let binds: Vec<(usize, PathBuf, bool)> = mounts
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| m.typ().as_deref() == Some("bind"))
+                .filter_map(|(i, m)| {
+                    let read_only = m.options().as_ref().is_some_and(|o| o.iter().any(|x| x == "ro"));
+                    Some((i, m.source().clone()?, read_only))
+                })
+                .collect();
+            for (i, view) in remap::workspace_views(&run, workspace, &binds, ids).map_err(view_error)? {
+                mounts[i].set_source(Some(view));
             }
             built.set_mounts(Some(mounts));
         }
@@ -795,6 +804,13 @@ impl Engine {
 
     /// Run one job to completion in a fresh container: setup + command in one task.
     pub async fn run_oneshot(&self, plan: &RunPlan, cancel: &CancellationToken) -> Result<ExecResult, RuntimeError> {
+        let result = self.run_oneshot_inner(plan, cancel).await;
+        // Every process of the sandbox is dead by now (its task exited or was killed).
+        sweep_setid(plan.workspace.as_deref()).await;
+        result
+    }
+
+    async fn run_oneshot_inner(&self, plan: &RunPlan, cancel: &CancellationToken) -> Result<ExecResult, RuntimeError> {
         let t0 = Instant::now();
         let mut image = None;
         if self.options.use_pools {
@@ -1070,6 +1086,7 @@ impl Engine {
             Vec::new(),
         );
         live.network = created.network.clone();
+        live.workspace = plan.workspace.clone();
         if let Some(setup) = setup {
             live.set_setup(setup);
         }
@@ -1251,6 +1268,8 @@ pub struct LiveContainer {
     pool: Option<String>,
     /// What it got on a bridge network.
     network: Option<crate::runtime::NetworkStatus>,
+    /// Its workspace on the host (swept of setuid bits at cleanup).
+    workspace: Option<PathBuf>,
     slot: Arc<tokio::sync::Mutex<()>>,
     state: Arc<Mutex<LiveState>>,
     sequence: Arc<AtomicU64>,
@@ -1280,6 +1299,7 @@ impl LiveContainer {
             base_env,
             pool: None,
             network: None,
+            workspace: None,
             slot: Arc::new(tokio::sync::Mutex::new(())),
             state: Arc::new(Mutex::new(LiveState::default())),
             sequence: Arc::new(AtomicU64::new(0)),
@@ -1313,7 +1333,7 @@ impl LiveContainer {
     }
 
     pub fn signal_container_pid(&self, ns_pid: i32, signal: Signal) -> bool {
-        match agent::host_pid(self.init_pid, ns_pid) {
+        match agent::host_pid(&self.cgroup, self.init_pid, ns_pid) {
             Some(host) => nix::sys::signal::kill(nix::unistd::Pid::from_raw(host), signal).is_ok(),
             None => false,
         }
@@ -1635,7 +1655,7 @@ impl LiveContainer {
         {
             let agent = agent.clone();
             let name = req.name.clone();
-            tokio::spawn(async move { agent.remove(&name) });
+            tokio::task::spawn_blocking(move || agent.remove(&name));
         }
         let status = status.ok_or_else(|| RuntimeError::Internal("the agent reported no status".into()))?;
         Ok(self.record(command_result(status, timed_out, out, err, duration, before, after)))
@@ -1647,7 +1667,7 @@ impl LiveContainer {
         let Some(ns_pid) = agent::container_pid(dir) else {
             return;
         };
-        let Some(host) = agent::host_pid(self.init_pid, ns_pid) else {
+        let Some(host) = agent::host_pid(&self.cgroup, self.init_pid, ns_pid) else {
             return;
         };
         let pid = nix::unistd::Pid::from_raw(host);
@@ -1696,7 +1716,7 @@ impl crate::runtime::Sandbox for LiveContainer {
     }
 
     fn signal_group(&self, pid: i32, signal: Signal) -> bool {
-        let Some(host) = agent::host_pid(self.init_pid, pid) else {
+        let Some(host) = agent::host_pid(&self.cgroup, self.init_pid, pid) else {
             return false;
         };
         let host = nix::unistd::Pid::from_raw(host);
@@ -1791,6 +1811,7 @@ impl Runtime for LiveContainer {
             base_env: self.base_env.clone(),
             pool: self.pool.clone(),
             network: self.network.clone(),
+            workspace: self.workspace.clone(),
             slot: self.slot.clone(),
             state: self.state.clone(),
             sequence: self.sequence.clone(),
@@ -1839,7 +1860,41 @@ impl Runtime for LiveContainer {
             }
             state.cleaned = true;
         }
-        self.engine.teardown(&self.id).await
+        let torn_down = self.engine.teardown(&self.id).await;
+        sweep_setid(self.workspace.as_deref()).await;
+        torn_down
+    }
+}
+
+/// Clear the setuid and setgid bits a sandbox left in its workspace (see
+/// `confined::Root::clear_setid`), once every process of the sandbox is dead: the next attempt,
+/// a later reader and any local user who can reach the workspace get no file that runs as its
+/// owner. On the blocking pool: the walk takes as long as the tree is large.
+async fn sweep_setid(workspace: Option<&Path>) {
+    let Some(ws) = workspace.map(Path::to_path_buf) else {
+        return;
+    };
+    let shown = ws.display().to_string();
+    let swept =
+        tokio::task::spawn_blocking(move || crate::confined::Root::open(&ws).and_then(|root| root.clear_setid())).await;
+    match swept {
+        Ok(Ok(report)) if report.cleared > 0 => tracing::warn!(
+            workspace = shown,
+            files = report.cleared,
+            "cleared the setuid/setgid bits of files the sandbox left in its workspace"
+        ),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(workspace = shown, error = %e, "clearing setuid/setgid bits in the workspace"),
+        Err(e) => tracing::warn!(workspace = shown, error = %e, "clearing setuid/setgid bits in the workspace"),
+    }
+}
+
+/// A workspace bind that could not be given its view: refused when the workspace no longer
+/// holds what the job names (the sandbox's doing), else the host's failure.
+fn view_error(e: remap::ViewError) -> RuntimeError {
+    match e {
+        remap::ViewError::Resolve(ref c) if c.is_client_error() => RuntimeError::Refused(e.to_string()),
+        e => RuntimeError::Internal(e.to_string()),
     }
 }
 

@@ -524,23 +524,32 @@ impl Engine {
                 "the member's layout does not fit the job".into(),
             ));
         }
-        // In a user namespace the workspace is bound through an idmapped view, as in a cold
-        // container (see `remap::workspace_view`).
-        let owner = match (&userns, &plan.workspace) {
-            (Some(_), Some(ws)) => {
-                Some(super::remap::workspace_owner(ws).map_err(io("reading the workspace's owner".into()))?)
-            }
-            _ => None,
-        };
-        for (i, b) in binds.iter().enumerate() {
-            let source = match (userns, owner, &plan.workspace) {
-                (Some((range, user)), Some(owner), Some(ws)) if b.source.starts_with(ws) => {
-                    super::remap::workspace_view(&self.run_dir.join(id), i, &b.source, owner, user, range, b.read_only)
-                        .map_err(io(format!("mapping {} into the user namespace", b.source.display())))?
-                }
-                _ => b.source.clone(),
+        // The workspace's binds go through views, as in a cold container (see
+        // `remap::workspace_views`): idmapped in a user namespace, and every path beneath the
+        // workspace resolved now, beneath its descriptor.
+        let mut sources: Vec<PathBuf> = binds.iter().map(|b| b.source.clone()).collect();
+        if let Some(ws) = &plan.workspace {
+            let ids = match userns {
+                Some((range, user)) => Some(super::remap::ViewIds {
+                    owner: super::remap::workspace_owner(ws).map_err(io("reading the workspace's owner".into()))?,
+                    user,
+                    range,
+                }),
+                None => None,
             };
-            late::bind_place(&dir, i, &source, b.read_only).map_err(io(format!("binding {}", b.target)))?;
+            let list: Vec<(usize, PathBuf, bool)> = binds
+                .iter()
+                .enumerate()
+                .map(|(i, b)| (i, b.source.clone(), b.read_only))
+                .collect();
+            for (i, view) in
+                super::remap::workspace_views(&self.run_dir.join(id), ws, &list, ids).map_err(super::view_error)?
+            {
+                sources[i] = view;
+            }
+        }
+        for (i, (b, source)) in binds.iter().zip(&sources).enumerate() {
+            late::bind_place(&dir, i, source, b.read_only).map_err(io(format!("binding {}", b.target)))?;
         }
         for a in &plan.assets {
             let save_path = a
@@ -680,7 +689,7 @@ impl Engine {
     /// and to the command's main process only when it handles SIGTERM (a cold container's
     /// init, PID 1, ignores signals it has no handler for), then SIGKILL after the grace.
     async fn stop_member(&self, member: &Member, request: &std::os::fd::OwnedFd) -> bool {
-        let main = agent::container_pid(request).and_then(|ns| agent::host_pid(member.init_pid, ns));
+        let main = agent::container_pid(request).and_then(|ns| agent::host_pid(&member.cgroup, member.init_pid, ns));
         let spare_main = main.is_some_and(|pid| !catches(pid, Signal::SIGTERM));
         for pid in cgroupfs::procs(&member.cgroup) {
             if pid as u32 == member.init_pid || (spare_main && Some(pid) == main) {
@@ -737,6 +746,7 @@ impl Engine {
                 env.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             );
             live.pool = Some(pool);
+            live.workspace = plan.workspace.clone();
             if spec::runs_setup(plan.job(), env) {
                 let job = plan.job();
                 let started = Instant::now();

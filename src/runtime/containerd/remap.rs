@@ -49,8 +49,8 @@ pub fn mount_rootfs(mounts: &[Mount], dir: &Path, range: IdRange) -> io::Result<
         "bind" | "rbind" => {
             let read_only = mount.options.iter().any(|o| o == "ro");
             let tree = idmap::idmapped_tree(
-                Path::new(&mount.source),
-                userns.as_fd(),
+                idmap::Source::Path(Path::new(&mount.source)),
+                Some(userns.as_fd()),
                 Flags {
                     read_only,
                     restricted: false,
@@ -82,7 +82,10 @@ pub fn mount_rootfs(mounts: &[Mount], dir: &Path, range: IdRange) -> io::Result<
                 for (i, dir) in lower.iter().enumerate() {
                     let at = layers.join(i.to_string());
                     std::fs::create_dir(&at)?;
-                    idmap::attach(idmap::idmapped_tree(dir, userns.as_fd(), Flags::default())?, &at)?;
+                    idmap::attach(
+                        idmap::idmapped_tree(idmap::Source::Path(dir), Some(userns.as_fd()), Flags::default())?,
+                        &at,
+                    )?;
                     names.push(at.display().to_string());
                 }
                 data.push(format!("lowerdir={}", names.join(":")));
@@ -113,32 +116,102 @@ pub fn mount_rootfs(mounts: &[Mount], dir: &Path, range: IdRange) -> io::Result<
     Ok(target)
 }
 
-/// An idmapped view of `source` (a workspace or a path in it) for a container of `range`
-/// running as `user`: the tree's owner (`owner`) shows as the job's user, and what the job
-/// writes is stored as the owner's. Returns where the view is mounted.
+/// How a workspace view shows ids: in a user namespace of `range`, the tree's `owner` (uid,
+/// gid on the host) as the job's `user` (uid, gid inside).
+#[derive(Clone, Copy, Debug)]
+pub struct ViewIds {
+    pub owner: (u32, u32),
+    pub user: (u32, u32),
+    pub range: IdRange,
+}
+
+/// A view of `source` (a workspace, or a path resolved beneath it) for a container, mounted
+/// `nosuid,nodev` in its run directory, where only the host and the container's root reach
+/// it; the spec (or a pool member's place) binds the view, never the workspace path. With
+/// `ids` it is idmapped: what the job writes is stored as the owner's. Returns where the view
+/// is mounted.
 pub fn workspace_view(
     run_dir: &Path,
     index: usize,
-    source: &Path,
-    owner: (u32, u32),
-    user: (u32, u32),
-    range: IdRange,
+    source: idmap::Source<'_>,
+    ids: Option<ViewIds>,
     read_only: bool,
 ) -> io::Result<PathBuf> {
-    let (uids, gids) = idmap::owner_maps(owner, user, range);
-    let userns = idmap::user_namespace(&[uids], &[gids])?;
+    let userns = match ids {
+        Some(ids) => {
+            let (uids, gids) = idmap::owner_maps(ids.owner, ids.user, ids.range);
+            Some(idmap::user_namespace(&[uids], &[gids])?)
+        }
+        None => None,
+    };
     let target = run_dir.join(VIEWS_DIR).join(format!("v{index}"));
     std::fs::create_dir_all(run_dir.join(VIEWS_DIR))?;
     idmap::bind_idmapped(
         source,
         &target,
-        userns.as_fd(),
+        userns.as_ref().map(|u| u.as_fd()),
         Flags {
             read_only,
             restricted: true,
         },
     )?;
     Ok(target)
+}
+
+/// Why a bind of the workspace could not be given a view.
+#[derive(Debug, thiserror::Error)]
+pub enum ViewError {
+    /// The source does not resolve beneath the workspace now (the sandbox swapped a
+    /// component for a link leaving it, or removed it): the job's or the sandbox's doing.
+    #[error("mount source in the workspace: {0}")]
+    Resolve(#[source] crate::confined::ConfinedError),
+    #[error("mounting {what}: {source}")]
+    Mount {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Views for a container's binds of its workspace (`binds`: index in the spec, source, read
+/// only), in its run directory. A source beneath the workspace is resolved now, beneath the
+/// workspace's descriptor, and mounted from what that resolution found: whatever an earlier
+/// attempt, a parallel index or a session on the same workspace left there (a component
+/// swapped for a link to a host directory) cannot redirect the mount. The workspace itself
+/// (a path the host chose) gets a view only with `ids`; without, it is bound as it is.
+/// Returns the view of each bind that got one.
+pub fn workspace_views(
+    run_dir: &Path,
+    workspace: &Path,
+    binds: &[(usize, PathBuf, bool)],
+    ids: Option<ViewIds>,
+) -> Result<Vec<(usize, PathBuf)>, ViewError> {
+    let mut views = Vec::new();
+    let mut root = None;
+    for (index, source, read_only) in binds {
+        let Ok(rel) = source.strip_prefix(workspace) else {
+            continue;
+        };
+        let mount_error = |source| ViewError::Mount {
+            what: format!("workspace path {}", rel.display()),
+            source,
+        };
+        let view = if rel.as_os_str().is_empty() {
+            if ids.is_none() {
+                continue;
+            }
+            workspace_view(run_dir, *index, idmap::Source::Path(workspace), ids, *read_only).map_err(mount_error)?
+        } else {
+            let root = match &mut root {
+                Some(root) => root,
+                None => root.insert(crate::confined::Root::open(workspace).map_err(ViewError::Resolve)?),
+            };
+            let fd = root.open_path(&rel.to_string_lossy()).map_err(ViewError::Resolve)?;
+            workspace_view(run_dir, *index, idmap::Source::Fd(fd.as_fd()), ids, *read_only).map_err(mount_error)?
+        };
+        views.push((*index, view));
+    }
+    Ok(views)
 }
 
 /// The owner the workspace's files are stored as: the workspace directory's owner. (With

@@ -20,6 +20,14 @@ import traceback
 
 NAMESPACE = {"__name__": "__main__", "__builtins__": __builtins__}
 SUMMARY_LIMIT = 200
+# Bytes of output and of stderr an answer keeps (head and tail): the host's output limit,
+# given as the second argument. The host reads at most 2 * OUTPUT_LIMIT + ANSWER_OVERHEAD
+# bytes of an answer line (src/service/sessions/python.rs) and restarts a driver that sends
+# more, so every answer is made to fit.
+OUTPUT_LIMIT = 10 << 20
+ANSWER_OVERHEAD = 1 << 20
+# Variable names listed in an answer.
+VARS_LIMIT = 10000
 INTERRUPTED = "TimeoutError: execution interrupted (time limit reached)"
 
 
@@ -40,6 +48,44 @@ HIDDEN = set()
 if SHELL is not None:
     NAMESPACE = SHELL.user_ns
     HIDDEN = set(SHELL.user_ns_hidden)
+
+
+def clip(text, limit):
+    """The head and tail of `text` within `limit` UTF-8 bytes, and how many bytes were left out."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return text, 0
+    half = limit // 2
+    head = data[:half].decode("utf-8", "ignore")
+    tail = data[len(data) - half :].decode("utf-8", "ignore")
+    kept = len(head.encode("utf-8", "replace")) + len(tail.encode("utf-8", "replace"))
+    return head + tail, len(data) - kept
+
+
+def encode(answer):
+    """The answer as one JSON line that fits what the host reads: streams clipped to the
+    output limit (halved again while the escaped line is still too long), long lists cut."""
+    limit = 2 * OUTPUT_LIMIT + ANSWER_OVERHEAD
+    names = answer.get("vars")
+    if isinstance(names, list) and len(names) > VARS_LIMIT:
+        answer["vars"] = names[:VARS_LIMIT]
+        answer["varsTruncated"] = True
+    keep = OUTPUT_LIMIT
+    raw = {k: answer.get(k) for k in ("output", "stderr")}
+    while True:
+        for key, text in raw.items():
+            if isinstance(text, str):
+                answer[key], dropped = clip(text, keep)
+                if dropped:
+                    answer[key + "DroppedBytes"] = dropped
+        data = json.dumps(answer, default=summary, ensure_ascii=False)
+        if len(data.encode("utf-8", "replace")) < limit or keep == 0:
+            break
+        keep //= 2
+    if len(data.encode("utf-8", "replace")) >= limit:
+        # Not the streams: a value too large to send (`var` of a huge list, a huge traceback).
+        data = json.dumps({"error": "driver: the answer is larger than %d bytes" % limit, "value": {"repr": summary(answer.get("value"))}})
+    return data
 
 
 def user_vars():
@@ -131,7 +177,10 @@ def main():
     # Started in the background by sh, we inherit SIGINT ignored (POSIX asynchronous lists);
     # the host's SIGINT is how a timeout stops the running code.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    global OUTPUT_LIMIT
     path = sys.argv[1]
+    if len(sys.argv) > 2:
+        OUTPUT_LIMIT = int(sys.argv[2])
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(path)
     stream = conn.makefile("rwb")
@@ -152,10 +201,10 @@ def main():
         except Exception as e:
             answer = {"error": "driver: %s" % e}
         try:
-            data = json.dumps(answer, default=summary)
+            data = encode(answer)
         except Exception as e:
             data = json.dumps({"error": "driver: %s" % e})
-        stream.write((data + "\n").encode())
+        stream.write((data + "\n").encode("utf-8", "replace"))
         stream.flush()
 
 

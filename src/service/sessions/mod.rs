@@ -551,10 +551,13 @@ impl SessionManager {
             .drain()
             .map(|(_, s)| s)
             .collect();
-        for s in all {
+        // All at once: a server stopping has a deadline, and each teardown mostly waits on
+        // containerd.
+        futures::future::join_all(all.into_iter().map(|s| async move {
             if let Err(e) = s.runtime.cleanup().await {
                 tracing::warn!(session = s.id, error = %e, "cleaning up a session at shutdown");
             }
-        }
+        }))
+        .await;
     }
 }

@@ -23,6 +23,54 @@ const START_LIMIT: Duration = Duration::from_secs(15);
 const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
 /// The socket's name in the shared directory.
 const SOCKET: &str = "py.sock";
+/// What an answer may hold beyond the code's output and error streams (variable names, the
+/// error's traceback, JSON's framing).
+const ANSWER_OVERHEAD: usize = 1 << 20;
+/// The longest hello line.
+const HELLO_LIMIT: usize = 256;
+
+/// The longest answer line the host reads from the driver: the driver keeps the head and tail
+/// of each stream within `output_limit` bytes and shrinks its answer to fit; a longer line is
+/// not an answer of our driver (the code wrote into its socket), and the interpreter is
+/// restarted rather than the host buffering it.
+fn answer_limit(output_limit: usize) -> usize {
+    output_limit.saturating_mul(2).saturating_add(ANSWER_OVERHEAD)
+}
+
+/// How reading one line ended.
+enum Line {
+    /// The line, without its newline.
+    Whole(Vec<u8>),
+    /// EOF before any byte.
+    Eof,
+    /// More than the limit came without a newline: the rest is not read.
+    TooLong,
+}
+
+/// Read one line of at most `limit` bytes, never holding more than that.
+async fn read_line_capped<R: tokio::io::AsyncBufRead + Unpin>(reader: &mut R, limit: usize) -> std::io::Result<Line> {
+    let mut line = Vec::new();
+    loop {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            // EOF: a partial line is not an answer.
+            return Ok(if line.is_empty() { Line::Eof } else { Line::TooLong });
+        }
+        let (take, done) = match available.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (available.len(), false),
+        };
+        if line.len() + take > limit.saturating_add(1) {
+            return Ok(Line::TooLong);
+        }
+        line.extend_from_slice(&available[..take]);
+        reader.consume(take);
+        if done {
+            line.pop();
+            return Ok(Line::Whole(line));
+        }
+    }
+}
 
 pub(super) struct Driver {
     reader: BufReader<tokio::net::unix::OwnedReadHalf>,
@@ -99,10 +147,11 @@ impl Session {
             ServiceError::rejected(format!("cannot place the Python socket in the sandbox: {e}"))
         })?;
         let start = format!(
-            "if command -v python3 >/dev/null 2>&1; then nohup python3 {}/{} {}/{SOCKET} >/dev/null 2>&1 & else echo 'python3 is not in this image' >&2; exit 127; fi",
+            "if command -v python3 >/dev/null 2>&1; then nohup python3 {}/{} {}/{SOCKET} {} >/dev/null 2>&1 & else echo 'python3 is not in this image' >&2; exit 127; fi",
             sandbox.tools_mount(),
             DRIVER.name,
             sandbox.shared_mount(),
+            self.output_limit,
         );
         let r = self
             .runtime
@@ -126,16 +175,18 @@ impl Session {
         let _ = std::fs::remove_file(&sock);
         let (read, writer) = stream.into_split();
         let mut reader = BufReader::new(read);
-        let mut hello = String::new();
-        tokio::time::timeout(START_LIMIT, reader.read_line(&mut hello))
+        let hello = tokio::time::timeout(START_LIMIT, read_line_capped(&mut reader, HELLO_LIMIT))
             .await
             .map_err(|_| ServiceError::rejected("the Python driver did not answer"))?
             .map_err(|e| ServiceError::internal("reading the Python driver", e))?;
-        let pid = serde_json::from_str::<Value>(&hello)
-            .ok()
-            .and_then(|v| v["hello"].as_i64())
-            .ok_or_else(|| ServiceError::rejected("the Python driver said something unexpected"))?
-            as i32;
+        let pid = match hello {
+            Line::Whole(line) => serde_json::from_slice::<Value>(&line)
+                .ok()
+                .and_then(|v| v["hello"].as_i64())
+                .and_then(|p| i32::try_from(p).ok()),
+            Line::Eof | Line::TooLong => None,
+        }
+        .ok_or_else(|| ServiceError::rejected("the Python driver said something unexpected"))?;
         Ok(Driver { reader, writer, pid })
     }
 
@@ -157,37 +208,60 @@ impl Session {
                 "the Python interpreter died; it restarts on the next call",
             ));
         }
-        let mut answer = String::new();
-        let read = tokio::time::timeout(timeout, driver.reader.read_line(&mut answer)).await;
+        let limit = answer_limit(self.output_limit);
+        let read = tokio::time::timeout(timeout, read_line_capped(&mut driver.reader, limit)).await;
         let timed_out = read.is_err();
-        if timed_out {
-            sandbox.signal(driver.pid, nix::sys::signal::Signal::SIGINT);
-            answer.clear();
-            if tokio::time::timeout(INTERRUPT_GRACE, driver.reader.read_line(&mut answer))
-                .await
-                .is_err()
-            {
+        let answer = match read {
+            Ok(answer) => answer,
+            Err(_) => {
+                sandbox.signal(driver.pid, nix::sys::signal::Signal::SIGINT);
+                match tokio::time::timeout(INTERRUPT_GRACE, read_line_capped(&mut driver.reader, limit)).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        sandbox.signal(driver.pid, nix::sys::signal::Signal::SIGKILL);
+                        *guard = None;
+                        return Ok(serde_json::json!({
+                            "output": "", "stderr": "", "timedOut": true,
+                            "error": "TimeoutError: the code ignored the interrupt; the interpreter was restarted (its state is lost)",
+                        }));
+                    }
+                }
+            }
+        };
+        let answer = match answer {
+            Ok(Line::Whole(line)) => line,
+            Ok(Line::TooLong) => {
+                // Not our driver's answer: the code wrote into the driver's socket. What it
+                // wrote is not read further (the socket goes with the driver).
                 sandbox.signal(driver.pid, nix::sys::signal::Signal::SIGKILL);
                 *guard = None;
                 return Ok(serde_json::json!({
-                    "output": "", "stderr": "", "timedOut": true,
-                    "error": "TimeoutError: the code ignored the interrupt; the interpreter was restarted (its state is lost)",
+                    "output": "", "stderr": "",
+                    "error": format!("the interpreter's answer exceeded {limit} bytes (the code wrote to the driver's socket?); the interpreter was restarted (its state is lost)"),
                 }));
             }
-        }
-        if answer.is_empty() {
-            // The interpreter died under the code (EOF): most often the memory limit.
-            *guard = None;
-            let oom = sandbox.oom_kills().is_some_and(|n| n > oom_before);
-            let error = if oom {
-                "MemoryError: the interpreter was killed at the memory limit; it restarts (empty) on the next call"
-            } else {
-                "the interpreter died; it restarts (empty) on the next call"
-            };
-            return Ok(serde_json::json!({"output": "", "stderr": "", "error": error, "oomKilled": oom}));
-        }
-        let mut value: Value = serde_json::from_str(&answer)
-            .map_err(|_| ServiceError::rejected("the Python interpreter gave no answer"))?;
+            Ok(Line::Eof) | Err(_) => {
+                // The interpreter died under the code (EOF): most often the memory limit.
+                *guard = None;
+                let oom = sandbox.oom_kills().is_some_and(|n| n > oom_before);
+                let error = if oom {
+                    "MemoryError: the interpreter was killed at the memory limit; it restarts (empty) on the next call"
+                } else {
+                    "the interpreter died; it restarts (empty) on the next call"
+                };
+                return Ok(serde_json::json!({"output": "", "stderr": "", "error": error, "oomKilled": oom}));
+            }
+        };
+        let mut value: Value = match serde_json::from_slice(&answer) {
+            Ok(value) => value,
+            Err(_) => {
+                sandbox.signal(driver.pid, nix::sys::signal::Signal::SIGKILL);
+                *guard = None;
+                return Err(ServiceError::rejected(
+                    "the Python interpreter gave no answer; it restarts (empty) on the next call",
+                ));
+            }
+        };
         if timed_out && let Some(obj) = value.as_object_mut() {
             obj.insert("timedOut".into(), Value::Bool(true));
         }
