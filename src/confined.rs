@@ -187,6 +187,24 @@ pub struct SetidReport {
     pub skipped: u64,
 }
 
+/// What [`Root::disk_usage`] measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DiskUsage {
+    /// Bytes charged: each inode's allocated blocks, at least [`MIN_INODE_CHARGE`], a hard
+    /// link's inode once.
+    pub bytes: u64,
+    /// Inodes counted.
+    pub entries: u64,
+    /// The walk stopped early: `bytes` reached the caller's `stop_at`.
+    pub stopped: bool,
+    /// Directories nested deeper than [`MAX_PACK_DEPTH`] were found (and not measured).
+    pub too_deep: bool,
+}
+
+/// The least an inode is charged by [`Root::disk_usage`]: one block of a common filesystem,
+/// so that a million empty files (a million inodes of the host's filesystem) count.
+pub const MIN_INODE_CHARGE: u64 = 4096;
+
 /// A workspace directory, held open; every operation stays beneath it.
 pub struct Root {
     fd: OwnedFd,
@@ -255,6 +273,30 @@ impl Root {
         let top = Dir::from_fd(top).map_err(|e| errno_error("reading", ".", e))?;
         clear_setid_in(top, "", 0, &mut report)?;
         Ok(report)
+    }
+
+    /// The disk space the tree takes, as `du` counts it (allocated blocks, so a sparse file
+    /// costs what it holds), but every inode at least [`MIN_INODE_CHARGE`]. Mount points and
+    /// what is under them are another filesystem's and not counted. The walk goes through
+    /// descriptors and never follows a link; it stops as soon as `stop_at` bytes are counted,
+    /// so its cost is bounded by what the caller allows (`stop_at / MIN_INODE_CHARGE`
+    /// entries).
+    pub fn disk_usage(&self, stop_at: u64) -> Result<DiskUsage> {
+        let mut usage = DiskUsage::default();
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY;
+        let top =
+            open_beneath(self.fd.as_fd(), b".", flags, 0, NO_SYMLINKS).map_err(|e| errno_error("opening", ".", e))?;
+        let st = fstat(top.as_fd(), ".")?;
+        let mut walk = UsageWalk {
+            dev: st.st_dev,
+            stop_at,
+            linked: std::collections::HashSet::new(),
+            usage: &mut usage,
+        };
+        walk.charge(&st);
+        let top = Dir::from_fd(top).map_err(|e| errno_error("reading", ".", e))?;
+        walk.dir(top, "", 0)?;
+        Ok(usage)
     }
 
     /// Opens a regular file for reading. Relative symlinks that stay inside are followed (the
@@ -1335,6 +1377,72 @@ fn pack_dir(
     Ok(())
 }
 
+/// The state of one [`Root::disk_usage`] walk.
+struct UsageWalk<'a> {
+    dev: u64,
+    stop_at: u64,
+    /// Inodes with more than one link, counted once.
+    linked: std::collections::HashSet<u64>,
+    usage: &'a mut DiskUsage,
+}
+
+impl UsageWalk<'_> {
+    fn charge(&mut self, st: &FileStat) {
+        if st.st_nlink > 1 && file_type(st) != libc::S_IFDIR && !self.linked.insert(st.st_ino) {
+            return;
+        }
+        let blocks = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+        self.usage.bytes = self.usage.bytes.saturating_add(blocks.max(MIN_INODE_CHARGE));
+        self.usage.entries += 1;
+        if self.usage.bytes >= self.stop_at {
+            self.usage.stopped = true;
+        }
+    }
+
+    fn dir(&mut self, mut dir: Dir, shown: &str, depth: u64) -> Result<()> {
+        let mut names = Vec::new();
+        for entry in dir.iter() {
+            let entry = entry.map_err(|e| errno_error("reading", shown, e))?;
+            let name = entry.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                names.push(name.to_vec());
+            }
+        }
+        let fd = dir.as_fd();
+        for name in names {
+            if self.usage.stopped {
+                return Ok(());
+            }
+            let st = match nix::sys::stat::fstatat(fd, name.as_slice(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
+                Err(e) if changed_meanwhile(e) => continue,
+                Err(e) => return Err(errno_error("inspecting", &child_shown(shown, &name), e)),
+            };
+            if st.st_dev != self.dev {
+                continue;
+            }
+            self.charge(&st);
+            if file_type(&st) != libc::S_IFDIR {
+                continue;
+            }
+            if depth >= MAX_PACK_DEPTH {
+                self.usage.too_deep = true;
+                continue;
+            }
+            let child = child_shown(shown, &name);
+            let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
+            let sub = match open_beneath(fd, &name, flags, 0, NO_SYMLINKS) {
+                Ok(sub) => sub,
+                Err(e) if changed_meanwhile(e) => continue,
+                Err(e) => return Err(errno_error("opening", &child, e)),
+            };
+            let sub = Dir::from_fd(sub).map_err(|e| errno_error("reading", &child, e))?;
+            self.dir(sub, &child, depth + 1)?;
+        }
+        Ok(())
+    }
+}
+
 /// [`Root::clear_setid`] for one directory, recursing through descriptors.
 fn clear_setid_in(mut dir: Dir, shown: &str, depth: u64, report: &mut SetidReport) -> Result<()> {
     let mut names = Vec::new();
@@ -2327,6 +2435,32 @@ mod tests {
         );
         fx.assert_outside_unchanged();
         assert_eq!(fx.root.clear_setid().unwrap().cleared, 0);
+    }
+
+    #[test]
+    fn disk_usage_counts_blocks_and_inodes_once_and_never_follows_links() {
+        let fx = Fixture::new();
+        let rp = fx.rp();
+        let empty = fx.root.disk_usage(u64::MAX).unwrap();
+        assert_eq!((empty.entries, empty.stopped, empty.too_deep), (1, false, false));
+        fs::create_dir(rp.join("d")).unwrap();
+        fs::write(rp.join("d/big"), vec![7u8; 1 << 20]).unwrap();
+        fs::hard_link(rp.join("d/big"), rp.join("again")).unwrap();
+        for i in 0..100 {
+            fs::write(rp.join(format!("d/e{i}")), b"").unwrap();
+        }
+        // A sparse file counts what it holds.
+        let sparse = File::create(rp.join("sparse")).unwrap();
+        sparse.set_len(1 << 30).unwrap();
+        symlink(fx.outside(), rp.join("out")).unwrap();
+        let u = fx.root.disk_usage(u64::MAX).unwrap();
+        // root, d, big (once), 100 empty files, sparse, the link itself.
+        assert_eq!(u.entries, 105, "{u:?}");
+        let min = (1 << 20) + 103 * MIN_INODE_CHARGE;
+        assert!(u.bytes >= min && u.bytes < min + (64 << 10), "{u:?}");
+        // It stops once the caller's bound is reached.
+        let stopped = fx.root.disk_usage(10 * MIN_INODE_CHARGE).unwrap();
+        assert!(stopped.stopped && stopped.entries <= 12, "{stopped:?}");
     }
 
     #[test]

@@ -23,6 +23,10 @@ const HELP: &[(&str, &str)] = &[
         "containerd operations of the runtime (create, start, exec) and how long they took",
     ),
     ("runner_errors_total", "failed requests by kind of error"),
+    (
+        "runner_evictions_total",
+        "sandboxes evicted, by reason (ephemeral-storage: over resources.ephemeralStorage)",
+    ),
 ];
 
 type Labels = Vec<(&'static str, String)>;

@@ -170,10 +170,15 @@ fn exported_pods_carry_the_hardening_and_the_job_fields() {
         (sc["runAsUser"].as_u64(), sc["runAsGroup"].as_u64()),
         (Some(1000), Some(1000))
     );
-    assert_eq!(c["resources"]["requests"], c["resources"]["limits"]);
+    assert_eq!(
+        c["resources"]["requests"],
+        serde_json::json!({"cpu": "250m", "memory": "300Mi"})
+    );
+    // The ephemeral-storage limit is enforced (evicted over it), never requested: a request
+    // would reserve the default 10Gi on a node for every pod.
     assert_eq!(
         c["resources"]["limits"],
-        serde_json::json!({"cpu": "250m", "memory": "300Mi"})
+        serde_json::json!({"cpu": "250m", "memory": "300Mi", "ephemeral-storage": "10Gi"})
     );
     assert_eq!(c["workingDir"], "/work");
     // The kubelet's `$(VAR)` expansion is escaped: the value reaches the job as written.

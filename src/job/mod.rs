@@ -47,6 +47,8 @@ pub enum Reason {
     Interrupted,
     /// A `podFailurePolicy` rule with action FailJob matched.
     PodFailurePolicy,
+    /// The sandbox went over `resources.ephemeralStorage` and was killed (the kubelet's word).
+    Evicted,
 }
 
 /// 128 + SIGSYS: how a process the seccomp filter killed ends.
@@ -70,12 +72,16 @@ impl AttemptStatus {
         let (phase, reason) = status_of(result.clone(), deadline_bound);
         // Our seccomp filter answers a refused syscall with EPERM; it kills (SIGSYS) only a
         // syscall of an ABI it does not admit: almost always a 32-bit program.
-        let message = (reason == Reason::Error && result.status_code() == SIGSYS_STATUS).then(|| {
-            format!(
-                "exit code {SIGSYS_STATUS} (SIGSYS): in a container, a system call of an ABI the seccomp \
-                 filter does not admit; a 32-bit program needs allow32BitSyscalls: true in its Environment"
-            )
-        });
+        let message = if reason == Reason::Evicted {
+            result.evicted.clone()
+        } else {
+            (reason == Reason::Error && result.status_code() == SIGSYS_STATUS).then(|| {
+                format!(
+                    "exit code {SIGSYS_STATUS} (SIGSYS): in a container, a system call of an ABI the seccomp \
+                     filter does not admit; a 32-bit program needs allow32BitSyscalls: true in its Environment"
+                )
+            })
+        };
         AttemptStatus {
             phase,
             reason,
@@ -272,6 +278,10 @@ pub fn rfc3339(t: SystemTime) -> String {
 
 /// Classify a finished command.
 pub fn status_of(result: ExecResult, deadline_bound: bool) -> (Phase, Reason) {
+    // Before setup: a sandbox evicted during its setup was evicted all the same.
+    if result.evicted.is_some() {
+        return (Phase::Failed, Reason::Evicted);
+    }
     if result.setup.as_ref().is_some_and(|s| !s.succeeded()) {
         return (Phase::Failed, Reason::SetupFailed);
     }

@@ -75,8 +75,9 @@ fn outcome_of(status: &AttemptStatus) -> Outcome {
             exit_code: status.result.as_ref().map(|r| r.status_code()).unwrap_or(1),
             reason: status.reason,
             // Where the attempt says why (the registry's answer when no command ran, a command
-            // that could not start, one the seccomp filter killed), the Job says it too.
-            message: matches!(status.reason, Reason::ErrImagePull | Reason::Error)
+            // that could not start, one the seccomp filter killed, an eviction), the Job says it
+            // too.
+            message: matches!(status.reason, Reason::ErrImagePull | Reason::Error | Reason::Evicted)
                 .then(|| status.message.clone())
                 .flatten(),
         },

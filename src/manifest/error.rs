@@ -118,6 +118,8 @@ pub enum ManifestErrorKind {
     Quantity(#[from] QuantityError),
     #[error("memory limit {bytes} bytes is below the minimum of {min} bytes")]
     MemoryTooSmall { bytes: u64, min: u64 },
+    #[error("ephemeral storage of {bytes} bytes is below the minimum of {min} bytes")]
+    StorageTooSmall { bytes: u64, min: u64 },
     #[error("cpu {milli}m is outside {min}m..={max}m")]
     CpuOutOfRange { milli: u32, min: u32, max: u32 },
     #[error("pids limit {0} must be between 1 and {max} (runc reads 0 as 1 and -1 as unlimited)", max = super::MAX_PIDS)]

@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use serde_saphyr::Spanned;
 
 pub use error::{Location, ManifestError, ManifestErrorKind, Origin};
-pub use quantity::{MemoryBytes, MilliCpu};
+pub use quantity::{MemoryBytes, MilliCpu, StorageBytes};
 
 /// The only API version we read.
 pub const API_VERSION: &str = "runner/v1alpha1";
@@ -40,11 +40,12 @@ pub const MAX_COMPLETIONS: u32 = 100_000;
 
 /// Defaults in one place: what an Environment gets when it says nothing.
 pub mod defaults {
-    use super::{MemoryBytes, MilliCpu};
+    use super::{MemoryBytes, MilliCpu, StorageBytes};
     pub const WORKDIR: &str = "/workspace";
     pub const MEMORY: MemoryBytes = MemoryBytes(2 << 30);
     pub const CPU: MilliCpu = MilliCpu(2000);
     pub const PIDS: u32 = 1024;
+    pub const EPHEMERAL_STORAGE: StorageBytes = StorageBytes(10 << 30);
     /// Kubernetes waits 30 s; evaluation jobs are short, and a PID 1 that ignores SIGTERM
     /// (a plain `sleep`) would hold every stop for that long.
     pub const TERMINATION_GRACE_SECONDS: u64 = 2;
@@ -118,6 +119,9 @@ pub struct Resources {
     pub memory: MemoryBytes,
     pub cpu: MilliCpu,
     pub pids: u32,
+    /// What the sandbox may write to its writable layer, workspace and agent directory
+    /// together (Kubernetes' `ephemeral-storage` limit); over it, it is evicted.
+    pub ephemeral_storage: StorageBytes,
 }
 
 impl Default for Resources {
@@ -126,6 +130,7 @@ impl Default for Resources {
             memory: defaults::MEMORY,
             cpu: defaults::CPU,
             pids: defaults::PIDS,
+            ephemeral_storage: defaults::EPHEMERAL_STORAGE,
         }
     }
 }
@@ -1742,6 +1747,20 @@ fn validate_resources(raw: Option<raw::Resources>, first_line: u64) -> Result<Re
             ));
         }
         out.pids = p.value as u32;
+    }
+    if let Some(e) = raw.ephemeral_storage {
+        let origin = Origin::new("spec.resources.ephemeralStorage", location(&e.referenced, first_line));
+        let bytes = StorageBytes::parse(&e.value.0).map_err(|err| ManifestError::new(origin.clone(), err.into()))?;
+        if bytes.0 < quantity::MIN_STORAGE_BYTES {
+            return Err(ManifestError::new(
+                origin,
+                ManifestErrorKind::StorageTooSmall {
+                    bytes: bytes.0,
+                    min: quantity::MIN_STORAGE_BYTES,
+                },
+            ));
+        }
+        out.ephemeral_storage = bytes;
     }
     Ok(out)
 }

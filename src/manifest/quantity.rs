@@ -7,6 +7,10 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 pub struct MemoryBytes(pub u64);
 
+/// Disk space in bytes (`resources.ephemeralStorage`), written as memory is (`10Gi`, `500M`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+pub struct StorageBytes(pub u64);
+
 /// CPU in thousandths of a core (`500m` = 500, `"2"` = 2000, `0.5` = 500).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 pub struct MilliCpu(pub u32);
@@ -24,6 +28,9 @@ pub enum QuantityError {
 
 /// Smallest memory limit we accept: below a few MiB runc cannot even start the init process.
 pub const MIN_MEMORY_BYTES: u64 = 6 * 1024 * 1024;
+/// Smallest ephemeral-storage limit we accept: a container's own files (the agent's requests,
+/// a shell's state) take a little room.
+pub const MIN_STORAGE_BYTES: u64 = 1 << 20;
 /// Smallest CPU share: 10m is a 1 ms quota per 100 ms period, the kernel's floor.
 pub const MIN_MILLI_CPU: u32 = 10;
 /// Largest CPU request we take seriously (1024 cores).
@@ -120,6 +127,18 @@ impl MemoryBytes {
             return Err(QuantityError::Range(text.to_string()));
         }
         Ok(MemoryBytes(bytes))
+    }
+}
+
+impl StorageBytes {
+    pub fn parse(text: &str) -> Result<Self, QuantityError> {
+        MemoryBytes::parse(text).map(|m| StorageBytes(m.0))
+    }
+}
+
+impl fmt::Display for StorageBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        MemoryBytes(self.0).fmt(f)
     }
 }
 

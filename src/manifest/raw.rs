@@ -163,6 +163,7 @@ pub struct Resources {
     pub memory: Option<Spanned<Quantity>>,
     pub cpu: Option<Spanned<Quantity>>,
     pub pids: Option<Spanned<i64>>,
+    pub ephemeral_storage: Option<Spanned<Quantity>>,
 }
 
 #[derive(Deserialize)]

@@ -101,6 +101,18 @@ pub fn procs(cgroup: &str) -> Vec<i32> {
         .unwrap_or_default()
 }
 
+/// The memory the cgroup at `cgroup` uses now (page cache included).
+pub fn memory_usage(cgroup: &str) -> Option<u64> {
+    match layout() {
+        Layout::V2 => read_u64(
+            &Path::new(CGROUP_ROOT)
+                .join(cgroup.trim_start_matches('/'))
+                .join("memory.current"),
+        ),
+        Layout::V1 => read_u64(&v1_dir("memory", cgroup).join("memory.usage_in_bytes")),
+    }
+}
+
 /// Counters of the cgroup at `cgroup` (the spec's `cgroupsPath`).
 pub fn read(cgroup: &str) -> CgroupStats {
     match layout() {

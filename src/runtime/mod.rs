@@ -8,6 +8,7 @@ pub mod host;
 pub mod idmap;
 pub mod late;
 pub mod output;
+pub mod storage;
 pub mod tree;
 
 use std::collections::BTreeMap;
@@ -73,6 +74,9 @@ pub struct ExecResult {
     /// The warm pool whose member ran the command (absent: a container made for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// Why the sandbox was evicted under the command (its processes killed), if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evicted: Option<String>,
 }
 
 impl ExecResult {
@@ -110,11 +114,20 @@ impl RuntimeEvent {
     /// command could not be seen to its end (so consumers always get an `Exit`).
     pub fn ending(outcome: Result<ExecResult, RuntimeError>) -> Vec<RuntimeEvent> {
         match outcome {
-            Ok(r) => vec![RuntimeEvent::Exit {
-                exit_code: r.exit_code,
-                signal: r.signal,
-                timed_out: r.timed_out,
-            }],
+            Ok(r) => {
+                let mut events = Vec::new();
+                if let Some(verdict) = &r.evicted {
+                    events.push(RuntimeEvent::Stderr {
+                        data: format!("runner: the sandbox was evicted: {verdict}\n"),
+                    });
+                }
+                events.push(RuntimeEvent::Exit {
+                    exit_code: r.exit_code,
+                    signal: r.signal,
+                    timed_out: r.timed_out,
+                });
+                events
+            }
             Err(e) => vec![
                 RuntimeEvent::Stderr {
                     data: format!("runner: {e}\n"),
@@ -157,6 +170,9 @@ pub enum RuntimeError {
     },
     #[error("the runtime was cleaned up")]
     CleanedUp,
+    /// The sandbox was evicted (its processes killed) for the reason given.
+    #[error("the sandbox was evicted: {0}")]
+    Evicted(String),
     #[error("{0}")]
     Refused(String),
     #[error("backend {0} is not connected")]

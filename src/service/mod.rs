@@ -153,6 +153,8 @@ impl From<RuntimeError> for ServiceError {
                 kind: "session",
                 name: "(ended)".into(),
             },
+            // Like a call to a pod that is gone: the sandbox's state says why.
+            e @ RuntimeError::Evicted(_) => ServiceError::Conflict(e.to_string()),
             RuntimeError::Unavailable(what) => ServiceError::Unavailable {
                 what,
                 reason: format!("backend {what} is not connected"),

@@ -635,7 +635,11 @@ fn resources(env: &Environment) -> Value {
         "cpu": quantity_cpu(env.resources.cpu.0),
         "memory": quantity_memory(env.resources.memory.0),
     });
-    json!({"requests": r, "limits": r})
+    let mut limits = r.clone();
+    // A limit only, as runner enforces it: a request would make the scheduler reserve the
+    // whole default (10Gi) on a node for every pod.
+    limits["ephemeral-storage"] = json!(quantity_memory(env.resources.ephemeral_storage.0));
+    json!({"requests": r, "limits": limits})
 }
 
 /// An Environment as an agent-sandbox `Sandbox` (agents.x-k8s.io/v1beta1; v1alpha1 is deprecated): one long-lived

@@ -577,6 +577,14 @@ pub fn build(plan: &RunPlan, host: &HostEnv) -> Result<Spec, SpecError> {
                 .soft(0u64)
                 .hard(0u64)
                 .build()?,
+            // No file larger than the whole ephemeral-storage limit: the kernel stops the
+            // fastest way over it (one file at disk speed) at once, before the measurement
+            // that evicts the sandbox would see it (SIGXFSZ, or EFBIG where it is handled).
+            PosixRlimitBuilder::default()
+                .typ(PosixRlimitType::RlimitFsize)
+                .soft(env.resources.ephemeral_storage.0)
+                .hard(env.resources.ephemeral_storage.0)
+                .build()?,
         ])
         .no_new_privileges(true)
         .oom_score_adj(0)

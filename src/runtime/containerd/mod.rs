@@ -31,6 +31,7 @@ use self::io::{Fifos, OutputPump};
 use super::cgroupfs;
 use super::idmap;
 use super::late;
+use super::storage::{StorageMonitor, StorageWatch, Tree as StorageTree};
 use super::{ExecRequest, ExecResult, ProcessState, Runtime, RuntimeError, RuntimeEvent, RuntimeOptions, SetupResult};
 use crate::containerd::{self as client, Containerd, CtdError, LEASE_EXPIRE_LABEL};
 use crate::image;
@@ -91,6 +92,8 @@ pub struct Engine {
     pub options: RuntimeOptions,
     /// The host's user-namespace ranges.
     pub leases: idmap::Leases,
+    /// Measures what sandboxes write (`resources.ephemeralStorage`).
+    pub storage: StorageMonitor,
 }
 
 impl Engine {
@@ -101,6 +104,7 @@ impl Engine {
             host,
             options,
             leases: idmap::Leases::default(),
+            storage: StorageMonitor::default(),
         }
     }
 
@@ -623,15 +627,22 @@ impl Engine {
                 .client
                 .snapshot_prepare(&lease.name, &id, &image.top_chain, labels.clone())
                 .await?;
+            let upper = remap::writable_layer(&mounts);
+            if upper.is_none() {
+                tracing::warn!(
+                    container = id,
+                    "its snapshot has no writable layer runner can measure (not an overlay or bind mount): its rootfs writes are not counted in ephemeralStorage"
+                );
+            }
             // With a user namespace runner mounts the rootfs itself (see `remap`); the task is
             // then created without rootfs mounts.
             let Some(range) = userns else {
-                return Ok(mounts);
+                return Ok((mounts, upper));
             };
             let t0 = Instant::now();
             let mounted = remap::mount_rootfs(&mounts, &root_dir, range);
             tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "remapped rootfs mounted");
-            mounted.map(|_| Vec::new()).map_err(|source| RuntimeError::Io {
+            mounted.map(|_| (Vec::new(), upper)).map_err(|source| RuntimeError::Io {
                 what: "mounting the remapped rootfs".into(),
                 source,
             })
@@ -645,11 +656,12 @@ impl Engine {
             ms = create_began.elapsed().as_secs_f64() * 1e3,
             "snapshot and container created"
         );
-        let rootfs = rootfs?;
+        let (rootfs, upper) = rootfs?;
         recorded?;
         Ok(Created {
             id,
             rootfs,
+            upper,
             cgroup,
             process,
             agent,
@@ -864,19 +876,25 @@ impl Engine {
             let id = id.clone();
             tokio::spawn(async move { engine.wait(&id, "").await })
         };
+        let storage = self.watch_storage(plan, id, &created.cgroup, created.upper.clone(), None);
         self.start_task(id, mounts).await?;
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "start")], started.elapsed());
         let deadline = job.timeout.into_iter().chain(job.active_deadline).min();
+        // An eviction ends the wait as a cancel would (the watch has killed the task already).
+        let stop = cancel.child_token();
+        let _stop_on_eviction = stop_on(&storage, &stop);
         let (exit, timed_out, interrupted) = self
             .supervise(
                 id,
                 "",
                 waiter,
                 deadline.map(|d| d.saturating_sub(started.elapsed())),
-                cancel,
+                &stop,
                 None,
             )
             .await?;
+        let evicted = storage.verdict();
+        let interrupted = interrupted && evicted.is_none();
         let duration = started.elapsed();
         let stats = cgroupfs::read(&created.cgroup);
         let (out, err) = match pumps {
@@ -893,7 +911,12 @@ impl Engine {
             interrupted,
             duration,
         };
-        Ok(task_result(end, expect_marker, out, err, stats, started))
+        let mut result = task_result(end, expect_marker, out, err, stats, started);
+        if let (Some(_), Some(code)) = (&evicted, result.exit_code.filter(|c| *c > 128)) {
+            result.signal = Some(code - 128);
+        }
+        result.evicted = evicted;
+        Ok(result)
     }
 
     fn output_dir(&self, id: &str) -> PathBuf {
@@ -929,6 +952,45 @@ impl Engine {
             };
             tokio::time::sleep(Duration::from_millis(step)).await;
         }
+    }
+
+    /// Watch a container's ephemeral storage (its writable layer, agent directory and
+    /// workspace, see `runtime::storage`). When it goes over its limit every process of it is
+    /// killed at once: a sandbox writing at disk speed gets no grace period to write more.
+    fn watch_storage(
+        &self,
+        plan: &RunPlan,
+        id: &str,
+        cgroup: &str,
+        upper: Option<PathBuf>,
+        agent: Option<&Path>,
+    ) -> Arc<StorageWatch> {
+        let watch = Arc::new(
+            self.storage
+                .watch(plan.env().resources.ephemeral_storage.0, Some(cgroup.to_string())),
+        );
+        if let Some(upper) = upper {
+            watch.add(StorageTree::WritableLayer, upper);
+        }
+        if let Some(agent) = agent {
+            watch.add(StorageTree::AgentDir, agent.to_path_buf());
+        }
+        if let Some(ws) = &plan.workspace {
+            watch.add(StorageTree::Workspace, ws.clone());
+        }
+        let (client, id) = (self.client.clone(), id.to_string());
+        let (evicted, ended) = (watch.evicted().clone(), watch.ended().clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = evicted.cancelled() => {
+                    if let Err(e) = client.task_kill(&id, "", SIGKILL, true).await {
+                        tracing::warn!(container = id, error = %e, "killing an evicted sandbox");
+                    }
+                }
+                () = ended.cancelled() => {}
+            }
+        });
+        watch
     }
 
     /// Wait for the process for at most `limit` more; on timeout or cancel, SIGTERM (the whole container for the init,
@@ -1031,6 +1093,8 @@ impl Engine {
             let id = id.clone();
             tokio::spawn(async move { engine.wait(&id, "").await })
         };
+        let agent_dir = created.agent.as_ref().map(|a| a.dir().to_path_buf());
+        let storage = self.watch_storage(plan, &id, &created.cgroup, created.upper.clone(), agent_dir.as_deref());
         self.start_task(&id, mounts).await?;
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "start")], started.elapsed());
         tracing::debug!(ms = started.elapsed().as_secs_f64() * 1e3, "task started");
@@ -1087,6 +1151,7 @@ impl Engine {
         );
         live.network = created.network.clone();
         live.workspace = plan.workspace.clone();
+        live.storage = Some(storage);
         if let Some(setup) = setup {
             live.set_setup(setup);
         }
@@ -1225,6 +1290,8 @@ async fn give_back(client: Containerd, name: String, taking: Option<tokio::task:
 struct Created {
     id: String,
     rootfs: Vec<containerd_client::types::Mount>,
+    /// Where its rootfs writes land (its snapshot's upper directory).
+    upper: Option<PathBuf>,
     cgroup: String,
     process: oci_spec::runtime::Process,
     agent: Option<Agent>,
@@ -1270,6 +1337,8 @@ pub struct LiveContainer {
     network: Option<crate::runtime::NetworkStatus>,
     /// Its workspace on the host (swept of setuid bits at cleanup).
     workspace: Option<PathBuf>,
+    /// Its ephemeral storage, watched; an eviction ends it.
+    storage: Option<Arc<StorageWatch>>,
     slot: Arc<tokio::sync::Mutex<()>>,
     state: Arc<Mutex<LiveState>>,
     sequence: Arc<AtomicU64>,
@@ -1300,6 +1369,7 @@ impl LiveContainer {
             pool: None,
             network: None,
             workspace: None,
+            storage: None,
             slot: Arc::new(tokio::sync::Mutex::new(())),
             state: Arc::new(Mutex::new(LiveState::default())),
             sequence: Arc::new(AtomicU64::new(0)),
@@ -1362,7 +1432,30 @@ impl LiveContainer {
         if self.state.lock().expect("state lock").cleaned {
             return Err(RuntimeError::CleanedUp);
         }
+        if let Some(verdict) = self.eviction() {
+            return Err(RuntimeError::Evicted(verdict));
+        }
         Ok(())
+    }
+
+    /// Why the sandbox was evicted, if it was.
+    fn eviction(&self) -> Option<String> {
+        self.storage.as_ref().and_then(|s| s.verdict())
+    }
+
+    /// A command's outcome, told that the sandbox was evicted under it when it was: its
+    /// result says so, and a failure to see it end (the init was killed) is the eviction.
+    fn mark_eviction(&self, outcome: Result<ExecResult, RuntimeError>) -> Result<ExecResult, RuntimeError> {
+        let Some(verdict) = self.eviction() else {
+            return outcome;
+        };
+        match outcome {
+            Ok(mut result) => {
+                result.evicted = Some(verdict);
+                Ok(result)
+            }
+            Err(_) => Err(RuntimeError::Evicted(verdict)),
+        }
     }
 
     /// Start an exec; returns its id, output pumps and waiter.
@@ -1522,6 +1615,7 @@ fn task_result(
         peak_memory_bytes: stats.peak_memory,
         cpu_time_ms: stats.cpu_usage.map(|d| d.as_millis() as u64),
         pool: None,
+        evicted: None,
     }
 }
 
@@ -1554,6 +1648,7 @@ fn command_result(
             _ => None,
         },
         pool: None,
+        evicted: None,
     }
 }
 
@@ -1776,11 +1871,13 @@ impl Runtime for LiveContainer {
             self.agent_run(request, None).await
         } else {
             let timeout = request.timeout;
-            let exec = self.start_exec(&request, None).await?;
-            self.finish_exec(exec, timeout).await
+            match self.start_exec(&request, None).await {
+                Ok(exec) => self.finish_exec(exec, timeout).await,
+                Err(e) => Err(e),
+            }
         };
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "exec")], began.elapsed());
-        result
+        self.mark_eviction(result)
     }
 
     async fn stream(
@@ -1812,6 +1909,7 @@ impl Runtime for LiveContainer {
             pool: self.pool.clone(),
             network: self.network.clone(),
             workspace: self.workspace.clone(),
+            storage: self.storage.clone(),
             slot: self.slot.clone(),
             state: self.state.clone(),
             sequence: self.sequence.clone(),
@@ -1827,6 +1925,7 @@ impl Runtime for LiveContainer {
                 Some(exec) => this.finish_exec(exec, timeout).await,
                 None => this.agent_run(request, Some(tx.clone())).await,
             };
+            let outcome = this.mark_eviction(outcome);
             for event in RuntimeEvent::ending(outcome) {
                 let _ = tx.send(event).await;
             }
@@ -1864,6 +1963,19 @@ impl Runtime for LiveContainer {
         sweep_setid(self.workspace.as_deref()).await;
         torn_down
     }
+}
+
+/// Cancel `stop` when the watched sandbox is evicted; the task ends with the returned guard.
+fn stop_on(storage: &StorageWatch, stop: &CancellationToken) -> tokio_util::sync::DropGuard {
+    let (evicted, stop, done) = (storage.evicted().clone(), stop.clone(), CancellationToken::new());
+    let guard = done.clone().drop_guard();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = evicted.cancelled() => stop.cancel(),
+            () = done.cancelled() => {}
+        }
+    });
+    guard
 }
 
 /// Clear the setuid and setgid bits a sandbox left in its workspace (see

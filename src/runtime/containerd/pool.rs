@@ -640,6 +640,7 @@ impl Engine {
         let cwd = member.process.cwd().to_string_lossy().into_owned();
         let script = pooled_script(&agent::request_name(0), &argv, &vars, &cwd);
         let expect_marker = spec::runs_setup(job, env);
+        let storage = self.watch_member_storage(plan, &member.id, &member.cgroup, None);
         let started = Instant::now();
         let req = member.agent.send(0, &script, job.stdin.as_deref().map(str::as_bytes))?;
         let pumps = OutputPump::capture(req.out, req.err, expect_marker, self.options.output_limit);
@@ -655,8 +656,13 @@ impl Engine {
             s = &mut done => (s, false, false),
             () = sleep => (None, true, false),
             () = cancel.cancelled() => (None, false, true),
+            // The watch killed every process of the member: `done` ends without a status.
+            () = storage.evicted().cancelled() => (None, false, false),
         };
-        let status = if timed_out || interrupted {
+        let evicted = storage.verdict();
+        let status = if evicted.is_some() {
+            None
+        } else if timed_out || interrupted {
             // After a SIGKILL to all the agent is dead too: `done` ends at once, without a status.
             let killed = self.stop_member(member, &req.dir_fd).await;
             let wait = if killed {
@@ -682,7 +688,38 @@ impl Engine {
             interrupted,
             duration,
         };
-        Ok(task_result(end, expect_marker, out, err, stats, started))
+        let mut result = task_result(end, expect_marker, out, err, stats, started);
+        if evicted.is_some() {
+            result.signal = Some(SIGKILL as i32);
+        }
+        result.evicted = evicted;
+        Ok(result)
+    }
+
+    /// `watch_storage` for a claimed member: its writable layer is found in containerd
+    /// beside the job's start (one RPC not on the claim's path) and added when known.
+    fn watch_member_storage(
+        &self,
+        plan: &RunPlan,
+        id: &str,
+        cgroup: &str,
+        agent: Option<&std::path::Path>,
+    ) -> std::sync::Arc<crate::runtime::storage::StorageWatch> {
+        let storage = self.watch_storage(plan, id, cgroup, None, agent);
+        let (client, id, watch) = (self.client.clone(), id.to_string(), std::sync::Arc::downgrade(&storage));
+        tokio::spawn(async move {
+            let upper = match client.snapshot_mounts(&id).await {
+                Ok(mounts) => super::remap::writable_layer(&mounts),
+                Err(e) => {
+                    tracing::warn!(container = id, error = %e, "finding the member's writable layer");
+                    None
+                }
+            };
+            if let (Some(upper), Some(watch)) = (upper, watch.upgrade()) {
+                watch.add(crate::runtime::storage::Tree::WritableLayer, upper);
+            }
+        });
+        storage
     }
 
     /// A timeout or an interrupt: SIGTERM to every process of the member but its agent,
@@ -747,6 +784,8 @@ impl Engine {
             );
             live.pool = Some(pool);
             live.workspace = plan.workspace.clone();
+            let agent_dir = live.agent_dir().map(std::path::Path::to_path_buf);
+            live.storage = Some(self.watch_member_storage(plan, &id, &live.cgroup, agent_dir.as_deref()));
             if spec::runs_setup(plan.job(), env) {
                 let job = plan.job();
                 let started = Instant::now();

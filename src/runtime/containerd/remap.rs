@@ -158,6 +158,21 @@ pub fn workspace_view(
     Ok(target)
 }
 
+/// The directory a container's writes to its rootfs land in, from its snapshot's mounts: an
+/// overlay's upper directory, or the directory of a writable bind (a snapshot without parent).
+pub fn writable_layer(mounts: &[Mount]) -> Option<PathBuf> {
+    let [mount] = mounts else { return None };
+    match mount.r#type.as_str() {
+        "overlay" => mount
+            .options
+            .iter()
+            .find_map(|o| o.strip_prefix("upperdir="))
+            .map(PathBuf::from),
+        "bind" | "rbind" if !mount.options.iter().any(|o| o == "ro") => Some(PathBuf::from(&mount.source)),
+        _ => None,
+    }
+}
+
 /// Why a bind of the workspace could not be given a view.
 #[derive(Debug, thiserror::Error)]
 pub enum ViewError {

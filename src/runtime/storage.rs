@@ -1,0 +1,461 @@
+//! `resources.ephemeralStorage`: what a sandbox writes to its writable layer, its workspace and
+//! its agent directory, measured the way the kubelet measures a pod without filesystem
+//! quotas, and the sandbox evicted when it is over its limit.
+//!
+//! Why measurement: a kernel quota needs project quotas (XFS, or ext4 made with the `quota`
+//! feature and mounted `prjquota`) on the filesystem containerd's snapshots live on, which
+//! runner does not choose; this project's machines have plain ext4. The kernel still bounds
+//! the fastest way over the limit, one file written at disk speed: every container gets
+//! `RLIMIT_FSIZE` at its limit (`spec::build`).
+//!
+//! Host work, bounded: one monitor per process, two threads, however many sandboxes it
+//! watches. Each sandbox's trees are walked through descriptors (`confined::Root::disk_usage`:
+//! no link followed, no mount point crossed), each walk stopped once the sandbox is over its
+//! limit (so it costs at most `limit / 4 KiB` entries), and walked again 10 ms later while
+//! its usage moves, backing off to every 8 s while it does not; a walk that took `t` is not
+//! repeated sooner than `20 t`. Between walks a cheap probe (the cgroup's memory usage, which
+//! grows with the page cache a writer dirties) brings the next walk forward. What is counted
+//! is growth since the sandbox was first measured: the workspace the user gave and the image
+//! are not the sandbox's writes.
+
+use std::collections::{BinaryHeap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::confined::Root;
+
+/// The walk cadence while a sandbox's usage moves.
+const FAST: Duration = Duration::from_millis(10);
+/// The longest wait between walks of a sandbox whose usage does not move.
+const SLOW: Duration = Duration::from_secs(8);
+/// How often the cheap probe looks at a sandbox between walks.
+const PROBE: Duration = Duration::from_millis(500);
+/// A change smaller than this (in usage or in the probe) does not count as movement.
+const MOVED: u64 = 1 << 20;
+/// A walk that took `t` is repeated no sooner than `WALK_DUTY * t` (a sandbox's walks take at
+/// most 1/20 of a monitor thread).
+const WALK_DUTY: u32 = 20;
+/// Monitor threads per process.
+const THREADS: usize = 2;
+
+/// What a measured tree is to the sandbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tree {
+    /// The container's writable layer (the overlay's upper directory).
+    WritableLayer,
+    /// Its workspace on the host.
+    Workspace,
+    /// The directory it shares with the host (the agent's requests, tools' FIFOs).
+    AgentDir,
+}
+
+impl Tree {
+    fn name(self) -> &'static str {
+        match self {
+            Tree::WritableLayer => "writable layer",
+            Tree::Workspace => "workspace",
+            Tree::AgentDir => "agent directory",
+        }
+    }
+}
+
+struct Measured {
+    kind: Tree,
+    path: PathBuf,
+    /// The first measurement: what was there before the sandbox wrote.
+    baseline: Option<u64>,
+}
+
+struct Entry {
+    trees: Vec<Measured>,
+    limit: u64,
+    /// The cgroup whose memory usage is the probe.
+    cgroup: Option<String>,
+    interval: Duration,
+    next_walk: Instant,
+    /// When it is next looked at (a probe or a walk): its one live item in the queue.
+    due: Instant,
+    last_growth: Option<u64>,
+    last_probe: Option<u64>,
+    busy: bool,
+    evicted: CancellationToken,
+    verdict: Arc<Mutex<Option<String>>>,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    entries: HashMap<u64, Entry>,
+    /// (when, id), earliest first; stale items (an entry gone or rescheduled) are skipped.
+    queue: BinaryHeap<std::cmp::Reverse<(Instant, u64)>>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    wake: Condvar,
+    started: std::sync::Once,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Inner {
+            state: Mutex::default(),
+            wake: Condvar::new(),
+            started: std::sync::Once::new(),
+        }
+    }
+}
+
+/// The per-process monitor of sandboxes' ephemeral storage.
+#[derive(Clone, Default)]
+pub struct StorageMonitor {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for StorageMonitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StorageMonitor")
+    }
+}
+
+/// One sandbox watched; it stops being watched when this is dropped.
+pub struct StorageWatch {
+    id: u64,
+    inner: Arc<Inner>,
+    evicted: CancellationToken,
+    /// Cancelled when the watch ends (dropped): what waits for an eviction can stop.
+    ended: CancellationToken,
+    verdict: Arc<Mutex<Option<String>>>,
+}
+
+impl std::fmt::Debug for StorageWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StorageWatch").field("id", &self.id).finish()
+    }
+}
+
+impl StorageMonitor {
+    /// Watch a sandbox whose limit is `limit` bytes; `cgroup` (its `cgroupsPath`) is probed
+    /// between walks. Its trees are added with [`StorageWatch::add`].
+    pub fn watch(&self, limit: u64, cgroup: Option<String>) -> StorageWatch {
+        self.inner.started.call_once(|| {
+            for i in 0..THREADS {
+                let inner = self.inner.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("runner-storage-{i}"))
+                    .spawn(move || worker(&inner));
+                if let Err(e) = spawned {
+                    tracing::error!(error = %e, "cannot start the ephemeral-storage monitor");
+                }
+            }
+        });
+        let evicted = CancellationToken::new();
+        let verdict = Arc::new(Mutex::new(None));
+        let mut state = self.inner.state.lock().expect("storage lock");
+        state.next_id += 1;
+        let id = state.next_id;
+        state.entries.insert(
+            id,
+            Entry {
+                trees: Vec::new(),
+                limit,
+                cgroup,
+                interval: FAST,
+                next_walk: Instant::now(),
+                due: Instant::now(),
+                last_growth: None,
+                last_probe: None,
+                busy: false,
+                evicted: evicted.clone(),
+                verdict: verdict.clone(),
+            },
+        );
+        StorageWatch {
+            id,
+            inner: self.inner.clone(),
+            evicted,
+            ended: CancellationToken::new(),
+            verdict,
+        }
+    }
+
+    /// Sandboxes watched now.
+    pub fn watched(&self) -> usize {
+        self.inner.state.lock().expect("storage lock").entries.len()
+    }
+}
+
+impl StorageWatch {
+    /// Count `path` (measured from now) against the sandbox's limit.
+    pub fn add(&self, kind: Tree, path: PathBuf) {
+        let mut state = self.inner.state.lock().expect("storage lock");
+        let now = Instant::now();
+        if let Some(entry) = state.entries.get_mut(&self.id) {
+            entry.trees.push(Measured {
+                kind,
+                path,
+                baseline: None,
+            });
+            entry.next_walk = now;
+            entry.due = now;
+            state.queue.push(std::cmp::Reverse((now, self.id)));
+            self.inner.wake.notify_one();
+        }
+    }
+
+    /// Cancelled when the sandbox is found over its limit.
+    pub fn evicted(&self) -> &CancellationToken {
+        &self.evicted
+    }
+
+    /// Cancelled when this watch is dropped.
+    pub fn ended(&self) -> &CancellationToken {
+        &self.ended
+    }
+
+    /// Why the sandbox was evicted (Kubernetes' eviction message), once it was.
+    pub fn verdict(&self) -> Option<String> {
+        self.verdict.lock().expect("verdict lock").clone()
+    }
+}
+
+impl Drop for StorageWatch {
+    fn drop(&mut self) {
+        self.ended.cancel();
+        self.inner.state.lock().expect("storage lock").entries.remove(&self.id);
+    }
+}
+
+/// What one walk of a sandbox's trees found.
+struct Walk {
+    /// Per tree: bytes now (`None`: it could not be measured, e.g. already removed).
+    sizes: Vec<Option<u64>>,
+    /// A walk stopped at its bound: the sizes are lower bounds.
+    stopped: bool,
+    /// A tree holds directories nested too deep to measure.
+    too_deep: bool,
+    took: Duration,
+}
+
+fn measure(trees: &[(PathBuf, Option<u64>)], limit: u64) -> Walk {
+    let began = Instant::now();
+    let mut too_deep = false;
+    let mut stopped = false;
+    let sizes = trees
+        .iter()
+        .map(|(path, baseline)| {
+            // Past `baseline + limit` this tree alone is over: the walk need not go on.
+            let stop_at = baseline.map_or(u64::MAX, |b| b.saturating_add(limit).saturating_add(1));
+            match Root::open(path).and_then(|root| root.disk_usage(stop_at)) {
+                Ok(usage) => {
+                    too_deep |= usage.too_deep;
+                    stopped |= usage.stopped;
+                    Some(usage.bytes)
+                }
+                Err(e) => {
+                    tracing::debug!(path = %path.display(), error = %e, "measuring ephemeral storage");
+                    None
+                }
+            }
+        })
+        .collect();
+    Walk {
+        sizes,
+        stopped,
+        too_deep,
+        took: began.elapsed(),
+    }
+}
+
+/// What the probe reads: the cgroup's memory usage (page cache a writer dirties included).
+fn probe(cgroup: &str) -> Option<u64> {
+    crate::runtime::cgroupfs::memory_usage(cgroup)
+}
+
+fn worker(inner: &Inner) {
+    loop {
+        let (id, trees, limit) = {
+            let mut state = inner.state.lock().expect("storage lock");
+            let id = loop {
+                let now = Instant::now();
+                let next = state.queue.peek().map(|r| r.0);
+                match next {
+                    None => state = inner.wake.wait(state).expect("storage lock"),
+                    Some((due, id)) if due <= now => {
+                        state.queue.pop();
+                        // Only an entry's latest scheduling counts; one being walked is
+                        // rescheduled by its walk.
+                        match state.entries.get(&id) {
+                            Some(e) if !e.busy && e.due == due => break id,
+                            _ => continue,
+                        }
+                    }
+                    Some((due, _)) => {
+                        state = inner.wake.wait_timeout(state, due - now).expect("storage lock").0;
+                    }
+                }
+            };
+            let Some(entry) = state.entries.get_mut(&id) else {
+                continue;
+            };
+            let now = Instant::now();
+            if entry.next_walk > now {
+                // A probe only: walk now if the sandbox's memory moved.
+                let reading = entry.cgroup.as_deref().and_then(probe);
+                let moved = match (reading, entry.last_probe) {
+                    (Some(r), Some(last)) => r.abs_diff(last) >= MOVED,
+                    _ => false,
+                };
+                entry.last_probe = reading.or(entry.last_probe);
+                if !moved {
+                    let next = (now + PROBE).min(entry.next_walk);
+                    entry.due = next;
+                    state.queue.push(std::cmp::Reverse((next, id)));
+                    continue;
+                }
+            }
+            entry.busy = true;
+            let trees: Vec<(PathBuf, Option<u64>)> = entry.trees.iter().map(|t| (t.path.clone(), t.baseline)).collect();
+            (id, trees, entry.limit)
+        };
+        let walk = measure(&trees, limit);
+        let mut state = inner.state.lock().expect("storage lock");
+        let Some(entry) = state.entries.get_mut(&id) else {
+            continue;
+        };
+        entry.busy = false;
+        let mut growth = 0u64;
+        let mut parts = Vec::new();
+        for (tree, size) in entry.trees.iter_mut().zip(&walk.sizes) {
+            let Some(size) = *size else { continue };
+            let base = *tree.baseline.get_or_insert(size);
+            let grew = size.saturating_sub(base);
+            growth = growth.saturating_add(grew);
+            parts.push(format!("{} +{}", tree.kind.name(), human(grew)));
+        }
+        entry.last_probe = entry.cgroup.as_deref().and_then(probe).or(entry.last_probe);
+        if growth > entry.limit || walk.too_deep {
+            let why = if walk.too_deep {
+                format!(
+                    "directories nested deeper than {} levels cannot be measured",
+                    crate::confined::MAX_PACK_DEPTH
+                )
+            } else {
+                format!("({})", parts.join(", "))
+            };
+            // A walk stops as soon as the sandbox is over: the usage is then a lower bound.
+            let verdict = format!(
+                "ephemeral local storage usage {}{} exceeds the limit of {} {why}",
+                if walk.stopped { "of at least " } else { "" },
+                human(growth),
+                human(entry.limit),
+            );
+            tracing::warn!(verdict, "evicting a sandbox");
+            // Killed from here, at once: the token's waiters (containerd's kill, the job's
+            // result) take milliseconds more, in which a writer at disk speed writes on.
+            if let Some(cgroup) = &entry.cgroup {
+                kill_cgroup(cgroup);
+            }
+            *entry.verdict.lock().expect("verdict lock") = Some(verdict);
+            entry.evicted.cancel();
+            state.entries.remove(&id);
+            crate::metrics::increment(EVICTIONS, &[("reason", "ephemeral-storage")]);
+            continue;
+        }
+        let moved = entry.last_growth.is_none_or(|last| last.abs_diff(growth) >= MOVED);
+        entry.last_growth = Some(growth);
+        entry.interval = if moved { FAST } else { (entry.interval * 2).min(SLOW) };
+        entry.interval = entry.interval.max(walk.took * WALK_DUTY);
+        let now = Instant::now();
+        entry.next_walk = now + entry.interval;
+        let next = (now + PROBE).min(entry.next_walk);
+        entry.due = next;
+        state.queue.push(std::cmp::Reverse((next, id)));
+    }
+}
+
+/// SIGKILL every process of a container's cgroup (a few rounds: a fork may land between the
+/// read of the list and the kills). The cgroup is the container's own, so every PID in it is
+/// one of the sandbox's processes.
+fn kill_cgroup(cgroup: &str) {
+    for _ in 0..4 {
+        let pids = crate::runtime::cgroupfs::procs(cgroup);
+        if pids.is_empty() {
+            return;
+        }
+        for pid in pids {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+/// Sandboxes evicted, by reason (Prometheus counter).
+pub const EVICTIONS: &str = "runner_evictions_total";
+
+/// Bytes as the eviction message shows them (`64Mi`, `70.2Mi`).
+fn human(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)];
+    for (suffix, unit) in UNITS {
+        if bytes >= unit {
+            let whole = bytes / unit;
+            let tenth = (bytes % unit) * 10 / unit;
+            return if tenth == 0 {
+                format!("{whole}{suffix}")
+            } else {
+                format!("{whole}.{tenth}{suffix}")
+            };
+        }
+    }
+    format!("{bytes}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_like_quantities() {
+        assert_eq!(human(64 << 20), "64Mi");
+        assert_eq!(human((70 << 20) + (1 << 19)), "70.5Mi");
+        assert_eq!(human(512), "512");
+        assert_eq!(human(10 << 30), "10Gi");
+    }
+
+    /// A sandbox writing past its limit is evicted within a few walks, one that stays under
+    /// it is not, and what was there first (the baseline) is never counted.
+    #[test]
+    fn growth_past_the_limit_evicts_and_the_baseline_is_not_counted() {
+        let monitor = StorageMonitor::default();
+        let tmp = tempfile::tempdir().unwrap();
+        let (over, under) = (tmp.path().join("over"), tmp.path().join("under"));
+        for dir in [&over, &under] {
+            std::fs::create_dir(dir).unwrap();
+            // 8 MiB there before the watch: the baseline.
+            std::fs::write(dir.join("before"), vec![1u8; 8 << 20]).unwrap();
+        }
+        let limit = 4 << 20;
+        let (a, b) = (monitor.watch(limit, None), monitor.watch(limit, None));
+        a.add(Tree::Workspace, over.clone());
+        b.add(Tree::Workspace, under.clone());
+        std::thread::sleep(Duration::from_millis(100));
+        std::fs::write(under.join("small"), vec![2u8; 1 << 20]).unwrap();
+        for i in 0..8 {
+            std::fs::write(over.join(format!("f{i}")), vec![3u8; 1 << 20]).unwrap();
+        }
+        let began = Instant::now();
+        while !a.evicted().is_cancelled() && began.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(a.evicted().is_cancelled(), "not evicted");
+        let verdict = a.verdict().unwrap();
+        assert!(verdict.contains("exceeds the limit of 4Mi (workspace +"), "{verdict}");
+        std::thread::sleep(Duration::from_millis(600));
+        assert!(!b.evicted().is_cancelled(), "{:?}", b.verdict());
+        assert_eq!(monitor.watched(), 1);
+        drop(b);
+        assert_eq!(monitor.watched(), 0);
+    }
+}
