@@ -724,6 +724,57 @@ fn sigterm_of_the_cli_leaves_nothing_behind() {
     stopping_the_cli_leaves_nothing_behind(nix::sys::signal::Signal::SIGTERM, "terminated", 978);
 }
 
+/// A stop that would outlast `--shutdown-grace` (here a command deaf to SIGTERM with a 30 s
+/// termination grace) does not hold the CLI: it exits 143 at the end of its own grace period
+/// and says so; a later `delete` finishes the job.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_foreground_apply_stops_within_its_shutdown_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = "deaf-to-sigterm";
+    let yaml = format!(
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: bb}}\nspec:\n  image: {IMAGE}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: {job}}}\nspec:\n  environment: bb\n  terminationGracePeriodSeconds: 30\n  command: [\"sh\", \"-c\", \"trap '' TERM; echo started; sleep 976\"]\n"
+    );
+    let file = write_manifest(dir.path(), "job.yaml", &yaml);
+    let state = dir.path().join("state");
+    let child = runner_ctd_command(
+        &["apply", "--shutdown-grace", "500ms", "-f", file.to_str().unwrap()],
+        &state,
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    assert!(eventually(Duration::from_secs(10), || !processes_matching("sleep 976").is_empty()));
+    let stopped = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let took = stopped.elapsed();
+    eprintln!("apply stopped {took:?} after SIGTERM (grace 500ms, the job's own 30s)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{stderr}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(
+        stderr.contains("did not stop within the 500ms shutdown grace period"),
+        "{stderr}"
+    );
+    let deleted = runner_ctd(&["delete", "job", job], &state);
+    assert_eq!(
+        deleted.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
+    assert!(eventually(Duration::from_secs(40), || processes_matching("sleep 976").is_empty()));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let left = rt.block_on(async { leftovers(&client().await, job).await });
+    assert_eq!(left, 0);
+}
+
 #[tokio::test]
 #[ignore = "needs a private containerd: run scripts/test.sh"]
 async fn an_exec_timeout_kills_the_command_but_not_the_sandbox() {

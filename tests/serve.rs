@@ -1051,3 +1051,62 @@ fn sessions_start_from_the_warm_pool_serve_keeps() {
     let out = runner_ctd(&["pool", "rm", "pooled-bb"], &s.state);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// SIGTERM stops the server within `--shutdown-grace` whatever its sandboxes do: a call whose
+/// command never ends, and a streamed one whose client never reads, are cut at the end of the
+/// grace period, and their sessions' containers are gone after the server exits.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn sigterm_stops_the_server_within_its_grace_whatever_the_sandboxes_do() {
+    let mut s = server_with(tempfile::tempdir().unwrap(), &["--shutdown-grace", "2s"]);
+    let (a, b) = (
+        session(&s, r#"{"image": "local/busybox:1.35"}"#),
+        session(&s, r#"{"image": "local/busybox:1.35"}"#),
+    );
+    let url = s.url.clone();
+    let held = std::thread::spawn({
+        let url = url.clone();
+        move || {
+            call(
+                "POST",
+                &format!("{url}/v1/sessions/{a}/exec"),
+                Some(TOKEN),
+                Some(r#"{"command": ["sleep", "975"]}"#),
+            )
+        }
+    });
+    // A streamed flood to a client that reads nothing.
+    let streamed = raw_stream(&url, &format!("/v1/sessions/{b}/exec/stream"), r#"{"command": "yes"}"#);
+    assert!(eventually(Duration::from_secs(10), || !processes_matching("sleep 975").is_empty()));
+    let stopped = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(s.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let exited = eventually(Duration::from_secs(10), || s.child.try_wait().unwrap().is_some());
+    let took = stopped.elapsed();
+    eprintln!("serve stopped {took:?} after SIGTERM (grace 2s; a call in flight, a stream unread)");
+    assert!(exited, "the server did not stop within 10 s");
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    drop(streamed);
+    let _ = held.join();
+    assert!(
+        processes_matching("sleep 975").is_empty(),
+        "the session's container outlived the server"
+    );
+}
+
+/// Open a streamed call over a plain socket and return it unread.
+fn raw_stream(url: &str, path: &str, body: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let addr = url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body.as_bytes()).unwrap();
+    stream
+}
