@@ -171,26 +171,28 @@ impl Drop for RssSampler {
 fn run_limited(mut cmd: Command, limit: Duration) -> Result<std::process::Output, String> {
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().map_err(|e| format!("spawn: {e}"))?;
-    let mut out = child.stdout.take().expect("stdout");
-    let mut err = child.stderr.take().expect("stderr");
-    let to = thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let te = thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
+    // Read on threads that report through channels: a grandchild holding a pipe open cannot
+    // hold the caller past the limit.
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = pipe.read_to_end(&mut v);
+            let _ = tx.send(v);
+        });
+        rx
+    };
+    let out = drain(Box::new(child.stdout.take().expect("stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("stderr")));
     let start = Instant::now();
     loop {
         match child.try_wait() {
             Ok(Some(status)) => {
+                let left = |start: Instant| limit.saturating_sub(start.elapsed()).max(Duration::from_secs(5));
                 return Ok(std::process::Output {
                     status,
-                    stdout: to.join().unwrap_or_default(),
-                    stderr: te.join().unwrap_or_default(),
+                    stdout: out.recv_timeout(left(start)).unwrap_or_default(),
+                    stderr: err.recv_timeout(left(start)).unwrap_or_default(),
                 });
             }
             Ok(None) => {}
@@ -217,6 +219,22 @@ fn mounts_below(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Remove a tree a sandbox may have shaped (any depth: std's recursive removal overflows a
+/// thread's stack on a deep one), never crossing into another filesystem.
+fn remove_tree(path: &Path) {
+    let mut cmd = Command::new("rm");
+    cmd.args(["-rf", "--one-file-system"]).arg(path);
+    match run_limited(cmd, Duration::from_secs(120)) {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => eprintln!(
+            "hostile: cleanup: rm -rf {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+        Err(e) => eprintln!("hostile: cleanup: rm -rf {}: {e}", path.display()),
+    }
+}
+
 /// A temp dir removed at the end, unless something is still mounted below it.
 struct Scratch(Option<tempfile::TempDir>);
 
@@ -236,6 +254,7 @@ impl Drop for Scratch {
         if let Some(dir) = self.0.take() {
             let mounts = mounts_below(dir.path());
             if mounts.is_empty() {
+                remove_tree(dir.path());
                 let _ = dir.close();
             } else {
                 eprintln!(
@@ -499,6 +518,23 @@ impl Drop for Server {
             }
         }
         if self.killed.load(Ordering::Relaxed) {
+            // What the sandboxes left in their request directories first: `runner gc`
+            // removes run directories with a recursive removal a deep tree crashes.
+            for run in std::fs::read_dir(self.state.join("run"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                for req in std::fs::read_dir(run.path().join("agent"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
+                    if req.file_name().to_string_lossy().starts_with("req-") {
+                        remove_tree(&req.path());
+                    }
+                }
+            }
             gc(&self.state);
         }
         for ws in self.scratch.lock().unwrap().iter() {
@@ -508,7 +544,7 @@ impl Drop for Server {
                     ws.display()
                 );
                 if mounts_below(ws).is_empty() {
-                    let _ = std::fs::remove_dir_all(ws);
+                    remove_tree(ws);
                 }
             }
         }
@@ -2043,4 +2079,130 @@ fn four_attackers_do_not_slow_four_bystanders() {
         problems.add("the server no longer answers /healthz within 3 s");
     }
     problems.finish("four_attackers_do_not_slow_four_bystanders");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Beyond issue 30's list
+// ---------------------------------------------------------------------------------------------
+
+/// Picks the calling exec's own request directory (the highest `req-N`).
+const OWN_REQUEST_DIR: &str =
+    "import os, glob\nos.chdir(max(glob.glob('/.runner/req-*'), key=lambda p: int(p.rsplit('-', 1)[1])))\n";
+
+/// The host removes each finished request's directory, which the sandbox owns and may fill
+/// with a tree of any depth or width: that removal must neither crash the server (a recursive
+/// removal overflows a thread's stack) nor hold a thread other sessions need; and `runner gc`
+/// must still work afterwards.
+#[test]
+#[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
+fn a_deep_or_wide_request_directory_harms_nobody() {
+    let _serial = serial();
+    let mut problems = Problems::default();
+    let s = Server::start(&["busybox-oci.tar", "python-oci.tar"]);
+    let attacker = s.session(
+        json!({"image": PYTHON, "resources": {"memory": "512Mi", "cpu": "1", "pids": 64}}),
+        json!({}),
+    );
+    let by = s.session(
+        json!({"image": BUSYBOX, "resources": {"memory": "128Mi", "cpu": "0.5", "pids": 64}}),
+        json!({}),
+    );
+    exec_json(&s.post(&by, "exec", json!({"command": "echo warm"}), Duration::from_secs(20)))
+        .unwrap_or_else(|e| panic!("warm-up: {e}"));
+    let crashed = |s: &Server| {
+        let log = std::fs::read_to_string(&s.log).unwrap_or_default();
+        log.lines()
+            .find(|l| l.contains("overflow") || l.contains("panicked") || l.contains("fatal"))
+            .map(str::to_string)
+    };
+    let stop = AtomicBool::new(false);
+    let calls = thread::scope(|scope| {
+        let b = scope.spawn(|| bystander(&s, &by, &[0], &stop, Duration::from_secs(5)));
+        let phases = [
+            (
+                "deep (15,000 nested directories)",
+                format!(
+                    "{OWN_REQUEST_DIR}for i in range(15000):\n    os.mkdir('a'); os.chdir('a')\nprint('depth', i + 1)\n"
+                ),
+            ),
+            (
+                "wide (100,000 files)",
+                format!(
+                    "{OWN_REQUEST_DIR}os.mkdir('m'); os.chdir('m')\nfor i in range(100000):\n    os.close(os.open(str(i), os.O_CREAT | os.O_WRONLY, 0o600))\nprint('files', i + 1)\n"
+                ),
+            ),
+        ];
+        for (name, code) in phases {
+            if s.exited() {
+                break;
+            }
+            let t = Instant::now();
+            let a = s.post(
+                &attacker,
+                "exec",
+                json!({"command": ["python3", "-c", code], "timeoutSeconds": 60}),
+                Duration::from_secs(90),
+            );
+            eprintln!(
+                "hostile: request dir: {name}: made in {:.1} s: {}",
+                t.elapsed().as_secs_f64(),
+                exec_json(&a)
+                    .map(|v| format!(
+                        "{} {}",
+                        v["stdout"].as_str().unwrap_or("").trim(),
+                        v["stderr"].as_str().unwrap_or("").trim()
+                    ))
+                    .unwrap_or_else(|e| e)
+            );
+            // The host removes the directory after the answer; the bystander goes on.
+            thread::sleep(Duration::from_secs(4));
+            let alive = !s.exited() && s.healthy(Duration::from_secs(3));
+            eprintln!(
+                "hostile: request dir: {name}: the server {}",
+                if alive {
+                    "is alive".to_string()
+                } else {
+                    format!("is gone or deaf: {}", crashed(&s).unwrap_or_default())
+                }
+            );
+            problems.check(alive, || {
+                format!(
+                    "{name}: the server died or stopped answering after removing the request directory ({})",
+                    crashed(&s).unwrap_or_else(|| "no message".into())
+                )
+            });
+        }
+        stop.store(true, Ordering::Relaxed);
+        b.join().unwrap()
+    });
+    let max = calls.all().iter().copied().max().unwrap_or_default();
+    eprintln!("hostile: request dir: bystander exec echo: {}", calls.summary());
+    problems.check(calls.failed.is_empty(), || {
+        format!(
+            "the bystander's calls failed {} times (first: {})",
+            calls.failed.len(),
+            calls.failed[0].1
+        )
+    });
+    problems.check(max < Duration::from_secs(2), || {
+        format!("the bystander's slowest call took {:.0} ms (limit 2000 ms)", ms(max))
+    });
+    if !s.exited() {
+        // A sandbox's leftovers never stop collection: DELETE, then `runner gc`.
+        let deleted = s.delete_session(&attacker);
+        eprintln!("hostile: request dir: DELETE of the attacker's session: {deleted:?}");
+        problems.check(matches!(deleted, Ok((204, _))) && !s.exited(), || {
+            format!(
+                "DELETE of the attacker's session: {deleted:?} ({})",
+                crashed(&s).unwrap_or_default()
+            )
+        });
+        let out = run_limited(runner_ctd_command(&["gc"], &s.state), Duration::from_secs(60));
+        let code = out.as_ref().map(|o| o.status.code()).map_err(String::clone);
+        eprintln!("hostile: request dir: runner gc: {code:?}");
+        problems.check(matches!(code, Ok(Some(0))), || {
+            format!("runner gc afterwards: {code:?}")
+        });
+    }
+    problems.finish("a_deep_or_wide_request_directory_harms_nobody");
 }
