@@ -857,6 +857,62 @@ fn a_resident_shell_fed_planted_files_wedges_nothing() {
     problems.finish("a_resident_shell_fed_planted_files_wedges_nothing");
 }
 
+/// The same attack on a one-shot Job that runs in a warm pool's member: its timeout is
+/// enforced by signalling the PID the `pid` file names, so a FIFO there must not hold the
+/// supervisor (and the Job past its limit).
+#[test]
+#[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
+fn a_pooled_job_planting_a_fifo_for_its_pid_file_still_times_out() {
+    let _serial = serial();
+    let mut problems = Problems::default();
+    let cli = Cli::new();
+    let ws = cli.root().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let manifest = format!(
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: fifo-warm}}\nspec:\n  image: {BUSYBOX}\n  workdir: /workspace\n  resources: {{memory: 64Mi, cpu: 500m, pids: 64}}\n---\napiVersion: runner/v1alpha1\nkind: WarmPool\nmetadata: {{name: fifo-warm}}\nspec:\n  environment: fifo-warm\n  size: 1\n  workspace: true\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: fifo-pooled}}\nspec:\n  environment: fifo-warm\n  workspace: {}\n  timeoutSeconds: 2\n  command: {}\n",
+        ws.display(),
+        serde_json::to_string(&["sh", "-c", PID_FIFO_ATTACK]).unwrap()
+    );
+    let file = write_manifest(cli.root(), "fifo-pooled.yaml", &manifest);
+    cli.pools.lock().unwrap().push("fifo-warm".into());
+    cli.jobs.lock().unwrap().push("fifo-pooled".into());
+    let t = Instant::now();
+    let out = run_limited(
+        cli.command(&["apply", "-f", file.to_str().unwrap(), "-o", "json"]),
+        Duration::from_secs(40),
+    );
+    let took = t.elapsed();
+    match out {
+        Ok(out) => {
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            let reason = v["status"]["reason"].as_str().unwrap_or("").to_string();
+            eprintln!(
+                "hostile: pooled pid FIFO: apply exit {:?} after {:.1} s, reason {reason:?}, pool {}, timedOut {}",
+                out.status.code(),
+                took.as_secs_f64(),
+                v["status"]["result"]["pool"],
+                v["status"]["result"]["timedOut"]
+            );
+            problems.check(reason == "Timeout", || {
+                format!(
+                    "the Job's reason is {reason:?}, not \"Timeout\": {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )
+            });
+            problems.check(took <= Duration::from_secs(15), || {
+                format!("a 2 s Job took {:.1} s to end (allowed 15 s)", took.as_secs_f64())
+            });
+        }
+        Err(e) => {
+            eprintln!("hostile: pooled pid FIFO: apply {e} (a 2 s Job)");
+            problems.add(format!(
+                "runner apply of a 2 s pooled Job {e}: its supervisor is wedged"
+            ));
+        }
+    }
+    problems.finish("a_pooled_job_planting_a_fifo_for_its_pid_file_still_times_out");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. The Python driver's socket flooded
 // ---------------------------------------------------------------------------------------------
@@ -1151,6 +1207,8 @@ struct Cli {
     dir: Scratch,
     state: PathBuf,
     jobs: Mutex<Vec<String>>,
+    /// Warm pools to remove at the end.
+    pools: Mutex<Vec<String>>,
 }
 
 impl Cli {
@@ -1163,6 +1221,7 @@ impl Cli {
             dir,
             state,
             jobs: Mutex::new(Vec::new()),
+            pools: Mutex::new(Vec::new()),
         }
     }
 
@@ -1234,6 +1293,22 @@ impl Drop for Cli {
                 }
                 Err(e) => {
                     eprintln!("hostile: cleanup: delete job {job}: {e}");
+                    failed = true;
+                }
+            }
+        }
+        for pool in std::mem::take(&mut *self.pools.lock().unwrap()) {
+            match run_limited(self.command(&["pool", "rm", &pool]), Duration::from_secs(60)) {
+                Ok(out) if out.status.success() => {}
+                Ok(out) => {
+                    eprintln!(
+                        "hostile: cleanup: pool rm {pool}: {}",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    );
+                    failed = true;
+                }
+                Err(e) => {
+                    eprintln!("hostile: cleanup: pool rm {pool}: {e}");
                     failed = true;
                 }
             }
