@@ -2194,8 +2194,8 @@ const OWN_REQUEST_DIR: &str =
 
 /// The host removes each finished request's directory, which the sandbox owns and may fill
 /// with a tree of any depth or width: that removal must neither crash the server (a recursive
-/// removal overflows a thread's stack) nor hold a thread other sessions need; and `runner gc`
-/// must still work afterwards.
+/// removal overflows a thread's stack) nor hold a thread other sessions need. The same for the
+/// session's scratch workspace at DELETE; and `runner gc` must still work afterwards.
 #[test]
 #[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
 fn a_deep_or_wide_request_directory_harms_nobody() {
@@ -2291,7 +2291,20 @@ fn a_deep_or_wide_request_directory_harms_nobody() {
         format!("the bystander's slowest call took {:.0} ms (limit 2000 ms)", ms(max))
     });
     if !s.exited() {
-        // A sandbox's leftovers never stop collection: DELETE, then `runner gc`.
+        // A deep tree in the scratch workspace too, removed by the DELETE (or by the idle
+        // reaper, with nobody calling); then `runner gc` must still work.
+        let a = s.post(
+            &attacker,
+            "exec",
+            json!({"command": ["python3", "-c", "import os\nos.chdir('/workspace')\nfor i in range(15000):\n    os.mkdir('a'); os.chdir('a')\nprint('depth', i + 1)\n"], "timeoutSeconds": 60}),
+            Duration::from_secs(90),
+        );
+        eprintln!(
+            "hostile: request dir: a deep tree in the scratch workspace: {}",
+            exec_json(&a)
+                .map(|v| v["stdout"].as_str().unwrap_or("").trim().to_string())
+                .unwrap_or_else(|e| e)
+        );
         let deleted = s.delete_session(&attacker);
         eprintln!("hostile: request dir: DELETE of the attacker's session: {deleted:?}");
         problems.check(matches!(deleted, Ok((204, _))) && !s.exited(), || {
