@@ -1723,6 +1723,12 @@ const EPHEMERAL_LIMIT_MIB: u64 = 64;
 const EPHEMERAL_SLACK_MIB: u64 = 128;
 
 fn fill_script(path: &str) -> String {
+    if let Some(dir) = path.strip_suffix("/*") {
+        // One new file per MiB: no file nears RLIMIT_FSIZE, only the measurement sees them.
+        return format!(
+            "i=0; while [ $i -lt 1024 ]; do head -c 1048576 /dev/zero > {dir}/f$i || exit 3; i=$((i+1)); echo $i; done"
+        );
+    }
     format!("i=0; while [ $i -lt 1024 ]; do head -c 1048576 /dev/zero >> {path} || exit 3; i=$((i+1)); echo $i; done")
 }
 
@@ -1732,9 +1738,14 @@ fn a_sandbox_writing_past_ephemeral_storage_is_evicted() {
     let _serial = serial();
     let mut problems = Problems::default();
     let cli = Cli::new();
-    for (name, target) in [("rootfs", "/tmp/fill"), ("workspace", "/workspace/fill")] {
-        let job = format!("eph-{name}");
-        let ws = cli.root().join(format!("ws-{name}"));
+    for (name, target) in [
+        ("rootfs", "/tmp/fill"),
+        ("workspace", "/workspace/fill"),
+        ("rootfs, many files", "/tmp/*"),
+    ] {
+        let slug: String = name.chars().filter(char::is_ascii_alphanumeric).collect();
+        let job = format!("eph-{slug}");
+        let ws = cli.root().join(format!("ws-{slug}"));
         std::fs::create_dir_all(&ws).unwrap();
         let manifest = format!(
             "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: eph}}\nspec:\n  image: {BUSYBOX}\n  workdir: /workspace\n  resources: {{memory: 256Mi, cpu: \"1\", pids: 64, ephemeralStorage: {EPHEMERAL_LIMIT_MIB}Mi}}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: {job}}}\nspec:\n  environment: eph\n  workspace: {}\n  timeoutSeconds: 60\n  command: {}\n",

@@ -60,7 +60,17 @@ pub async fn exec_stream(State(state): State<Arc<AppState>>, UrlPath(id): Id, bo
                     ended |= matches!(event, crate::runtime::RuntimeEvent::Exit { .. });
                     let mut line = serde_json::to_vec(&event).unwrap_or_default();
                     line.push(b'\n');
-                    if tx.send(Ok(Bytes::from(line))).await.is_err() {
+                    // A client that stops reading blocks this send (and so, through the
+                    // bounded channels below it, the command's writes); one that goes away
+                    // ends it: either way it is seen here as well as by `closed` below.
+                    let sent = tokio::select! {
+                        sent = tx.send(Ok(Bytes::from(line))) => sent.is_ok(),
+                        () = tx.closed() => false,
+                    };
+                    if !sent {
+                        if !ended {
+                            stop_abandoned(&session).await;
+                        }
                         break;
                     }
                 }
@@ -69,9 +79,7 @@ pub async fn exec_stream(State(state): State<Arc<AppState>>, UrlPath(id): Id, bo
                 // hold it until its timeout.
                 // (Never after its exit: what runs then is another call's command.)
                 () = tx.closed(), if !ended => {
-                    if let Err(e) = session.kill().await {
-                        tracing::warn!(error = %e, "stopping a command whose stream was dropped");
-                    }
+                    stop_abandoned(&session).await;
                     break;
                 }
             }
@@ -82,6 +90,13 @@ pub async fn exec_stream(State(state): State<Arc<AppState>>, UrlPath(id): Id, bo
         Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
     )
         .into_response())
+}
+
+/// Stop the command of a stream whose client went away.
+async fn stop_abandoned(session: &crate::service::sessions::Lease) {
+    if let Err(e) = session.kill().await {
+        tracing::warn!(error = %e, "stopping a command whose stream was dropped");
+    }
 }
 
 pub async fn shell(State(state): State<Arc<AppState>>, UrlPath(id): Id, body: Bytes) -> AppResult<Json<ShellOutput>> {

@@ -49,6 +49,10 @@ pub enum Reason {
     PodFailurePolicy,
     /// The sandbox went over `resources.ephemeralStorage` and was killed (the kubelet's word).
     Evicted,
+    /// The container could not be made from what the job asks for as things are now (a mount
+    /// source in the workspace that an earlier attempt replaced with a link leaving it):
+    /// the submission's doing, counted like a failed attempt (Kubernetes' word).
+    CreateContainerError,
 }
 
 /// 128 + SIGSYS: how a process the seccomp filter killed ends.
@@ -397,6 +401,7 @@ fn infra_error(e: &RuntimeError) -> AttemptStatus {
     use crate::image::ImageError;
     let reason = match e {
         RuntimeError::Image(ImageError::Registry(_) | ImageError::NotFound(_)) => Reason::ErrImagePull,
+        RuntimeError::Refused(_) => Reason::CreateContainerError,
         _ => Reason::InfraError,
     };
     AttemptStatus::failed(reason, e.to_string(), None)

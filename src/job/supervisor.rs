@@ -77,9 +77,12 @@ fn outcome_of(status: &AttemptStatus) -> Outcome {
             // Where the attempt says why (the registry's answer when no command ran, a command
             // that could not start, one the seccomp filter killed, an eviction), the Job says it
             // too.
-            message: matches!(status.reason, Reason::ErrImagePull | Reason::Error | Reason::Evicted)
-                .then(|| status.message.clone())
-                .flatten(),
+            message: matches!(
+                status.reason,
+                Reason::ErrImagePull | Reason::Error | Reason::Evicted | Reason::CreateContainerError
+            )
+            .then(|| status.message.clone())
+            .flatten(),
         },
     }
 }

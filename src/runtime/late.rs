@@ -17,7 +17,6 @@
 //! so a bind that could not be unmounted is left in place, never emptied.
 
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use nix::mount::{MntFlags, MsFlags};
@@ -219,12 +218,9 @@ pub fn release(dir: &Path) -> io::Result<()> {
     };
     let dir = dir.as_path();
     unmount_resolved(dir)?;
-    let mounts = mount_points()?;
-    match std::fs::symlink_metadata(dir) {
-        Ok(meta) => remove_unmounted(dir, meta.dev(), &mounts),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
+    // Through descriptors and iteratively: the tree holds what sandboxes wrote (an agent
+    // directory), which may be deeper than any recursion or path survives.
+    crate::confined::remove_tree(dir)
 }
 
 /// Unmount everything at or under `dir` (stacked mounts too) and keep the directory.
@@ -251,39 +247,6 @@ fn unmount_resolved(dir: &Path) -> io::Result<()> {
         return Err(io::Error::other(format!("{} still has mounts", dir.display())));
     }
     Ok(())
-}
-
-/// Remove a tree, never following a symlink, never entering another filesystem nor any mount
-/// point (a bind from the same filesystem has the same device: the mount table says). What
-/// vanishes meanwhile is removed already: two processes may tear down one container (the
-/// fillers of a pool each remove the used members they find).
-fn remove_unmounted(path: &Path, dev: u64, mounts: &std::collections::HashSet<PathBuf>) -> io::Result<()> {
-    fn gone_is_done<T>(r: io::Result<T>) -> io::Result<Option<T>> {
-        match r {
-            Ok(v) => Ok(Some(v)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-    let Some(meta) = gone_is_done(std::fs::symlink_metadata(path))? else {
-        return Ok(());
-    };
-    if meta.dev() != dev || mounts.contains(path) {
-        return Err(io::Error::other(format!("{} is a mount point", path.display())));
-    }
-    if meta.is_dir() {
-        let Some(entries) = gone_is_done(std::fs::read_dir(path))? else {
-            return Ok(());
-        };
-        for entry in entries {
-            if let Some(entry) = gone_is_done(entry)? {
-                remove_unmounted(&entry.path(), dev, mounts)?;
-            }
-        }
-        gone_is_done(std::fs::remove_dir(path)).map(drop)
-    } else {
-        gone_is_done(std::fs::remove_file(path)).map(drop)
-    }
 }
 
 #[cfg(test)]

@@ -211,6 +211,38 @@ impl StorageWatch {
         &self.evicted
     }
 
+    /// Measure now, on the calling thread (it blocks: call it off the async threads), and
+    /// evict if the sandbox is at or over its limit; its verdict if it was evicted, now or
+    /// before. For the end of a command that failed: one that ran into the limit (a write
+    /// refused with EFBIG at `RLIMIT_FSIZE`) ends before the next periodic walk would see it.
+    pub fn check_now(&self) -> Option<String> {
+        let (trees, limit) = {
+            let state = self.inner.state.lock().expect("storage lock");
+            let entry = state.entries.get(&self.id)?;
+            let trees: Vec<(PathBuf, Option<u64>)> = entry.trees.iter().map(|t| (t.path.clone(), t.baseline)).collect();
+            (trees, entry.limit)
+        };
+        if trees.iter().any(|(_, baseline)| baseline.is_some()) {
+            let walk = measure(&trees, limit);
+            let mut state = self.inner.state.lock().expect("storage lock");
+            if let Some(entry) = state.entries.get_mut(&self.id) {
+                // Only trees measured before count: a first measurement now is no baseline.
+                let known: Vec<Option<u64>> = entry
+                    .trees
+                    .iter()
+                    .zip(&walk.sizes)
+                    .map(|(t, s)| t.baseline.and(*s))
+                    .collect();
+                let (growth, parts) = growth_of(&mut entry.trees, &known);
+                if growth >= entry.limit || walk.too_deep {
+                    evict(entry, growth, &walk, &parts);
+                    state.entries.remove(&self.id);
+                }
+            }
+        }
+        self.verdict()
+    }
+
     /// Cancelled when this watch is dropped.
     pub fn ended(&self) -> &CancellationToken {
         &self.ended
@@ -327,42 +359,11 @@ fn worker(inner: &Inner) {
             continue;
         };
         entry.busy = false;
-        let mut growth = 0u64;
-        let mut parts = Vec::new();
-        for (tree, size) in entry.trees.iter_mut().zip(&walk.sizes) {
-            let Some(size) = *size else { continue };
-            let base = *tree.baseline.get_or_insert(size);
-            let grew = size.saturating_sub(base);
-            growth = growth.saturating_add(grew);
-            parts.push(format!("{} +{}", tree.kind.name(), human(grew)));
-        }
+        let (growth, parts) = growth_of(&mut entry.trees, &walk.sizes);
         entry.last_probe = entry.cgroup.as_deref().and_then(probe).or(entry.last_probe);
-        if growth > entry.limit || walk.too_deep {
-            let why = if walk.too_deep {
-                format!(
-                    "directories nested deeper than {} levels cannot be measured",
-                    crate::confined::MAX_PACK_DEPTH
-                )
-            } else {
-                format!("({})", parts.join(", "))
-            };
-            // A walk stops as soon as the sandbox is over: the usage is then a lower bound.
-            let verdict = format!(
-                "ephemeral local storage usage {}{} exceeds the limit of {} {why}",
-                if walk.stopped { "of at least " } else { "" },
-                human(growth),
-                human(entry.limit),
-            );
-            tracing::warn!(verdict, "evicting a sandbox");
-            // Killed from here, at once: the token's waiters (containerd's kill, the job's
-            // result) take milliseconds more, in which a writer at disk speed writes on.
-            if let Some(cgroup) = &entry.cgroup {
-                kill_cgroup(cgroup);
-            }
-            *entry.verdict.lock().expect("verdict lock") = Some(verdict);
-            entry.evicted.cancel();
+        if growth >= entry.limit || walk.too_deep {
+            evict(entry, growth, &walk, &parts);
             state.entries.remove(&id);
-            crate::metrics::increment(EVICTIONS, &[("reason", "ephemeral-storage")]);
             continue;
         }
         let moved = entry.last_growth.is_none_or(|last| last.abs_diff(growth) >= MOVED);
@@ -375,6 +376,50 @@ fn worker(inner: &Inner) {
         entry.due = next;
         state.queue.push(std::cmp::Reverse((next, id)));
     }
+}
+
+/// Evict a watched sandbox: its processes killed at once, the verdict set, the token
+/// cancelled. The caller removes the entry.
+fn evict(entry: &Entry, growth: u64, walk: &Walk, parts: &[String]) {
+    // A walk stops as soon as the sandbox is over: the usage is then a lower bound.
+    let verdict = if walk.too_deep {
+        format!(
+            "ephemeral local storage cannot be measured: directories nested deeper than {} levels",
+            crate::confined::MAX_PACK_DEPTH
+        )
+    } else {
+        format!(
+            "ephemeral local storage usage {}{} reached the limit of {} ({})",
+            if walk.stopped { "of at least " } else { "" },
+            human(growth),
+            human(entry.limit),
+            parts.join(", ")
+        )
+    };
+    tracing::warn!(verdict, "evicting a sandbox");
+    // Killed from here, at once: the token's waiters (containerd's kill, the job's result)
+    // take milliseconds more, in which a writer at disk speed writes on.
+    if let Some(cgroup) = &entry.cgroup {
+        kill_cgroup(cgroup);
+    }
+    *entry.verdict.lock().expect("verdict lock") = Some(verdict);
+    entry.evicted.cancel();
+    crate::metrics::increment(EVICTIONS, &[("reason", "ephemeral-storage")]);
+}
+
+/// Growth per tree since its baseline, summed, and its parts for the verdict. Trees never
+/// measured count nothing yet.
+fn growth_of(trees: &mut [Measured], sizes: &[Option<u64>]) -> (u64, Vec<String>) {
+    let mut growth = 0u64;
+    let mut parts = Vec::new();
+    for (tree, size) in trees.iter_mut().zip(sizes) {
+        let Some(size) = *size else { continue };
+        let base = *tree.baseline.get_or_insert(size);
+        let grew = size.saturating_sub(base);
+        growth = growth.saturating_add(grew);
+        parts.push(format!("{} +{}", tree.kind.name(), human(grew)));
+    }
+    (growth, parts)
 }
 
 /// SIGKILL every process of a container's cgroup (a few rounds: a fork may land between the
@@ -451,7 +496,7 @@ mod tests {
         }
         assert!(a.evicted().is_cancelled(), "not evicted");
         let verdict = a.verdict().unwrap();
-        assert!(verdict.contains("exceeds the limit of 4Mi (workspace +"), "{verdict}");
+        assert!(verdict.contains("reached the limit of 4Mi (workspace +"), "{verdict}");
         std::thread::sleep(Duration::from_millis(600));
         assert!(!b.evicted().is_cancelled(), "{:?}", b.verdict());
         assert_eq!(monitor.watched(), 1);

@@ -37,6 +37,8 @@ pub struct GcReport {
     pub userns_ranges: Vec<String>,
     /// Whether the bridge network (unused) was taken down.
     pub network_removed: bool,
+    /// Scratch workspaces of session servers that are gone.
+    pub scratch_dirs: Vec<String>,
 }
 
 impl GcReport {
@@ -47,6 +49,7 @@ impl GcReport {
             + self.run_dirs.len()
             + self.cgroups.len()
             + self.userns_ranges.len()
+            + self.scratch_dirs.len()
     }
 }
 
@@ -182,6 +185,7 @@ pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceEr
         report.userns_ranges = ranges;
         removed
     };
+    report.scratch_dirs = Context::blocking(|| Ok(remove_scratch_dirs(&std::env::temp_dir()))).await?;
     // The listing is taken right before the removal: a container created after it reaches
     // runc's mkdir only after its shim starts (tens of ms later), so no cgroup of a starting
     // container is removed under it.
@@ -292,6 +296,28 @@ fn late_dirs(
 /// Remove the run directories of containers that do not exist and whose owner is gone: a
 /// directory is filled before its container is created, so only an abandoned one is a
 /// leftover.
+/// Scratch workspaces (`runner-session-*` in the temp directory) whose server is gone: their
+/// sessions' sandboxes went with it.
+fn remove_scratch_dirs(tmp: &std::path::Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if !crate::service::sessions::scratch_abandoned(&name) {
+            continue;
+        }
+        match crate::confined::remove_tree(&e.path()) {
+            Ok(()) => removed.push(name),
+            Err(err) => {
+                tracing::warn!(dir = %e.path().display(), error = %err, "gc could not remove a scratch workspace")
+            }
+        }
+    }
+    removed
+}
+
 fn remove_run_dirs(run_dir: &std::path::Path, live: &HashSet<String>, ownerless: &HashSet<String>) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(run_dir) else {
         return Vec::new();

@@ -8,8 +8,10 @@
 //! the host makes `req-N/` holding `cmd.sh` (the command, shell-quoted), FIFOs `out`, `err`
 //! and `done`, and `in` (a file) when there is stdin, then writes `req-N` to the `ctl` FIFO.
 //! The agent runs `cmd.sh` in a new session (setsid when the image has it) with those stdio,
-//! waits, and writes the status to `done`; `cmd.sh` first writes its own PID (in the
-//! container's namespace) to `pid`. The command runs in the agent's foreground, not as an
+//! waits, and writes the status to `done`. The host finds the command's process (to signal
+//! it) in the kernel's process tree, never in a file the sandbox could replace: it is the
+//! agent's child that started first after the request was sent (`request_process`). The
+//! command runs in the agent's foreground, not as an
 //! asynchronous list: sh starts those with SIGINT and SIGQUIT ignored, and the ignoring would
 //! be inherited by everything the command starts (a resident shell's commands could then not
 //! be interrupted).
@@ -17,8 +19,7 @@
 //! The directory is writable from the sandbox, so the host treats everything in it as
 //! hostile: files are created with `O_EXCL|O_NOFOLLOW` relative to a directory fd taken at
 //! `mkdir` (a swapped-in symlink can never redirect a host write or read), FIFOs are checked
-//! with `fstat` after opening, and what the agent reports (status, pid) is parsed strictly
-//! and only used to signal processes that are verified to be in this container.
+//! with `fstat` after opening, and what the agent reports (a status) is parsed strictly.
 
 use std::fs::File;
 use std::io::Write;
@@ -68,10 +69,10 @@ pub fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// The script that runs one command of request `name`: its PID, cwd, environment, then exec
-/// of the argv.
-pub fn command_script(name: &str, argv: &[String], env: &[(String, String)], cwd: Option<&str>) -> String {
-    let mut script = format!("{{ echo $$ >{AGENT_MOUNT}/{name}/pid; }} 2>/dev/null\n");
+/// The script that runs one command of request `name`: its cwd, environment, then exec of
+/// the argv.
+pub fn command_script(_name: &str, argv: &[String], env: &[(String, String)], cwd: Option<&str>) -> String {
+    let mut script = String::new();
     if let Some(cwd) = cwd {
         script.push_str(&format!("cd {} || exit 126\n", quote(cwd)));
     }
@@ -99,6 +100,8 @@ pub struct Agent {
 /// One request in flight.
 pub struct Request {
     pub name: String,
+    /// When it was sent (clock ticks since boot): what finds its process.
+    pub sent: u64,
     pub dir_fd: std::sync::Arc<OwnedFd>,
     pub out: pipe::Receiver,
     pub err: pipe::Receiver,
@@ -247,6 +250,7 @@ impl Agent {
         }
         // Written last: the agent only looks at a request whose cmd.sh exists.
         create_file(&dir_fd, "cmd.sh", script.as_bytes(), self.uid, self.gid)?;
+        let sent = boot_ticks();
         (&self.ctl)
             .write_all(format!("{name}\n").as_bytes())
             .map_err(|source| RuntimeError::Io {
@@ -255,6 +259,7 @@ impl Agent {
             })?;
         Ok(Request {
             name,
+            sent,
             dir_fd: std::sync::Arc::new(dir_fd),
             out,
             err,
@@ -264,18 +269,33 @@ impl Agent {
 }
 
 impl Agent {
-    /// Remove a finished request's directory (symlink-safe: `remove_dir_all` never follows).
-    /// The sandbox may have filled it with any number of entries: call it on the blocking
-    /// pool, never on an async thread.
+    /// Remove a finished request's directory, whatever the sandbox made of it (any depth or
+    /// width, links: see `confined::remove_tree_at`). It may take a while: call it on the
+    /// blocking pool, never on an async thread.
     pub fn remove(&self, name: &str) {
-        let _ = std::fs::remove_dir_all(self.dir.join(name));
+        if let Err(e) = crate::confined::remove_tree_at(self.dir_fd.as_fd(), name.as_bytes()) {
+            tracing::debug!(request = name, error = %e, "removing an agent request (its container's teardown removes the rest)");
+        }
     }
 
     /// Make a FIFO at the top of the directory for a long-lived tool (replacing whatever has
     /// that name) and open it: see `Sandbox::fifo`.
     pub fn fifo(&self, name: &str, end: FifoEnd) -> Result<OwnedFd, RuntimeError> {
         check_tool_name(name)?;
-        let _ = nix::unistd::unlinkat(&self.dir_fd, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+        // Whatever the sandbox put there goes, an empty directory too; a directory with
+        // something in it is the sandbox's to remove (emptying it here would be work on an
+        // async thread as large as the sandbox makes it).
+        use nix::unistd::UnlinkatFlags;
+        if let Err(nix::errno::Errno::EISDIR) = nix::unistd::unlinkat(&self.dir_fd, name, UnlinkatFlags::NoRemoveDir) {
+            match nix::unistd::unlinkat(&self.dir_fd, name, UnlinkatFlags::RemoveDir) {
+                Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+                Err(e) => {
+                    return Err(RuntimeError::Refused(format!(
+                        "{name} in the sandbox's shared directory ({AGENT_MOUNT}) is a directory the sandbox made: {e}"
+                    )));
+                }
+            }
+        }
         create_fifo(&self.dir_fd, name, self.uid, self.gid)?;
         open_fifo_fd(&self.dir_fd, name, access(end))
     }
@@ -318,33 +338,51 @@ fn check_tool_name(name: &str) -> Result<(), RuntimeError> {
     }
 }
 
-/// Longest `pid` file read: a PID is at most 7 digits and a newline.
-const PID_FILE_LIMIT: u64 = 32;
+/// Clock ticks since boot, as `/proc/PID/stat` counts a process's start time.
+pub fn boot_ticks() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec through the pointer, which points at `now`.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|hz| *hz > 0)
+        .unwrap_or(100) as u64;
+    let nanos = (now.tv_sec as u64).saturating_mul(1_000_000_000) + now.tv_nsec as u64;
+    nanos / (1_000_000_000 / hz)
+}
 
-/// The command's PID inside the container, as the agent reported it in `pid`.
+/// A process's start time in clock ticks since boot (field 22 of `/proc/PID/stat`); `None`
+/// for one gone or a zombie.
+fn start_ticks(pid: i32) -> Option<u64> {
+    crate::owner::process_start_time(u32::try_from(pid).ok()?)
+}
+
+/// The host PID of the process the agent started for a request sent at `sent` (clock ticks
+/// since boot, `boot_ticks`): the child of the agent (`init_host_pid`) that started first at
+/// or after it (one tick of slack: the clock is coarse), lowest PID first among equals.
 ///
-/// The file is the sandbox's to replace. It is opened without blocking and without following
-/// a link, and read only when it is a regular file: a FIFO planted there would otherwise hold
-/// the host's open until a writer came (forever), on whatever thread asked. What it says is a
-/// claim only: `host_pid` accepts it only for a process of this container, so a forged PID can
-/// at worst make the host signal another process of the same sandbox.
-pub fn container_pid(dir_fd: &OwnedFd) -> Option<i32> {
-    let fd = openat(
-        dir_fd,
-        "pid",
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY,
-        Mode::empty(),
-    )
-    .ok()?;
-    let st = fstat(&fd).ok()?;
-    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
-        tracing::debug!("the agent's pid file is not a regular file: ignored");
-        return None;
+/// Facts from the kernel only. The agent forks the request's process as soon as it reads the
+/// request; its other children are processes orphaned in the sandbox (reparented to its init),
+/// which either started before the request or are daemons the command itself made, after it.
+/// A file the sandbox wrote (a PID it claims) is never asked: a FIFO there would block the
+/// host's open, and a forged PID would point the host's signal elsewhere.
+pub fn request_process(init_host_pid: u32, sent: u64) -> Option<i32> {
+    let since = sent.saturating_sub(1);
+    let tasks = std::fs::read_dir(format!("/proc/{init_host_pid}/task")).ok()?;
+    let mut best: Option<(u64, i32)> = None;
+    for task in tasks.flatten() {
+        let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
+            continue;
+        };
+        for pid in children.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+            let Some(started) = start_ticks(pid) else { continue };
+            if started >= since && best.is_none_or(|b| (started, pid) < b) {
+                best = Some((started, pid));
+            }
+        }
     }
-    let mut text = String::new();
-    use std::io::Read;
-    File::from(fd).take(PID_FILE_LIMIT).read_to_string(&mut text).ok()?;
-    text.trim().parse().ok().filter(|p| *p > 1)
+    best.map(|(_, pid)| pid)
 }
 
 /// Parse the status the agent wrote ("0".."255").
@@ -395,9 +433,36 @@ mod tests {
             .output()
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), "a b|'\"$HOME`x`|");
-        assert!(script.starts_with(
-            "{ echo $$ >/.runner/req-7/pid; } 2>/dev/null\ncd '/work space' || exit 126\nK='v'\\''v'; export K\n"
-        ));
+        assert!(script.starts_with("cd '/work space' || exit 126\nK='v'\\''v'; export K\n"));
+    }
+
+    /// The process a request started is found among the agent's children by when it started,
+    /// whatever else the agent has as children (here: one started before the request).
+    #[test]
+    fn a_request_s_process_is_the_agent_s_first_child_after_it_was_sent() {
+        use std::os::unix::process::CommandExt;
+        let mut agent = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("sleep 30 & read line; sleep 31 & sleep 32 & wait")
+            .stdin(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        // Clock ticks are coarse: the request goes out a few ticks after the older child.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let sent = boot_ticks();
+        agent.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let found = request_process(agent.id(), sent).expect("a child after the request");
+        let cmdline = std::fs::read_to_string(format!("/proc/{found}/cmdline")).unwrap();
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(agent.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = agent.wait();
+        assert_eq!(cmdline.replace('\0', " ").trim(), "sleep 31");
+        assert_eq!(request_process(agent.id(), boot_ticks() + 10), None);
     }
 
     #[test]

@@ -893,7 +893,7 @@ impl Engine {
                 None,
             )
             .await?;
-        let evicted = storage.verdict();
+        let evicted = final_verdict(&storage, exit.status != 0).await;
         let interrupted = interrupted && evicted.is_none();
         let duration = started.elapsed();
         let stats = cgroupfs::read(&created.cgroup);
@@ -1304,8 +1304,9 @@ struct Created {
 enum Running {
     /// Through Tasks.Exec: its exec id and host PID.
     Exec(String, u32),
-    /// Through the agent: its request directory (the agent writes the PID there).
-    Agent(Arc<std::os::fd::OwnedFd>),
+    /// Through the agent: when its request was sent (clock ticks since boot), which finds its
+    /// process.
+    Agent(u64),
 }
 
 #[derive(Default)]
@@ -1445,6 +1446,10 @@ impl LiveContainer {
 
     /// A command's outcome, told that the sandbox was evicted under it when it was: its
     /// result says so, and a failure to see it end (the init was killed) is the eviction.
+    ///
+    /// No measurement is made for it (a session's commands fail often, and a walk of a large
+    /// workspace per failed command would cost every call): the periodic one finds a sandbox
+    /// over its limit within its cadence, and the next call is refused.
     fn mark_eviction(&self, outcome: Result<ExecResult, RuntimeError>) -> Result<ExecResult, RuntimeError> {
         let Some(verdict) = self.eviction() else {
             return outcome;
@@ -1711,7 +1716,7 @@ impl LiveContainer {
             Some(tx) => OutputPump::forward(req.out, req.err, tx),
             None => OutputPump::capture(req.out, req.err, false, self.engine.options.output_limit),
         };
-        self.state.lock().expect("state lock").running = Some(Running::Agent(req.dir_fd.clone()));
+        self.state.lock().expect("state lock").running = Some(Running::Agent(req.sent));
         let mut done = Box::pin(read_status(req.done));
         let sleep = async {
             match request.timeout {
@@ -1730,11 +1735,11 @@ impl LiveContainer {
         let (status, timed_out) = match outcome {
             Ok(r) => r,
             Err(()) => {
-                self.signal_agent_command(&req.dir_fd, Signal::SIGTERM);
+                self.signal_agent_command(req.sent, Signal::SIGTERM);
                 match tokio::time::timeout(self.engine.options.kill_grace, &mut done).await {
                     Ok(s) => (s, true),
                     Err(_) => {
-                        self.signal_agent_command(&req.dir_fd, Signal::SIGKILL);
+                        self.signal_agent_command(req.sent, Signal::SIGKILL);
                         let s = tokio::time::timeout(Duration::from_secs(5), &mut done)
                             .await
                             .ok()
@@ -1756,13 +1761,10 @@ impl LiveContainer {
         Ok(self.record(command_result(status, timed_out, out, err, duration, before, after)))
     }
 
-    /// Signal an agent command's session (its whole process tree) from the host. The PID the
-    /// agent reported is only trusted once found inside this container's PID namespace.
-    fn signal_agent_command(&self, dir: &std::os::fd::OwnedFd, signal: Signal) {
-        let Some(ns_pid) = agent::container_pid(dir) else {
-            return;
-        };
-        let Some(host) = agent::host_pid(&self.cgroup, self.init_pid, ns_pid) else {
+    /// Signal an agent command's session (its whole process tree) from the host: the process
+    /// is found in the kernel's process tree (see `agent::request_process`).
+    fn signal_agent_command(&self, sent: u64, signal: Signal) {
+        let Some(host) = agent::request_process(self.init_pid, sent) else {
             return;
         };
         let pid = nix::unistd::Pid::from_raw(host);
@@ -1945,7 +1947,7 @@ impl Runtime for LiveContainer {
                 signal_group(Some(pid), Signal::SIGKILL);
                 self.engine.client.task_kill(&self.id, &exec_id, SIGKILL, false).await?;
             }
-            Some(Running::Agent(dir)) => self.signal_agent_command(&dir, Signal::SIGKILL),
+            Some(Running::Agent(sent)) => self.signal_agent_command(sent, Signal::SIGKILL),
             None => {}
         }
         Ok(())
@@ -1963,6 +1965,19 @@ impl Runtime for LiveContainer {
         sweep_setid(self.workspace.as_deref()).await;
         torn_down
     }
+}
+
+/// Whether the sandbox was evicted, once its command ended: a command that failed is measured
+/// again first (one that ran into the limit ends before the next periodic walk).
+async fn final_verdict(storage: &Arc<StorageWatch>, failed: bool) -> Option<String> {
+    if !failed || storage.verdict().is_some() {
+        return storage.verdict();
+    }
+    let storage = storage.clone();
+    tokio::task::spawn_blocking(move || storage.check_now())
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Cancel `stop` when the watched sandbox is evicted; the task ends with the returned guard.

@@ -277,14 +277,9 @@ fn pooled_script(name: &str, argv: &[String], env: &[(String, String)], cwd: &st
         .collect();
     unset.sort();
     let body = agent::command_script(name, argv, env, Some(cwd));
-    // After the PID line and the `cd` (which sets OLDPWD), before the variables.
-    let mut lines = body.splitn(3, '\n');
-    let (pid, cd, rest) = (
-        lines.next().unwrap_or(""),
-        lines.next().unwrap_or(""),
-        lines.next().unwrap_or(""),
-    );
-    format!("{pid}\n{cd}\nunset {}\n{rest}", unset.join(" "))
+    // After the `cd` (which sets OLDPWD), before the variables.
+    let (cd, rest) = body.split_once('\n').unwrap_or((body.as_str(), ""));
+    format!("{cd}\nunset {}\n{rest}", unset.join(" "))
 }
 
 impl Engine {
@@ -659,12 +654,12 @@ impl Engine {
             // The watch killed every process of the member: `done` ends without a status.
             () = storage.evicted().cancelled() => (None, false, false),
         };
-        let evicted = storage.verdict();
+        let mut evicted = storage.verdict();
         let status = if evicted.is_some() {
             None
         } else if timed_out || interrupted {
             // After a SIGKILL to all the agent is dead too: `done` ends at once, without a status.
-            let killed = self.stop_member(member, &req.dir_fd).await;
+            let killed = self.stop_member(member, req.sent).await;
             let wait = if killed {
                 Duration::from_millis(200)
             } else {
@@ -682,6 +677,9 @@ impl Engine {
         // No status: the grace ran out and the container was killed (SIGKILL, as a cold
         // container's init then reports).
         let status = status.unwrap_or(128 + SIGKILL);
+        if evicted.is_none() {
+            evicted = super::final_verdict(&storage, status != 0).await;
+        }
         let end = TaskEnd {
             exit: crate::containerd::Exit { status },
             timed_out,
@@ -725,8 +723,8 @@ impl Engine {
     /// A timeout or an interrupt: SIGTERM to every process of the member but its agent,
     /// and to the command's main process only when it handles SIGTERM (a cold container's
     /// init, PID 1, ignores signals it has no handler for), then SIGKILL after the grace.
-    async fn stop_member(&self, member: &Member, request: &std::os::fd::OwnedFd) -> bool {
-        let main = agent::container_pid(request).and_then(|ns| agent::host_pid(&member.cgroup, member.init_pid, ns));
+    async fn stop_member(&self, member: &Member, sent: u64) -> bool {
+        let main = agent::request_process(member.init_pid, sent);
         let spare_main = main.is_some_and(|pid| !catches(pid, Signal::SIGTERM));
         for pid in cgroupfs::procs(&member.cgroup) {
             if pid as u32 == member.init_pid || (spare_main && Some(pid) == main) {
@@ -830,12 +828,11 @@ mod tests {
     fn the_pooled_script_removes_shell_exports_the_job_does_not_set() {
         let s = pooled_script("req-0", &["env".into()], &[("SHLVL".into(), "5".into())], "/work");
         let lines: Vec<&str> = s.lines().collect();
-        assert!(lines[0].starts_with("{ echo $$ >"));
-        assert_eq!(lines[1], "cd '/work' || exit 126");
-        assert_eq!(lines[2], "unset OLDPWD PWD");
+        assert_eq!(lines[0], "cd '/work' || exit 126");
+        assert_eq!(lines[1], "unset OLDPWD PWD");
         let out = std::process::Command::new("sh")
             .arg("-c")
-            .arg(s.replace(lines[0], "").replace(lines[1], "cd /"))
+            .arg(s.replace(lines[0], "cd /"))
             .env_clear()
             .env("PATH", "/usr/bin:/bin")
             .output()

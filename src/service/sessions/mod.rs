@@ -30,6 +30,56 @@ use crate::runtime::host::HostRuntime;
 use crate::runtime::{ExecRequest, ExecResult, Runtime, RuntimeEvent};
 use crate::spec;
 
+/// What a session's scratch workspace is called in the temp directory: this prefix, its
+/// server's owner id (`pid-starttime`), a unique tag. `runner gc` removes those of servers
+/// that are gone.
+pub const SCRATCH_PREFIX: &str = "runner-session-";
+
+/// A session's scratch workspace. Removed with the session through
+/// `confined::remove_tree` (the sandbox may have made it anything: 15,000 levels deep, links
+/// everywhere), on the blocking pool when there is one.
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn create() -> std::io::Result<Self> {
+        let owner = crate::owner::owner_id().replace(':', "-");
+        let path = std::env::temp_dir().join(format!("{SCRATCH_PREFIX}{owner}-{}", crate::owner::unique_tag()));
+        std::fs::create_dir(&path)?;
+        Ok(ScratchDir(path))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let path = std::mem::take(&mut self.0);
+        let remove = move || {
+            if let Err(e) = crate::confined::remove_tree(&path) {
+                tracing::warn!(dir = %path.display(), error = %e, "removing a scratch workspace (runner gc retries)");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => drop(handle.spawn_blocking(remove)),
+            Err(_) => remove(),
+        }
+    }
+}
+
+/// Whether a scratch workspace's name says its server is gone.
+pub fn scratch_abandoned(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(SCRATCH_PREFIX) else {
+        return false;
+    };
+    let mut parts = rest.splitn(3, '-');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(pid), Some(start), Some(_tag)) => !crate::owner::owner_alive(&format!("{pid}:{start}")),
+        _ => false,
+    }
+}
+
 /// The default name of a session's inline Environment.
 const INLINE_ENV: &str = "session-env";
 
@@ -202,7 +252,7 @@ pub struct Session {
     workspace: PathBuf,
     /// Who owns what the file operations create in the workspace: the sandbox's user.
     owner: Option<Owner>,
-    _scratch: Option<tempfile::TempDir>,
+    _scratch: Option<ScratchDir>,
     /// A host session's private directory for its shells' state.
     host_shell_dir: Option<tempfile::TempDir>,
     backend: Backend,
@@ -344,10 +394,8 @@ impl SessionManager {
         let scratch = match &request.workspace {
             Some(_) => None,
             None => {
-                let dir = tempfile::Builder::new()
-                    .prefix("runner-session-")
-                    .tempdir()
-                    .map_err(|e| ServiceError::internal("creating a scratch workspace", e))?;
+                let dir =
+                    ScratchDir::create().map_err(|e| ServiceError::internal("creating a scratch workspace", e))?;
                 // Sandboxes may run as any uid: their scratch workspace is theirs to write. It
                 // belongs to nobody: in a user namespace what the sandbox writes there is stored
                 // as the workspace's owner, which must not be the host's root.
