@@ -20,6 +20,40 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// The longest namespace containerd accepts.
 const MAX_NAMESPACE_LEN: usize = 76;
 
+/// Whether runner keeps the kernel's cgroup attach lock warm while runc creates containers
+/// (`runtime::containerd::attach_lock`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WarmMode {
+    /// Where it pays: never with cgroup2's `favordynmods`, else kept only when the first
+    /// writes show the grace-period wait it saves.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl std::str::FromStr for WarmMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(WarmMode::Auto),
+            "on" | "1" => Ok(WarmMode::On),
+            "off" | "0" => Ok(WarmMode::Off),
+            other => Err(format!("{other:?} is not auto, on or off")),
+        }
+    }
+}
+
+impl WarmMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WarmMode::Auto => "auto",
+            WarmMode::On => "on",
+            WarmMode::Off => "off",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// Job store, logs, run directories, the private containerd: never mountable into a job.
@@ -46,6 +80,8 @@ pub struct Config {
     pub dns_upstream: Vec<std::net::SocketAddr>,
     /// After SIGTERM or Ctrl-C, how long `serve` and a foreground `apply` may take to stop.
     pub shutdown_grace: Duration,
+    /// Keep the cgroup attach lock warm while containers are created.
+    pub warm_cgroup_attach: WarmMode,
 }
 
 impl Config {
@@ -63,6 +99,7 @@ impl Config {
             log: "warn".to_string(),
             dns_upstream: Vec::new(),
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            warm_cgroup_attach: WarmMode::default(),
         }
     }
 
@@ -72,6 +109,8 @@ impl Config {
         let mut args = vec![
             "--shutdown-grace".into(),
             humantime::format_duration(self.shutdown_grace).to_string().into(),
+            "--warm-cgroup-attach".into(),
+            self.warm_cgroup_attach.as_str().into(),
         ];
         for server in &self.dns_upstream {
             args.push("--dns-upstream".into());

@@ -241,6 +241,7 @@ impl Context {
         if let Some(message) = config.namespace_error() {
             return Err(ServiceError::field("namespace", message));
         }
+        crate::runtime::containerd::attach_lock::configure(config.warm_cgroup_attach);
         Ok(Context {
             host: HostEnv::detect(&config.state_dir),
             config: Arc::new(config),

@@ -7,7 +7,7 @@
 //! Snapshots.Remove → Containers.Delete, NotFound counting as done.
 
 pub mod agent;
-mod attach_lock;
+pub mod attach_lock;
 pub mod dns;
 mod io;
 pub mod logger;
