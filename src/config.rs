@@ -12,11 +12,17 @@ pub const DEFAULT_NAMESPACE: &str = "runner";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/runner";
 /// Bytes of stdout and of stderr kept per command (head and tail).
 pub const DEFAULT_OUTPUT_LIMIT: usize = 10 << 20;
+/// Where remapped containers' rootfs directories live, host-wide (outside the state dir).
+pub const DEFAULT_ROOTFS_DIR: &str = "/run/runner/rootfs";
+/// The host-wide directory of user-namespace range leases.
+pub const DEFAULT_USERNS_DIR: &str = "/run/runner/userns";
 /// Idle sessions of `runner serve` end after this long.
 pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
 /// After SIGTERM or Ctrl-C, how long `serve` and a foreground `apply` take at most to stop
 /// (in-flight calls finish or are cut, sandboxes are stopped), whatever their sandboxes do.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// The first retry delay of a failed attempt (Kubernetes' pod backoff).
+pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(10);
 /// The longest namespace containerd accepts.
 const MAX_NAMESPACE_LEN: usize = 76;
 
@@ -82,6 +88,13 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// Keep the cgroup attach lock warm while containers are created.
     pub warm_cgroup_attach: WarmMode,
+    /// Remapped containers' rootfs directories (host-wide, per containerd).
+    pub rootfs_dir: PathBuf,
+    /// User-namespace range leases (host-wide: every runner of the host must share it).
+    pub userns_dir: PathBuf,
+    /// The first retry delay of a failed attempt (`backoffLimit`), doubling after: 10 s as in
+    /// Kubernetes; tests shorten it.
+    pub backoff_base: Duration,
 }
 
 impl Config {
@@ -100,6 +113,9 @@ impl Config {
             dns_upstream: Vec::new(),
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             warm_cgroup_attach: WarmMode::default(),
+            rootfs_dir: PathBuf::from(DEFAULT_ROOTFS_DIR),
+            userns_dir: PathBuf::from(DEFAULT_USERNS_DIR),
+            backoff_base: DEFAULT_BACKOFF_BASE,
         }
     }
 
@@ -111,7 +127,17 @@ impl Config {
             humantime::format_duration(self.shutdown_grace).to_string().into(),
             "--warm-cgroup-attach".into(),
             self.warm_cgroup_attach.as_str().into(),
+            "--rootfs-dir".into(),
+            self.rootfs_dir.clone().into_os_string(),
+            "--userns-dir".into(),
+            self.userns_dir.clone().into_os_string(),
+            "--backoff-base".into(),
+            humantime::format_duration(self.backoff_base).to_string().into(),
         ];
+        if let Some(dir) = &self.registry.docker_config {
+            args.push("--docker-config".into());
+            args.push(dir.clone().into_os_string());
+        }
         for server in &self.dns_upstream {
             args.push("--dns-upstream".into());
             args.push(server.to_string().into());
@@ -200,6 +226,9 @@ pub struct RegistryConfig {
     pub hosts_dirs: Vec<PathBuf>,
     /// `HOST[:PORT]`s spoken to over plain HTTP (`--insecure-registry`).
     pub insecure: Vec<String>,
+    /// Docker's client config directory, whose `config.json` holds registry credentials
+    /// (`--docker-config`, `$DOCKER_CONFIG`, else `~/.docker`); `None`: anonymous only.
+    pub docker_config: Option<PathBuf>,
 }
 
 impl RegistryConfig {
@@ -213,6 +242,7 @@ impl RegistryConfig {
                 PathBuf::from("/etc/docker/certs.d"),
             ],
             insecure: Vec::new(),
+            docker_config: None,
         }
     }
 }

@@ -103,7 +103,7 @@ fn retries_follow_the_backoff_limit() {
     );
     // Kubernetes' 10 s base delay, shortened for the test (the state machine tests pin the real one).
     let out = runner_ctd_command(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state)
-        .env("RUNNER_BACKOFF_BASE_MS", "300")
+        .env("RUNNER_BACKOFF_BASE", "300ms")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));

@@ -104,6 +104,27 @@ pub struct Global {
         default_value = "auto"
     )]
     pub warm_cgroup_attach: crate::config::WarmMode,
+    /// Where remapped containers' rootfs directories live (host-wide; outside the state dir,
+    /// which runc's init must be able to reach through).
+    #[arg(long, global = true, env = "RUNNER_ROOTFS_DIR", value_name = "DIR", default_value = crate::config::DEFAULT_ROOTFS_DIR)]
+    pub rootfs_dir: PathBuf,
+    /// The host-wide directory of user-namespace range leases (every runner of a host must
+    /// use the same one: two never hand out the same ids).
+    #[arg(long, global = true, env = "RUNNER_USERNS_DIR", value_name = "DIR", default_value = crate::config::DEFAULT_USERNS_DIR)]
+    pub userns_dir: PathBuf,
+    /// The first retry delay of a failed attempt (doubling after, capped at 6 min).
+    #[arg(
+        long,
+        global = true,
+        env = "RUNNER_BACKOFF_BASE",
+        value_name = "DURATION",
+        default_value = "10s",
+        value_parser = humantime::parse_duration
+    )]
+    pub backoff_base: std::time::Duration,
+    /// Docker's client config directory, for registry credentials [default: $HOME/.docker].
+    #[arg(long, global = true, env = "DOCKER_CONFIG", value_name = "DIR")]
+    pub docker_config: Option<PathBuf>,
     /// The runner binary supervisors and output loggers run (default: this one).
     #[arg(long, global = true, hide = true)]
     pub runner_exe: Option<PathBuf>,
@@ -158,6 +179,15 @@ impl Global {
         config.dns_upstream = self.dns_upstream.clone();
         config.shutdown_grace = self.shutdown_grace;
         config.warm_cgroup_attach = self.warm_cgroup_attach;
+        config.rootfs_dir = self.rootfs_dir.clone();
+        config.userns_dir = self.userns_dir.clone();
+        config.backoff_base = self.backoff_base;
+        // Docker's own rule: $DOCKER_CONFIG (an empty one does not count), else ~/.docker.
+        config.registry.docker_config = self
+            .docker_config
+            .clone()
+            .filter(|d| !d.as_os_str().is_empty())
+            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".docker")));
         config
     }
 }

@@ -313,6 +313,10 @@ pub struct RuntimeOptions {
     /// Where runner's resolver asks for a bridge container's allowed domains (empty: the
     /// host's resolvers).
     pub dns_upstream: Vec<std::net::SocketAddr>,
+    /// Remapped containers' rootfs directories (`Config::rootfs_dir`).
+    pub rootfs_dir: std::path::PathBuf,
+    /// User-namespace range leases (`Config::userns_dir`).
+    pub userns_dir: std::path::PathBuf,
 }
 
 /// What a container got on a bridge network: reported in a Job attempt's and a session's
@@ -389,6 +393,8 @@ impl Default for RuntimeOptions {
             registry: crate::image::registry::RegistryConfig::default(),
             on_network: None,
             dns_upstream: Vec::new(),
+            rootfs_dir: crate::config::DEFAULT_ROOTFS_DIR.into(),
+            userns_dir: crate::config::DEFAULT_USERNS_DIR.into(),
         }
     }
 }

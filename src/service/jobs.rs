@@ -330,6 +330,7 @@ async fn supervise_plan(
         Backend::Host => None,
     };
     let job_ctx = JobContext {
+        backoff_base: ctx.config.backoff_base,
         plan,
         host: ctx.host.clone(),
         options,

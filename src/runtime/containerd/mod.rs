@@ -102,8 +102,8 @@ impl Engine {
             run_dir: state_dir.join("run"),
             client,
             host,
+            leases: idmap::Leases::at(&options.userns_dir),
             options,
-            leases: idmap::Leases::default(),
             storage: StorageMonitor::default(),
         }
     }
@@ -118,10 +118,7 @@ impl Engine {
     pub fn roots_dir(&self) -> PathBuf {
         use sha2::Digest;
         let key = hex::encode(&sha2::Sha256::digest(self.containerd_name().as_bytes())[..8]);
-        std::env::var_os("RUNNER_ROOTFS_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(remap::DEFAULT_ROOTS_DIR))
-            .join(key)
+        self.options.rootfs_dir.join(key)
     }
 
     /// Which containerd this engine's containers live in (socket#namespace).
