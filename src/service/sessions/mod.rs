@@ -3,6 +3,7 @@
 //! holds a `Lease`, and a leased session is never reaped as idle.
 
 mod files;
+mod output;
 mod python;
 mod resident;
 mod shell;
@@ -21,7 +22,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 pub use files::Download;
-pub use shell::{Check, SHELL_GONE, ShellOutput, ShellRequest};
+pub use output::ShellOutput;
+pub use shell::{Check, SHELL_GONE, ShellRequest};
 
 use super::{Context, ServiceError};
 use crate::confined::Owner;
