@@ -175,7 +175,7 @@ pub fn spec_of(
 }
 
 async fn store(ctx: &Context) -> Result<SharedStore, ServiceError> {
-    Ok(SharedStore::open(&ctx.config.state_dir).await?)
+    ctx.store().await
 }
 
 fn now_secs() -> i64 {

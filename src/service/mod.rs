@@ -233,6 +233,8 @@ pub struct Context {
     pub host: HostEnv,
     connect: Connect,
     client: Arc<tokio::sync::OnceCell<Containerd>>,
+    /// The job store, opened once (on first use) for every call of this context.
+    store: Arc<tokio::sync::OnceCell<crate::job::store::SharedStore>>,
     on_daemon_start: Option<DaemonNotice>,
 }
 
@@ -247,6 +249,7 @@ impl Context {
             config: Arc::new(config),
             connect,
             client: Arc::new(tokio::sync::OnceCell::new()),
+            store: Arc::new(tokio::sync::OnceCell::new()),
             on_daemon_start: None,
         })
     }
@@ -295,6 +298,15 @@ impl Context {
                 ..RuntimeOptions::default()
             },
         )
+    }
+
+    /// The job store of the state dir: opened on first use, then shared by every call.
+    pub async fn store(&self) -> Result<crate::job::store::SharedStore, ServiceError> {
+        let store = self
+            .store
+            .get_or_try_init(|| crate::job::store::SharedStore::open(&self.config.state_dir))
+            .await?;
+        Ok(store.clone())
     }
 
     /// containerd, when a call has connected already.
