@@ -63,6 +63,14 @@ pub enum Invalid {
     /// command failed under `check: raise`): well-formed, but not doable as asked.
     #[error("{0}")]
     Rejected(String),
+    /// A program could not be started: why, as the operating system said it (its errno,
+    /// where there is one).
+    #[error("cannot start {program:?}: {source}")]
+    CannotStart {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// The session's backend cannot do this.
     #[error("{0}")]
     Unsupported(String),
@@ -148,7 +156,7 @@ impl From<RuntimeError> for ServiceError {
         match e {
             RuntimeError::EmptyCommand => ServiceError::field("command", "must not be empty"),
             RuntimeError::Refused(message) => ServiceError::field("request", message),
-            e @ RuntimeError::Start { .. } => ServiceError::rejected(e.to_string()),
+            RuntimeError::Start { program, source } => ServiceError::Invalid(Invalid::CannotStart { program, source }),
             RuntimeError::CleanedUp => ServiceError::NotFound {
                 kind: "session",
                 name: "(ended)".into(),
