@@ -69,6 +69,59 @@ fn a_detached_indexed_job_runs_every_index_n_at_a_time() {
     assert_eq!(String::from_utf8_lossy(&index2.stdout), "index=2\n");
 }
 
+/// Index 2 fails at once and fails the Job; indexes 0 and 1 take the SIGTERM the Job's end
+/// sends without dying and exit 0 a moment later, within their grace: they succeeded (as
+/// Kubernetes counts a pod that exits 0 while terminating), and the counts say so.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn attempts_that_exit_zero_while_the_job_fails_are_counted_as_succeeded() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let file = write_manifest(
+        dir.path(),
+        "ix.yaml",
+        &job(
+            "indexed-fail",
+            r#"["sh", "-c", "if [ $JOB_COMPLETION_INDEX = 2 ]; then exit 1; fi; trap '' TERM; sleep 1; exit 0"]"#,
+            "  completions: 3\n  parallelism: 3\n  completionMode: Indexed\n",
+        ),
+    );
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let got = json_of(&out);
+    let status = &got["status"];
+    assert_eq!(
+        (status["succeeded"].as_u64(), status["failed"].as_u64()),
+        (Some(2), Some(1)),
+        "{status}"
+    );
+    for a in status["attempts"].as_array().unwrap() {
+        let expected = if a["index"] == 2 {
+            ("Failed", "Error", 1)
+        } else {
+            ("Succeeded", "Completed", 0)
+        };
+        assert_eq!(
+            (
+                a["phase"].as_str().unwrap(),
+                a["reason"].as_str().unwrap(),
+                a["exitCode"].as_i64().unwrap()
+            ),
+            (expected.0, expected.1, expected.2),
+            "{a}"
+        );
+    }
+    let list = runner_ctd(&["get", "jobs"], &state);
+    let listing = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.starts_with("indexed-fail") && l.contains("2/3")),
+        "{listing}"
+    );
+}
+
 #[test]
 #[ignore = "needs a private containerd: run scripts/test.sh"]
 fn the_active_deadline_ends_the_job_with_deadline_exceeded() {

@@ -344,7 +344,10 @@ pub async fn run_once(
 async fn run_container(plan: &RunPlan, engine: &Engine, cancel: &CancellationToken) -> AttemptStatus {
     match engine.run_oneshot(plan, cancel).await {
         Ok(result) => {
-            if cancel.is_cancelled() {
+            // A command that exited 0 succeeded, even if the stop came right after: only one the
+            // stop ended is interrupted.
+            let succeeded = result.exit_code == Some(0) && !result.timed_out && result.evicted.is_none();
+            if cancel.is_cancelled() && !succeeded {
                 return interrupted(Some(result));
             }
             let deadline_bound = match (plan.job().timeout, plan.job().active_deadline) {

@@ -289,7 +289,12 @@ pub async fn supervise(
                 if let Some(v) = views.iter_mut().find(|v| v.index == index && v.attempt == number) {
                     let a = state.attempts.iter().find(|a| a.index == index && a.number == number);
                     v.phase = if attempt.phase == Phase::Succeeded { Phase::Succeeded } else { Phase::Failed };
-                    v.reason = Some(if was_killing { Reason::Interrupted } else { attempt.reason });
+                    // Stopped by the Job's end: interrupted; one that succeeded meanwhile, succeeded.
+                    v.reason = Some(if was_killing && attempt.phase != Phase::Succeeded {
+                        Reason::Interrupted
+                    } else {
+                        attempt.reason
+                    });
                     v.exit_code = attempt.result.as_ref().and_then(|r| r.exit_code);
                     v.message = attempt.message.clone();
                     v.completion_time = Some(now_rfc3339());
