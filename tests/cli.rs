@@ -485,3 +485,48 @@ fn serve_exposes_metrics_and_logs_requests_as_json() {
     assert_eq!(access["fields"]["route"], "/v1/sessions");
     assert_eq!(access["fields"]["status"], 200);
 }
+
+/// A reader that went away (`runner describe job X | head -1`) ends a printing verb quietly,
+/// with exit 0 and no panic; `apply`, whose job runs in the process, finishes the job anyway.
+#[test]
+fn a_closed_stdout_ends_printing_quietly_and_never_a_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_manifest(
+        dir.path(),
+        "job.yaml",
+        &host_job("piped", r#"["sh", "-c", "sleep 0.3; echo done"]"#, ""),
+    );
+    // stdout is a pipe whose reader is already closed: the first write fails with EPIPE.
+    let run = |args: &[&str]| {
+        let (read, write) = nix::unistd::pipe().unwrap();
+        drop(read);
+        std::process::Command::new(runner_bin())
+            .args(args)
+            .env("RUNNER_STATE_DIR", dir.path())
+            .stdout(std::process::Stdio::from(write))
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap()
+    };
+    let applied = run(&["apply", "-f", file.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&applied.stderr);
+    assert_eq!(applied.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let got = json_of(&runner(&["get", "job", "piped", "-o", "json"], dir.path()));
+    assert_eq!(got["status"]["phase"], "Succeeded", "{got}");
+    for args in [
+        vec!["describe", "job", "piped"],
+        vec!["get", "jobs"],
+        vec!["get", "jobs", "-o", "wide"],
+        vec!["get", "job", "piped", "-o", "json"],
+        vec!["logs", "piped"],
+    ] {
+        let out = run(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+            "{args:?}: {stderr}"
+        );
+    }
+}

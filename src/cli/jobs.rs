@@ -1,5 +1,6 @@
 //! The Job verbs: validate, spec, apply, get, describe, logs, wait, delete, supervise.
 
+use super::output::{out, outln};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ async fn submission(ctx: &Context, file: &FileArgs, backend: Option<Backend>) ->
 
 pub async fn validate(ctx: &Context, file: &FileArgs) -> Result<i32, ServiceError> {
     let sub = submission(ctx, file, None).await?;
-    println!(
+    outln!(
         "{}: valid ({} environment{}, {} job{}{}{})",
         file.file.display(),
         sub.environments,
@@ -57,6 +58,9 @@ pub async fn apply(
     backend: Option<Backend>,
     detach: bool,
 ) -> Result<i32, ServiceError> {
+    // The jobs run in this process: a reader of its output going away stops the printing,
+    // never the jobs (they end with their results recorded).
+    output::keep_running_without_stdout();
     let sub = submission(ctx, file, backend).await?;
     // Warm pools first: the file's jobs can claim their members.
     for pool in &sub.pools {
@@ -83,7 +87,7 @@ pub async fn apply(
     }
     if detach {
         for name in jobs::start_detached(ctx, &sub).await? {
-            println!("job.runner/{name} created");
+            outln!("job.runner/{name} created");
         }
         return Ok(0);
     }
@@ -151,14 +155,18 @@ pub async fn get(
         }
         _ => {
             let wide = format == Some(OutputFormat::Wide);
-            print!(
+            out!(
                 "{:<28} {:<10} {:<22} {:<12} {:<6}",
-                "NAME", "STATUS", "REASON", "COMPLETIONS", "AGE"
+                "NAME",
+                "STATUS",
+                "REASON",
+                "COMPLETIONS",
+                "AGE"
             );
-            println!("{}", if wide { " ACTIVE FAILED COMMAND" } else { "" });
+            outln!("{}", if wide { " ACTIVE FAILED COMMAND" } else { "" });
             for row in &rows {
                 let (o, s) = (&row.object, &row.object.status);
-                print!(
+                out!(
                     "{:<28} {:<10} {:<22} {:<12} {:<6}",
                     o.metadata.name,
                     format!("{:?}", s.phase),
@@ -167,9 +175,9 @@ pub async fn get(
                     age(&row.created_at)
                 );
                 if wide {
-                    print!(" {:<6} {:<6} {}", s.active, s.failed, o.spec.command.join(" "));
+                    out!(" {:<6} {:<6} {}", s.active, s.failed, o.spec.command.join(" "));
                 }
-                println!();
+                outln!();
             }
         }
     }
@@ -179,9 +187,9 @@ pub async fn get(
 pub async fn describe(ctx: &Context, name: &str) -> Result<i32, ServiceError> {
     let d = jobs::describe(ctx, name).await?;
     let (o, s) = (&d.object, &d.object.status);
-    println!("Name:         {}", o.metadata.name);
+    outln!("Name:         {}", o.metadata.name);
     let labels: Vec<String> = o.metadata.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    println!(
+    outln!(
         "Labels:       {}",
         if labels.is_empty() {
             "<none>".into()
@@ -189,41 +197,51 @@ pub async fn describe(ctx: &Context, name: &str) -> Result<i32, ServiceError> {
             labels.join(",")
         }
     );
-    println!("Environment:  {}", o.spec.environment);
-    println!("Backend:      {}", o.spec.backend.as_str());
-    println!("Command:      {}", o.spec.command.join(" "));
-    println!("Created:      {}", d.created_at);
-    println!("Start Time:   {}", s.start_time.as_deref().unwrap_or("-"));
-    println!("Completed At: {}", s.completion_time.as_deref().unwrap_or("-"));
-    println!("Phase:        {:?}", s.phase);
-    println!("Reason:       {}", reason_text(s.reason));
+    outln!("Environment:  {}", o.spec.environment);
+    outln!("Backend:      {}", o.spec.backend.as_str());
+    outln!("Command:      {}", o.spec.command.join(" "));
+    outln!("Created:      {}", d.created_at);
+    outln!("Start Time:   {}", s.start_time.as_deref().unwrap_or("-"));
+    outln!("Completed At: {}", s.completion_time.as_deref().unwrap_or("-"));
+    outln!("Phase:        {:?}", s.phase);
+    outln!("Reason:       {}", reason_text(s.reason));
     if let Some(m) = &s.message {
-        println!("Message:      {m}");
+        outln!("Message:      {m}");
     }
-    println!(
+    outln!(
         "Attempts:     {} active / {} succeeded / {} failed",
-        s.active, s.succeeded, s.failed
+        s.active,
+        s.succeeded,
+        s.failed
     );
     if let Some((owner, alive)) = &d.supervisor {
-        println!("Supervisor:   {owner} ({})", if *alive { "running" } else { "gone" });
+        outln!("Supervisor:   {owner} ({})", if *alive { "running" } else { "gone" });
     }
-    println!("Conditions:");
+    outln!("Conditions:");
     if s.conditions.is_empty() {
-        println!("  <none>");
+        outln!("  <none>");
     }
     for c in &s.conditions {
-        println!(
+        outln!(
             "  {:<9} {:<6} {:<22} {} {}",
-            c.kind, c.status, c.reason, c.last_transition_time, c.message
+            c.kind,
+            c.status,
+            c.reason,
+            c.last_transition_time,
+            c.message
         );
     }
-    println!("Attempt list:");
-    println!(
+    outln!("Attempt list:");
+    outln!(
         "  {:<6} {:<8} {:<10} {:<20} {:<6} STARTED",
-        "INDEX", "ATTEMPT", "PHASE", "REASON", "EXIT"
+        "INDEX",
+        "ATTEMPT",
+        "PHASE",
+        "REASON",
+        "EXIT"
     );
     for a in &s.attempts {
-        println!(
+        outln!(
             "  {:<6} {:<8} {:<10} {:<20} {:<6} {}",
             a.index,
             a.attempt,
@@ -234,15 +252,15 @@ pub async fn describe(ctx: &Context, name: &str) -> Result<i32, ServiceError> {
         );
         // kubectl shows a pod's IP; `docker port` its mappings.
         if let Some(n) = &a.network {
-            println!("         IP: {}", n.ip);
+            outln!("         IP: {}", n.ip);
             for p in &n.ports {
-                println!("         Port: {p}");
+                outln!("         Port: {p}");
             }
         }
     }
-    println!("Events:");
+    outln!("Events:");
     for e in &d.events {
-        println!("  {:<24} {:<8} {:<16} {}", e.time, e.kind, e.reason, e.message);
+        outln!("  {:<24} {:<8} {:<16} {}", e.time, e.kind, e.reason, e.message);
     }
     Ok(0)
 }
@@ -286,7 +304,7 @@ pub async fn wait(ctx: &Context, name: &str, timeout: Option<Duration>) -> Resul
 
 pub async fn delete(ctx: &Context, name: &str) -> Result<i32, ServiceError> {
     jobs::delete(ctx, name).await?;
-    println!("job.runner/{name} deleted");
+    outln!("job.runner/{name} deleted");
     Ok(0)
 }
 
