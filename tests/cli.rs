@@ -54,12 +54,15 @@ fn a_command_that_cannot_start_fails_the_job_with_the_reason() {
 fn apply_yaml_and_default_output_of_a_succeeding_job() {
     let dir = tempfile::tempdir().unwrap();
     let file = write_manifest(dir.path(), "job.yaml", &host_job("ok", r#""echo hi""#, ""));
-    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "yaml"], dir.path());
+    let out = runner(
+        &["apply", "--replace", "-f", file.to_str().unwrap(), "-o", "yaml"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("phase: Succeeded"), "{text}");
     assert!(text.contains("reason: Completed"), "{text}");
-    let out = runner(&["apply", "-f", file.to_str().unwrap()], dir.path());
+    let out = runner(&["apply", "--replace", "-f", file.to_str().unwrap()], dir.path());
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
     assert!(String::from_utf8_lossy(&out.stderr).contains("job/ok Succeeded (Completed)"));
@@ -92,7 +95,10 @@ fn fifty_megabytes_of_output_are_capped_with_an_exact_dropped_count() {
     let total: u64 = 50 * 1000 * 1000;
     let cmd = format!(r#"["sh", "-c", "head -c {total} /dev/zero | tr '\\0' x"]"#);
     let file = write_manifest(dir.path(), "job.yaml", &host_job("flood", &cmd, ""));
-    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    let out = runner(
+        &["apply", "--replace", "-f", file.to_str().unwrap(), "-o", "json"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let result = &json_of(&out)["status"]["result"];
     let kept = result["stdout"].as_str().unwrap().len() as u64;
@@ -103,6 +109,7 @@ fn fifty_megabytes_of_output_are_capped_with_an_exact_dropped_count() {
     let out = runner(
         &[
             "apply",
+            "--replace",
             "-f",
             file.to_str().unwrap(),
             "-o",
@@ -156,7 +163,10 @@ fn setup_output_is_reported_apart_and_a_failing_setup_fails_the_job() {
     let env = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: host}\nspec:\n  backend: host\n  setup:\n    commands: [\"echo setting up\", \"echo setup-err >&2\"]\n";
     let job = "---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: s}\nspec:\n  environment: host\n  command: \"echo main\"\n";
     let file = write_manifest(dir.path(), "job.yaml", &format!("{env}{job}"));
-    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    let out = runner(
+        &["apply", "--replace", "-f", file.to_str().unwrap(), "-o", "json"],
+        dir.path(),
+    );
     let result = &json_of(&out)["status"]["result"];
     assert_eq!(result["stdout"], "main\n");
     assert_eq!(result["setup"]["stdout"], "setting up\n");
@@ -164,12 +174,18 @@ fn setup_output_is_reported_apart_and_a_failing_setup_fails_the_job() {
     assert_eq!(result["setup"]["exitCode"], 0);
     // disableSetup skips it.
     let file = write_manifest(dir.path(), "job2.yaml", &format!("{env}{job}  disableSetup: true\n"));
-    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    let out = runner(
+        &["apply", "--replace", "-f", file.to_str().unwrap(), "-o", "json"],
+        dir.path(),
+    );
     assert!(json_of(&out)["status"]["result"].get("setup").is_none());
     // A failing setup: the command never runs.
     let failing = env.replace("\"echo setup-err >&2\"", "\"exit 4\"");
     let file = write_manifest(dir.path(), "job3.yaml", &format!("{failing}{job}"));
-    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    let out = runner(
+        &["apply", "--replace", "-f", file.to_str().unwrap(), "-o", "json"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(1));
     let status = &json_of(&out)["status"];
     assert_eq!(status["reason"], "SetupFailed");
@@ -305,7 +321,7 @@ fn jobs_are_kept_in_the_store_and_expire_after_their_ttl() {
         "job.yaml",
         &host_job("kept", r#""echo kept""#, "  ttlSecondsAfterFinished: 1\n"),
     );
-    let out = runner(&["apply", "-f", file.to_str().unwrap()], dir.path());
+    let out = runner(&["apply", "--replace", "-f", file.to_str().unwrap()], dir.path());
     assert_eq!(out.status.code(), Some(0));
     let got = runner(&["get", "job", "kept", "-o", "json"], dir.path());
     let job = json_of(&got);
@@ -327,7 +343,7 @@ fn jobs_are_kept_in_the_store_and_expire_after_their_ttl() {
     );
     // Applying the same finished job again runs it again.
     assert_eq!(
-        runner(&["apply", "-f", file.to_str().unwrap()], dir.path())
+        runner(&["apply", "--replace", "-f", file.to_str().unwrap()], dir.path())
             .status
             .code(),
         Some(0)
@@ -529,4 +545,37 @@ fn a_closed_stdout_ends_printing_quietly_and_never_a_job() {
             "{args:?}: {stderr}"
         );
     }
+}
+
+/// Applying a Job whose name exists is refused, as Kubernetes answers AlreadyExists: exit 2
+/// naming the way out, the old record and its logs kept; `--replace` runs it again.
+#[test]
+fn re_applying_a_finished_job_is_refused_unless_replace() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = write_manifest(dir.path(), "a.yaml", &host_job("twice", r#""echo first""#, ""));
+    assert_eq!(
+        runner(&["apply", "-f", first.to_str().unwrap()], dir.path())
+            .status
+            .code(),
+        Some(0)
+    );
+    let second = write_manifest(dir.path(), "b.yaml", &host_job("twice", r#""echo second""#, ""));
+    let refused = runner(&["apply", "-f", second.to_str().unwrap()], dir.path());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(r#"job "twice" already exists (Succeeded)"#) && stderr.contains("--replace"),
+        "{stderr}"
+    );
+    let logs = runner(&["logs", "twice"], dir.path());
+    assert_eq!(String::from_utf8_lossy(&logs.stdout), "first\n");
+    let replaced = runner(&["apply", "--replace", "-f", second.to_str().unwrap()], dir.path());
+    assert_eq!(
+        replaced.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&replaced.stderr)
+    );
+    let logs = runner(&["logs", "twice"], dir.path());
+    assert_eq!(String::from_utf8_lossy(&logs.stdout), "second\n");
 }

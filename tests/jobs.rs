@@ -409,7 +409,7 @@ fn stdin_reaches_a_foreground_job_after_setup_and_absent_stdin_is_eof() {
     assert_eq!(without["timedOut"], false);
     assert!(without["durationMs"].as_u64().unwrap() < 10_000, "{without}");
     // The default (human) output path prints the same stdout.
-    let human = runner_ctd(&["apply", "-f", file.to_str().unwrap()], &state);
+    let human = runner_ctd(&["apply", "--replace", "-f", file.to_str().unwrap()], &state);
     assert_eq!(human.status.code(), Some(0));
     assert_eq!(
         String::from_utf8_lossy(&human.stdout),
@@ -832,7 +832,7 @@ fn pools_survive_a_containerd_restart_and_broken_members_are_replaced() {
         ctr(&["tasks", "kill", "-s", "SIGKILL", id]);
     }
     assert!(eventually(Duration::from_secs(10), || ls()["broken"] == 2), "{}", ls());
-    let cold = result(&run(&["apply", "-f", f, "-o", "json"]));
+    let cold = result(&run(&["apply", "--replace", "-f", f, "-o", "json"]));
     assert_eq!(cold["stdout"], "ok\n");
     assert!(cold.get("pool").is_none(), "a broken member was claimed: {cold}");
     let out = run(&["pool", "fill", "bb"]);

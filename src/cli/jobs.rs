@@ -57,11 +57,13 @@ pub async fn apply(
     format: Option<OutputFormat>,
     backend: Option<Backend>,
     detach: bool,
+    replace: bool,
 ) -> Result<i32, ServiceError> {
     // The jobs run in this process: a reader of its output going away stops the printing,
     // never the jobs (they end with their results recorded).
     output::keep_running_without_stdout();
-    let sub = submission(ctx, file, backend).await?;
+    let mut sub = submission(ctx, file, backend).await?;
+    sub.replace = replace;
     // Warm pools first: the file's jobs can claim their members.
     for pool in &sub.pools {
         let (def, report) = pools::create(

@@ -248,12 +248,13 @@ impl Cli {
                 backend,
                 max_output_bytes,
                 detach,
+                replace,
                 ..
             } => {
                 let mut config = g.config();
                 config.env_dir = file.env_dir.clone();
                 config.output_limit = max_output_bytes;
-                jobs::apply(&cli_context(config)?, &file, output, backend, detach).await?
+                jobs::apply(&cli_context(config)?, &file, output, backend, detach, replace).await?
             }
             Verb::Get {
                 what: GetWhat::Jobs { name, selector, output },
@@ -386,6 +387,10 @@ pub enum Verb {
         /// Return at once; a supervisor process carries the jobs to their end.
         #[arg(short = 'd', long)]
         detach: bool,
+        /// Replace finished jobs of the same names (their records and logs go); without it a
+        /// name that exists is refused, as Kubernetes answers AlreadyExists.
+        #[arg(long)]
+        replace: bool,
         /// Run the jobs on a Kubernetes cluster (the objects `runner export` prints), follow
         /// them and report their results as a local run does.
         #[arg(long, conflicts_with_all = ["detach", "backend"])]

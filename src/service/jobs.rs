@@ -41,6 +41,9 @@ pub struct Submission {
     /// `kind: WarmPool` documents (checked against their Environments).
     pub pools: Vec<manifest::WarmPool>,
     pub plans: Vec<RunPlan>,
+    /// Replace finished jobs of the same names (`--replace`); without it they are a conflict,
+    /// as Kubernetes answers AlreadyExists.
+    pub replace: bool,
 }
 
 impl Submission {
@@ -94,6 +97,7 @@ impl Submission {
             networks: set.networks.len(),
             pools: set.pools.clone(),
             plans,
+            replace: false,
         })
     }
 
@@ -185,8 +189,16 @@ fn now_secs() -> i64 {
         .unwrap_or_default()
 }
 
-/// Record the jobs of a submission before running them. A finished job of the same name is
-/// replaced (apply runs it again); a running one is a conflict.
+/// Why a submission's job cannot be recorded.
+enum Clash {
+    Running(String),
+    Exists(String, job::Phase),
+}
+
+/// Record the jobs of a submission before running them, all or none. A job of the same name is
+/// a conflict (Kubernetes' AlreadyExists): its record and logs stay until it is deleted, or
+/// until a submission with `replace` (then a finished one is replaced); a running one is a
+/// conflict either way.
 async fn register(ctx: &Context, store: &SharedStore, sub: &Submission) -> Result<(), ServiceError> {
     let records: Vec<JobRecord> = sub
         .plans
@@ -211,30 +223,47 @@ async fn register(ctx: &Context, store: &SharedStore, sub: &Submission) -> Resul
             }
         })
         .collect();
+    let replace = sub.replace;
+    let logs = ctx.config.logs_dir();
     let conflict = store
         .call(move |s| {
+            // Every name first: a submission is recorded whole or not at all.
+            let mut replaced = Vec::new();
             for record in &records {
                 match s.get(record.name()) {
                     Ok(Some(existing)) => {
                         let alive = existing.owner.as_deref().is_some_and(owner_alive);
                         if !existing.status.is_terminal() && alive {
-                            return Ok(Some(record.name().to_string()));
+                            return Ok(Some(Clash::Running(record.name().to_string())));
                         }
-                        s.remove(record.name())?;
+                        if !replace {
+                            return Ok(Some(Clash::Exists(record.name().to_string(), existing.status.phase)));
+                        }
+                        replaced.push(record.name().to_string());
                     }
                     // An unreadable record of that name is replaced, as a finished one is.
-                    Err(StoreError::Corrupt { .. }) => s.remove(record.name())?,
+                    Err(StoreError::Corrupt { .. }) => replaced.push(record.name().to_string()),
                     Ok(None) => {}
                     Err(e) => return Err(e),
                 }
+            }
+            for name in &replaced {
+                s.remove(name)?;
+                // The old run's output goes with its record (as `delete` removes it).
+                let _ = std::fs::remove_dir_all(logs.join(name));
+            }
+            for record in &records {
                 s.insert(record)?;
             }
             Ok(None)
         })
         .await?;
     match conflict {
-        Some(name) => Err(ServiceError::Conflict(format!(
+        Some(Clash::Running(name)) => Err(ServiceError::Conflict(format!(
             "job {name:?} is running (wait for it, or delete it: runner delete job {name})"
+        ))),
+        Some(Clash::Exists(name, phase)) => Err(ServiceError::Conflict(format!(
+            "job {name:?} already exists ({phase:?}): delete it first (runner delete job {name}) or apply again with --replace"
         ))),
         None => Ok(()),
     }
@@ -259,12 +288,13 @@ pub async fn start_detached(ctx: &Context, sub: &Submission) -> Result<Vec<Strin
     Ok(names)
 }
 
-/// Submit manifest text to run detached (`POST /v1/jobs`).
-pub async fn submit(ctx: &Context, text: &str, base_dir: &Path) -> Result<Vec<String>, ServiceError> {
-    let sub = {
+/// Submit manifest text to run detached (`POST /v1/jobs`); `replace`: as `apply --replace`.
+pub async fn submit(ctx: &Context, text: &str, base_dir: &Path, replace: bool) -> Result<Vec<String>, ServiceError> {
+    let mut sub = {
         let (ctx, text, base_dir) = (ctx.clone(), text.to_string(), base_dir.to_path_buf());
         Context::blocking(move || Submission::from_text(&ctx, &text, &base_dir)).await?
     };
+    sub.replace = replace;
     if let Some(pool) = sub.pools.first() {
         return Err(ServiceError::field(
             "kind",
