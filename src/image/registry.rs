@@ -50,8 +50,28 @@ impl RegistryConfig {
             let file = host_dir.join("hosts.toml");
             if file.is_file() {
                 let mut eps = parse_hosts_toml(&file, registry, &upstream_host)?;
+                // Docker-style CA files beside a hosts.toml are trusted for the registry's own
+                // host too: the one host configuration serves pull and push alike.
+                let docker_cas: Vec<PathBuf> = std::fs::read_dir(&host_dir)
+                    .map(|entries| {
+                        let mut cas: Vec<PathBuf> = entries
+                            .flatten()
+                            .map(|e| e.path())
+                            .filter(|p| p.extension().is_some_and(|x| x == "crt"))
+                            .collect();
+                        cas.sort();
+                        cas
+                    })
+                    .unwrap_or_default();
                 for ep in eps.iter_mut() {
                     ep.docker_config = self.docker_config.clone();
+                    if ep.host == upstream_host || ep.host == registry {
+                        for ca in &docker_cas {
+                            if !ep.ca.contains(ca) {
+                                ep.ca.push(ca.clone());
+                            }
+                        }
+                    }
                 }
                 if plain {
                     for ep in eps.iter_mut().filter(|e| !e.mirror) {

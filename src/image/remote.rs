@@ -743,7 +743,9 @@ pub async fn push(client: &Containerd, text: &str, options: &PullOptions) -> Res
         .registry
         .endpoints(reference.registry())?
         .into_iter()
-        .rfind(|e| e.push)
+        // containerd's order: the first host that takes pushes (a `[host]` entry before the
+        // `server`, as for pulls), so both read one configuration (its CA, its certificate).
+        .find(|e| e.push)
         .ok_or_else(|| {
             ImageError::Registry(format!(
                 "no host of {} takes pushes (hosts.toml capabilities)",
