@@ -1096,3 +1096,44 @@ fn push_and_pull_read_one_host_configuration_whatever_names_the_ca() {
         eprintln!("ca named {what}: push and pull both went through");
     }
 }
+
+/// A misspelled local image is said to be missing first, with the local image it was likely
+/// meant to be, before the registry's own failure; `validate` warns about it (exit 0).
+#[test]
+#[ignore = "needs the test registries: run scripts/test.sh"]
+fn a_misspelled_local_image_is_named_missing_with_the_closest_local_one() {
+    let place = Place::new("typo");
+    // A registry on a closed loopback port: its pull fails at once, with no DNS or network.
+    place.import_tagged(
+        "busybox-oci.tar",
+        "local/busybox:1.35",
+        "127.0.0.1:9/tools/busybox:1.35",
+    );
+    let typo = "127.0.0.1:9/tools/busybx:1.35";
+    let manifest = format!(
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: e}}\nspec:\n  image: {typo}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: typo}}\nspec:\n  environment: e\n  command: [\"true\"]\n"
+    );
+    let file = place.state.path().join("typo.yaml");
+    std::fs::write(&file, manifest).unwrap();
+    let file = file.to_str().unwrap();
+    let validated = place.run(&["validate", "-f", file]);
+    assert!(validated.status.success(), "{}", stderr(&validated));
+    let warning = stderr(&validated);
+    assert!(
+        warning.contains(&format!(
+            "image {typo:?} is not present locally (did you mean 127.0.0.1:9/tools/busybox:1.35?)"
+        )),
+        "{warning}"
+    );
+    let applied = place.run(&["apply", "-f", file, "-o", "json"]);
+    assert_eq!(applied.status.code(), Some(1), "{}", stderr(&applied));
+    let job: serde_json::Value = serde_json::from_slice(&applied.stdout).unwrap();
+    let message = job["status"]["message"].as_str().unwrap_or_default();
+    assert_eq!(job["status"]["reason"], "ErrImagePull", "{job}");
+    assert!(
+        message.starts_with(&format!(
+            "image {typo:?} is not present locally (did you mean 127.0.0.1:9/tools/busybox:1.35? see `runner image ls`), and pulling it failed:"
+        )),
+        "{message}"
+    );
+}

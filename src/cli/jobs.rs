@@ -41,6 +41,23 @@ pub async fn validate(ctx: &Context, file: &FileArgs) -> Result<i32, ServiceErro
             n => format!(", {n} warm pool{}", plural(n)),
         }
     );
+    // Valid, but maybe not runnable here: images a typo or a missing import would make the
+    // apply pull (or fail), said now. Only where a containerd answers; none is started for it.
+    for m in jobs::missing_images(ctx, &sub).await.unwrap_or_default() {
+        let near = match m.near.as_slice() {
+            [] => String::new(),
+            names => format!(" (did you mean {}?)", names.join(" or ")),
+        };
+        let then = if m.never_pulled {
+            "imagePullPolicy is Never: the job will fail"
+        } else {
+            "apply will try to pull it"
+        };
+        eprintln!(
+            "runner: warning: Environment {:?}: image {:?} is not present locally{near}; {then} (see `runner image ls`)",
+            m.environment, m.image
+        );
+    }
     Ok(0)
 }
 

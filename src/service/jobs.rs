@@ -189,6 +189,57 @@ fn now_secs() -> i64 {
         .unwrap_or_default()
 }
 
+/// An image a submission's Environment names that is not present in containerd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MissingImage {
+    pub environment: String,
+    pub image: String,
+    /// Local images a few edits away (a typo's likely targets).
+    pub near: Vec<String>,
+    /// `imagePullPolicy: Never`: running it will fail.
+    pub never_pulled: bool,
+}
+
+/// The images of a submission's containerd Environments that are not present locally, where
+/// their pull policy would use a local one (`IfNotPresent`, `Never`). `None` when no containerd
+/// answers (none is started for this: checking is only worth a warning).
+pub async fn missing_images(ctx: &Context, sub: &Submission) -> Option<Vec<MissingImage>> {
+    let (client, _) = super::daemon::connect(&ctx.config, super::Connect::Existing)
+        .await
+        .ok()?;
+    let mut missing: Vec<MissingImage> = Vec::new();
+    for plan in sub.plans.iter().filter(|p| p.bound.backend == Backend::Containerd) {
+        let env = plan.env();
+        let Some(image) = &env.image else { continue };
+        let policy = env
+            .image_pull_policy
+            .unwrap_or_else(|| manifest::PullPolicy::default_for(image));
+        if policy == manifest::PullPolicy::Always || missing.iter().any(|m| &m.image == image) {
+            continue;
+        }
+        // As `image::remote::ensure` looks: the name as written, then its canonical form.
+        let mut present = false;
+        for name in [
+            crate::image::normalize_name(image),
+            crate::image::remote::canonical_name(image),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            present |= crate::image::resolve(&client, &name).await.is_ok();
+        }
+        if !present {
+            missing.push(MissingImage {
+                environment: env.name.clone(),
+                image: image.clone(),
+                near: crate::image::remote::near_local_names(&client, image).await,
+                never_pulled: policy == manifest::PullPolicy::Never,
+            });
+        }
+    }
+    Some(missing)
+}
+
 /// Why a submission's job cannot be recorded.
 enum Clash {
     Running(String),
