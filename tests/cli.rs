@@ -579,3 +579,27 @@ fn re_applying_a_finished_job_is_refused_unless_replace() {
     let logs = runner(&["logs", "twice"], dir.path());
     assert_eq!(String::from_utf8_lossy(&logs.stdout), "second\n");
 }
+
+/// The host backend stops a timed-out command as the README says: SIGTERM, the Job's
+/// `terminationGracePeriodSeconds`, then SIGKILL (a command deaf to SIGTERM ends after both).
+#[test]
+fn a_timeout_waits_the_jobs_grace_period_before_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_manifest(
+        dir.path(),
+        "job.yaml",
+        &host_job(
+            "deaf",
+            r#"["sh", "-c", "trap '' TERM; sleep 30"]"#,
+            "  timeoutSeconds: 1\n  terminationGracePeriodSeconds: 1\n",
+        ),
+    );
+    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    let job = json_of(&out);
+    let result = &job["status"]["result"];
+    assert_eq!(job["status"]["reason"], "Timeout", "{job}");
+    let ms = result["durationMs"].as_u64().unwrap();
+    // 1 s of timeout and 1 s of grace; well under the 30 s sleep (nothing kept it alive).
+    assert!((1900..6000).contains(&ms), "{ms} ms: {job}");
+    assert_eq!(result["signal"], 9, "{job}");
+}
