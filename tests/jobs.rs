@@ -885,3 +885,79 @@ fn the_32bit_syscall_abi_is_refused_unless_the_environment_allows_it() {
         }
     }
 }
+
+/// Whether a pool served a job is said: `pool=NAME`, or `cold (why)` naming the pool and what it
+/// serves instead (here: made without --workspace, and a job with a workspace), in apply's
+/// status line, `describe` and the events. Making the pool again removes its members of the old
+/// shape as outdated, not as broken.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn whether_a_pool_served_a_job_is_said_and_why_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let envs = write_manifest(dir.path(), "env.yaml", ENV);
+    let _rm = RemovePool(state.clone(), "bb");
+    let made = runner_ctd(
+        &["pool", "create", "bb", "-f", envs.to_str().unwrap(), "--size", "1"],
+        &state,
+    );
+    assert_eq!(made.status.code(), Some(0), "{}", String::from_utf8_lossy(&made.stderr));
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    let with_ws = write_manifest(
+        dir.path(),
+        "ws.yaml",
+        &job(
+            "with-ws",
+            r#"["true"]"#,
+            &format!("  workspace: {}\n", dir.path().join("ws").display()),
+        ),
+    );
+    let out = runner_ctd(&["apply", "-f", with_ws.to_str().unwrap()], &state);
+    let line = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{line}");
+    assert!(
+        line.contains("cold (pool bb serves jobs without a workspace (`pool create --workspace` serves them))"),
+        "{line}"
+    );
+    let described = String::from_utf8_lossy(&runner_ctd(&["describe", "job", "with-ws"], &state).stdout).into_owned();
+    assert!(
+        described.contains("Pool: none, cold (pool bb serves jobs without a workspace"),
+        "{described}"
+    );
+    assert!(described.contains("ColdStart"), "{described}");
+    let plain = write_manifest(dir.path(), "plain.yaml", &job("plain", r#"["true"]"#, ""));
+    let out = runner_ctd(&["apply", "-f", plain.to_str().unwrap()], &state);
+    let line = String::from_utf8_lossy(&out.stderr);
+    assert!(line.contains("pool=bb"), "{line}");
+    let described = String::from_utf8_lossy(&runner_ctd(&["describe", "job", "plain"], &state).stdout).into_owned();
+    assert!(
+        described.contains("Pool: bb") && described.contains("Pooled"),
+        "{described}"
+    );
+    // The pool made again with --workspace: its old member is outdated, not broken.
+    let again = runner_ctd(
+        &[
+            "pool",
+            "create",
+            "bb",
+            "-f",
+            envs.to_str().unwrap(),
+            "--size",
+            "1",
+            "--workspace",
+        ],
+        &state,
+    );
+    let said = String::from_utf8_lossy(&again.stdout);
+    assert_eq!(
+        again.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(
+        said.contains("removed 1 outdated") && !said.contains("broken"),
+        "{said}"
+    );
+}

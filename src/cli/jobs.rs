@@ -269,6 +269,11 @@ pub async fn describe(ctx: &Context, name: &str) -> Result<i32, ServiceError> {
             a.exit_code.map_or_else(|| "-".into(), |c| c.to_string()),
             a.start_time.as_deref().unwrap_or("-")
         );
+        match (&a.pool, &a.cold_start) {
+            (Some(pool), _) => outln!("         Pool: {pool}"),
+            (None, Some(why)) => outln!("         Pool: none, cold ({why})"),
+            (None, None) => {}
+        }
         // kubectl shows a pod's IP; `docker port` its mappings.
         if let Some(n) = &a.network {
             outln!("         IP: {}", n.ip);

@@ -110,7 +110,14 @@ pub fn print_human(name: &str, status: &JobStatus) {
 pub fn print_status_line(name: &str, status: &JobStatus) {
     let mut stderr = std::io::stderr().lock();
     let detail = match (&status.result, &status.message) {
-        (Some(r), _) => format!(" exit={} {}ms", r.status_code(), r.duration_ms),
+        (Some(r), _) => {
+            let place = match (&r.pool, &r.cold_start) {
+                (Some(pool), _) => format!(" pool={pool}"),
+                (None, Some(why)) => format!(" cold ({why})"),
+                (None, None) => String::new(),
+            };
+            format!(" exit={} {}ms{place}", r.status_code(), r.duration_ms)
+        }
         (None, Some(m)) => format!(" {m}"),
         (None, None) => String::new(),
     };

@@ -19,13 +19,16 @@ pub async fn run(ctx: &Context, verb: PoolVerb) -> Result<i32, ServiceError> {
             let (def, report) =
                 pools::create(ctx, &name, &environment, &file.file, size, workspace, static_assets).await?;
             outln!(
-                "pool {} ready: {} member{} of Environment {} (made {}, removed {} broken; key {})",
+                "pool {} ready: {} member{} of Environment {} (made {}{}; key {})",
                 def.name,
                 report.ready,
                 if report.ready == 1 { "" } else { "s" },
                 def.environment,
                 report.created.len(),
-                report.removed.len(),
+                report
+                    .removed_text()
+                    .map(|r| format!(", removed {r}"))
+                    .unwrap_or_default(),
                 def.key
             );
             Ok(0)
@@ -33,10 +36,13 @@ pub async fn run(ctx: &Context, verb: PoolVerb) -> Result<i32, ServiceError> {
         PoolVerb::Fill { name } => {
             let report = pools::fill(ctx, &name).await?;
             outln!(
-                "pool {name}: {} ready (made {}, removed {})",
+                "pool {name}: {} ready (made {}{})",
                 report.ready,
                 report.created.len(),
-                report.removed.len()
+                report
+                    .removed_text()
+                    .map(|r| format!(", removed {r}"))
+                    .unwrap_or_default()
             );
             Ok(0)
         }

@@ -143,6 +143,12 @@ pub struct AttemptView {
     /// Its container's address and published ports (`network: bridge`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<crate::runtime::NetworkStatus>,
+    /// The warm pool whose member ran it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// Why a container was made for it though warm pools exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_start: Option<String>,
 }
 
 /// A Job's status: phase, reason and conditions, counts, times, its attempts, and the

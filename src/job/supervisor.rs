@@ -222,6 +222,8 @@ pub async fn supervise(
                         completion_time: None,
                         counted: false,
                         network: None,
+                        pool: None,
+                        cold_start: None,
                     });
                     event(
                         &store,
@@ -299,6 +301,16 @@ pub async fn supervise(
                     v.message = attempt.message.clone();
                     v.completion_time = Some(now_rfc3339());
                     v.counted = a.is_some_and(|a| a.state == AttemptState::Failed);
+                    v.pool = attempt.result.as_ref().and_then(|r| r.pool.clone());
+                    v.cold_start = attempt.result.as_ref().and_then(|r| r.cold_start.clone());
+                }
+                // Where it ran, said as the kubelet says where a pod was scheduled.
+                if let Some(r) = &attempt.result {
+                    match (&r.pool, &r.cold_start) {
+                        (Some(pool), _) => event(&store, name, "Normal", "Pooled", format!("index {index}, attempt {number}: a member of pool {pool}")).await,
+                        (None, Some(why)) => event(&store, name, "Normal", "ColdStart", format!("index {index}, attempt {number}: {why}")).await,
+                        (None, None) => {}
+                    }
                 }
                 event(&store, name, "Normal", "AttemptFinished", format!("index {index}, attempt {number}: {:?}", attempt.reason)).await;
             }

@@ -822,11 +822,18 @@ impl Engine {
     async fn run_oneshot_inner(&self, plan: &RunPlan, cancel: &CancellationToken) -> Result<ExecResult, RuntimeError> {
         let t0 = Instant::now();
         let mut image = None;
+        let mut cold = None;
         if self.options.use_pools {
             match self.claim(plan, pool::KIND_POOLED).await {
                 Ok(pool::Claim::Member(member)) => return self.run_pooled(*member, plan, cancel).await,
-                Ok(pool::Claim::Cold(resolved)) => image = resolved,
-                Err(e) => tracing::warn!(error = %e, "claiming a pool member failed; running cold"),
+                Ok(pool::Claim::Cold(resolved, why)) => {
+                    image = resolved;
+                    cold = Some(why);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "claiming a pool member failed; running cold");
+                    cold = Some(format!("claiming a pool member failed: {e}"));
+                }
             }
         }
         let created = self.create(plan, image, None, "oneshot", false, None).await?;
@@ -836,8 +843,9 @@ impl Engine {
         // A result means we saw the task exit; an error may have left it running.
         let teardown = self.teardown_inner(&created.id, result.is_ok()).await;
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "torn down");
-        let result = result?;
+        let mut result = result?;
         teardown?;
+        result.cold_start = cold;
         Ok(result)
     }
 
@@ -1049,7 +1057,7 @@ impl Engine {
                     }
                     return self.live_from_member(*member, plan).await;
                 }
-                Ok(pool::Claim::Cold(resolved)) => image = resolved,
+                Ok(pool::Claim::Cold(resolved, _)) => image = resolved,
                 Err(e) => tracing::warn!(error = %e, "claiming a pool member failed; starting cold"),
             }
         }
@@ -1617,6 +1625,7 @@ fn task_result(
         peak_memory_bytes: stats.peak_memory,
         cpu_time_ms: stats.cpu_usage.map(|d| d.as_millis() as u64),
         pool: None,
+        cold_start: None,
         evicted: None,
     }
 }
@@ -1650,6 +1659,7 @@ fn command_result(
             _ => None,
         },
         pool: None,
+        cold_start: None,
         evicted: None,
     }
 }
