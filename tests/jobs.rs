@@ -899,7 +899,7 @@ fn whether_a_pool_served_a_job_is_said_and_why_not() {
     let envs = write_manifest(dir.path(), "env.yaml", ENV);
     let _rm = RemovePool(state.clone(), "bb");
     let made = runner_ctd(
-        &["pool", "create", "bb", "-f", envs.to_str().unwrap(), "--size", "1"],
+        &["pool", "create", "bb", "-f", envs.to_str().unwrap(), "--size", "2"],
         &state,
     );
     assert_eq!(made.status.code(), Some(0), "{}", String::from_utf8_lossy(&made.stderr));
@@ -935,7 +935,14 @@ fn whether_a_pool_served_a_job_is_said_and_why_not() {
         described.contains("Pool: bb") && described.contains("Pooled"),
         "{described}"
     );
-    // The pool made again with --workspace: its old member is outdated, not broken.
+    // The pool made again with --workspace, once the claim's refill is done: its members of
+    // the old shape are outdated, not broken.
+    let ls = || json_of(&runner_ctd(&["pool", "ls", "-o", "json"], &state));
+    assert!(
+        eventually(Duration::from_secs(60), || ls()[0]["ready"] == 2),
+        "{}",
+        ls()
+    );
     let again = runner_ctd(
         &[
             "pool",
@@ -957,7 +964,7 @@ fn whether_a_pool_served_a_job_is_said_and_why_not() {
         String::from_utf8_lossy(&again.stderr)
     );
     assert!(
-        said.contains("removed 1 outdated") && !said.contains("broken"),
+        said.contains("removed 2 outdated") && !said.contains("broken"),
         "{said}"
     );
 }
