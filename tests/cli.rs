@@ -603,3 +603,139 @@ fn a_timeout_waits_the_jobs_grace_period_before_sigkill() {
     assert!((1900..6000).contains(&ms), "{ms} ms: {job}");
     assert_eq!(result["signal"], 9, "{job}");
 }
+
+/// `get job -o yaml` prints the whole resolved Job (paths absolute, defaults filled in), and
+/// that output applies again from anywhere: same spec, same run (issue 37, item 6). Its
+/// `spec.backend` is checked, never a choice.
+#[test]
+fn a_job_get_prints_applies_again_to_the_same_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    // The workspace may not be in the state dir.
+    let state = dir.path().join("state");
+    let envs = dir.path().join("envs");
+    std::fs::create_dir(&envs).unwrap();
+    std::fs::create_dir_all(dir.path().join("src/ws")).unwrap();
+    std::fs::write(dir.path().join("src/ws/in.txt"), "from the workspace\n").unwrap();
+    std::fs::write(dir.path().join("src/asset.txt"), "an asset\n").unwrap();
+    write_manifest(
+        &envs,
+        "host.yaml",
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: from-dir}\nspec:\n  backend: host\n",
+    );
+    let file = write_manifest(
+        &dir.path().join("src"),
+        "job.yaml",
+        r#"apiVersion: runner/v1alpha1
+kind: Job
+metadata:
+  name: round
+  labels: {team: evals}
+spec:
+  environment: from-dir
+  workspace: ws
+  staticAssets: [{source: asset.txt, savePath: data/asset.txt}]
+  command: 'cat in.txt; cat; echo "index $JOB_COMPLETION_INDEX"'
+  stdin: "from stdin\n"
+  timeoutSeconds: 30.5
+  disableSetup: true
+  completions: 2
+  parallelism: 1
+  completionMode: Indexed
+  backoffLimit: 1
+  activeDeadlineSeconds: 600
+  ttlSecondsAfterFinished: 3600
+  terminationGracePeriodSeconds: 3
+  podFailurePolicy:
+    rules:
+    - action: FailJob
+      onExitCodes: {operator: In, values: [42]}
+"#,
+    );
+    let env_dir = envs.to_str().unwrap();
+    let first = runner(&["apply", "-f", file.to_str().unwrap(), "--env-dir", env_dir], &state);
+    assert_eq!(
+        first.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let spec_of = |out: &std::process::Output| json_of(out)["spec"].clone();
+    let before = spec_of(&runner(&["get", "job", "round", "-o", "json"], &state));
+    let ws = dir.path().join("src/ws");
+    let asset = dir.path().join("src/asset.txt");
+    let expected = serde_json::json!({
+        "environment": "from-dir",
+        "backend": "host",
+        "command": ["/bin/sh", "-c", r#"cat in.txt; cat; echo "index $JOB_COMPLETION_INDEX""#],
+        "completions": 2,
+        "workspace": ws,
+        "staticAssets": [{"source": asset, "savePath": "data/asset.txt"}],
+        "stdin": "from stdin\n",
+        "timeoutSeconds": 30.5,
+        "disableSetup": true,
+        "parallelism": 1,
+        "completionMode": "Indexed",
+        "backoffLimit": 1,
+        "activeDeadlineSeconds": 600,
+        "ttlSecondsAfterFinished": 3600,
+        "terminationGracePeriodSeconds": 3,
+        "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}]},
+    });
+    assert_eq!(before, expected);
+    let logs_before = runner(&["logs", "round"], &state);
+
+    // Printed as YAML, status and all, then applied from another directory.
+    let printed = runner(&["get", "job", "round", "-o", "yaml"], &state);
+    assert_eq!(printed.status.code(), Some(0));
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let again = write_manifest(&elsewhere, "again.yaml", &String::from_utf8_lossy(&printed.stdout));
+    let second = runner(
+        &[
+            "apply",
+            "--replace",
+            "-f",
+            again.to_str().unwrap(),
+            "--env-dir",
+            env_dir,
+        ],
+        &state,
+    );
+    assert_eq!(
+        second.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    let after_json = runner(&["get", "job", "round", "-o", "json"], &state);
+    assert_eq!(spec_of(&after_json), expected);
+    assert_eq!(json_of(&after_json)["metadata"]["labels"]["team"], "evals");
+    let logs_after = runner(&["logs", "round"], &state);
+    assert_eq!(logs_after.stdout, logs_before.stdout);
+    assert!(
+        String::from_utf8_lossy(&logs_after.stdout).contains("from the workspace\nfrom stdin\n"),
+        "{}",
+        String::from_utf8_lossy(&logs_after.stdout)
+    );
+
+    // Its backend is where it ran: another one is refused at that field, naming the way out.
+    let refused = runner(
+        &[
+            "apply",
+            "--replace",
+            "-f",
+            again.to_str().unwrap(),
+            "--env-dir",
+            env_dir,
+            "--backend",
+            "containerd",
+        ],
+        &state,
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("spec.backend") && stderr.contains("says backend host, but it resolves to containerd"),
+        "{stderr}"
+    );
+}

@@ -232,9 +232,12 @@ pub struct ObjectMeta {
     pub annotations: std::collections::BTreeMap<String, String>,
 }
 
-/// What a Job runs, resolved when it was submitted (its Environment may have come from an
-/// env dir, its backend from `--backend`): what `get` shows without re-reading anything.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+/// The whole Job, resolved when it was submitted (its Environment may have come from an
+/// env dir, its backend from `--backend`, its paths from the manifest's directory): what
+/// `get` shows without re-reading anything, written so `runner apply` takes it back (a
+/// Job's `status` is ignored there and `spec.backend` must match). Fields after
+/// `completions` are absent from records written before they were kept.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct JobSpecView {
     pub environment: String,
@@ -242,6 +245,79 @@ pub struct JobSpecView {
     pub command: Vec<String>,
     #[serde(default = "one")]
     pub completions: u32,
+    /// Absolute: relative paths resolved against the manifest's directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<std::path::PathBuf>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub static_assets: Vec<StaticAssetView>,
+    /// As written: a relative source is in the workspace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<MountView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<f64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disable_setup: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallelism: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_mode: Option<CompletionMode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff_limit: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_deadline_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds_after_finished: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_failure_policy: Option<PodFailurePolicyView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StaticAssetView {
+    pub source: std::path::PathBuf,
+    pub save_path: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MountView {
+    pub source: String,
+    pub target: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum CompletionMode {
+    NonIndexed,
+    Indexed,
+}
+
+/// Kubernetes' shape of `podFailurePolicy`, as the manifest takes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodFailurePolicyView {
+    pub rules: Vec<PodFailureRuleView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodFailureRuleView {
+    #[schemars(with = "String")]
+    pub action: crate::manifest::policy::RuleAction,
+    pub on_exit_codes: OnExitCodesView,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OnExitCodesView {
+    #[schemars(with = "String")]
+    pub operator: crate::manifest::policy::ExitOperator,
+    pub values: Vec<i32>,
 }
 
 fn one() -> u32 {
@@ -250,12 +326,60 @@ fn one() -> u32 {
 
 impl JobSpecView {
     pub fn of(plan: &RunPlan) -> Self {
-        let job = plan.job();
+        Self::of_job(plan.job(), plan.bound.backend)
+    }
+
+    /// `job` as it resolved to `backend`.
+    pub fn of_job(job: &Job, backend: Backend) -> Self {
         JobSpecView {
             environment: job.environment.clone(),
-            backend: plan.bound.backend,
+            backend,
             command: job.command.argv(),
             completions: job.completions,
+            workspace: job.workspace.clone(),
+            static_assets: job
+                .static_assets
+                .iter()
+                .map(|a| StaticAssetView {
+                    source: a.source.clone(),
+                    save_path: a.save_path.clone(),
+                })
+                .collect(),
+            mounts: job
+                .mounts
+                .iter()
+                .map(|m| MountView {
+                    source: m.source.clone(),
+                    target: m.target.clone(),
+                    read_only: m.read_only,
+                })
+                .collect(),
+            stdin: job.stdin.clone(),
+            timeout_seconds: job.timeout.map(|t| t.as_secs_f64()),
+            disable_setup: job.disable_setup,
+            parallelism: Some(job.parallelism),
+            completion_mode: Some(if job.indexed {
+                CompletionMode::Indexed
+            } else {
+                CompletionMode::NonIndexed
+            }),
+            backoff_limit: Some(job.backoff_limit),
+            active_deadline_seconds: job.active_deadline.map(|d| d.as_secs()),
+            ttl_seconds_after_finished: job.ttl_after_finished.map(|d| d.as_secs()),
+            termination_grace_period_seconds: Some(job.termination_grace.as_secs()),
+            pod_failure_policy: (!job.failure_rules.is_empty()).then(|| PodFailurePolicyView {
+                rules: job
+                    .failure_rules
+                    .iter()
+                    .map(|r| PodFailureRuleView {
+                        action: r.action,
+                        on_exit_codes: OnExitCodesView {
+                            operator: r.operator,
+                            values: r.values.clone(),
+                        },
+                    })
+                    .collect(),
+            }),
         }
     }
 }

@@ -176,6 +176,12 @@ pub enum ManifestErrorKind {
     HostNetwork(&'static str),
     #[error("mounts need backend containerd (the host backend runs in the host's own filesystem)")]
     HostMounts,
+    #[error("this Job says backend {written}, but it resolves to {resolved} (Environment {environment:?}'s, or --backend's): spec.backend records where a Job ran and never chooses; pass --backend {written} or remove spec.backend", written = written.as_str(), resolved = resolved.as_str())]
+    BackendMismatch {
+        written: super::Backend,
+        resolved: super::Backend,
+        environment: String,
+    },
     #[error("command must not be empty")]
     EmptyCommand,
     #[error("timeoutSeconds must be a number of seconds above 0 and at most {max}", max = super::MAX_TIMEOUT_SECONDS)]

@@ -149,6 +149,20 @@ pub fn bind(job: &Job, env: &Environment, backend: Option<Backend>) -> Result<Bo
 
 pub(super) fn bind_inner(job: &Job, env: &Environment, backend: Option<Backend>) -> Result<Bound, ManifestError> {
     let backend = backend.unwrap_or(env.backend);
+    if let Some((written, origin)) = &job.backend
+        && *written != backend
+    {
+        return Err(ManifestError::new(
+            origin.clone(),
+            ManifestErrorKind::BackendMismatch {
+                written: *written,
+                resolved: backend,
+                environment: env.name.clone(),
+            },
+        )
+        .in_document(format!("Job {:?}", job.name))
+        .with_file(&job.file));
+    }
     let env_err = |path: &str, loc: Option<Location>, kind| {
         ManifestError::new(Origin::new(path, loc), kind)
             .in_document(format!("Environment {:?}", env.name))

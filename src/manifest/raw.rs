@@ -49,6 +49,10 @@ pub struct JobDoc {
     pub kind: String,
     pub metadata: Metadata,
     pub spec: JobSpec,
+    /// What `runner get job -o yaml` printed: read back and ignored, as `kubectl apply`
+    /// ignores an object's status.
+    #[expect(dead_code, reason = "accepted so a Job `get` printed can be applied again")]
+    pub status: Option<de::IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -206,6 +210,8 @@ pub struct WarmPoolSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JobSpec {
     pub environment: Spanned<String>,
+    /// The backend the Job was resolved to, as `get` prints it: checked, never a choice.
+    pub backend: Option<Spanned<Backend>>,
     pub workspace: Option<Spanned<String>>,
     #[serde(default)]
     pub static_assets: Vec<StaticAsset>,

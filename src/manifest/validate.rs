@@ -773,6 +773,13 @@ pub(super) fn validate_job(
         annotations: raw.metadata.annotations,
         environment: spec.environment.value.clone(),
         environment_origin,
+        backend: spec.backend.as_ref().map(|b| {
+            let backend = match b.value {
+                raw::Backend::Host => Backend::Host,
+                raw::Backend::Containerd => Backend::Containerd,
+            };
+            (backend, Origin::new("spec.backend", at(&b.referenced)))
+        }),
         workspace,
         static_assets,
         mounts,
