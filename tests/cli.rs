@@ -739,3 +739,67 @@ spec:
         "{stderr}"
     );
 }
+
+/// A foreground `apply` prints every index's output, each line prefixed `[INDEX] ` when there
+/// are several (`--index I` picks one, unprefixed); `logs --prefix`, `--tail N` and `--setup`
+/// read the same output back (issue 37, items 3 and 9).
+#[test]
+fn every_index_is_printed_prefixed_and_logs_prefix_tail_and_setup() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: host}\nspec:\n  backend: host\n  setup:\n    commands: [\"echo preparing $JOB_COMPLETION_INDEX\"]\n";
+    // Index 1 ends without a newline; index 2 fails after its output, a second after the
+    // others ended (its failure fails the Job, which stops what still runs).
+    let job = "---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: three}\nspec:\n  environment: host\n  completions: 3\n  parallelism: 3\n  completionMode: Indexed\n  command: 'echo \"first $JOB_COMPLETION_INDEX\"; echo \"err $JOB_COMPLETION_INDEX\" >&2; printf \"second $JOB_COMPLETION_INDEX\"; [ $JOB_COMPLETION_INDEX = 1 ] || echo; [ $JOB_COMPLETION_INDEX != 2 ] || { sleep 1; exit 1; }'\n";
+    let file = write_manifest(dir.path(), "job.yaml", &format!("{env}{job}"));
+    let text = |o: &[u8]| String::from_utf8_lossy(o).to_string();
+    let out = runner(&["apply", "-f", file.to_str().unwrap()], dir.path());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "[0] first 0\n[0] second 0\n[1] first 1\n[1] second 1\n[2] first 2\n[2] second 2\n"
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with("[0] err 0\n[1] err 1\n[2] err 2\njob/three Failed"),
+        "{stderr}"
+    );
+
+    let again = |extra: &[&str]| {
+        let mut args = vec!["apply", "--replace", "-f", file.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        runner(&args, dir.path())
+    };
+    let one = again(&["--index", "1"]);
+    assert_eq!(text(&one.stdout), "first 1\nsecond 1");
+    assert!(
+        text(&one.stderr).starts_with("err 1\njob/three Failed"),
+        "{}",
+        text(&one.stderr)
+    );
+
+    let logs = |extra: &[&str]| {
+        let mut args = vec!["logs", "three"];
+        args.extend_from_slice(extra);
+        let out = runner(&args, dir.path());
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        (text(&out.stdout), text(&out.stderr))
+    };
+    assert_eq!(logs(&[]).0, "first 0\nsecond 0\nfirst 1\nsecond 1first 2\nsecond 2\n");
+    assert_eq!(
+        logs(&["--prefix"]).0,
+        "[0] first 0\n[0] second 0\n[1] first 1\n[1] second 1\n[2] first 2\n[2] second 2\n"
+    );
+    assert_eq!(logs(&["--prefix"]).1, "[0] err 0\n[1] err 1\n[2] err 2\n");
+    assert_eq!(
+        logs(&["--tail", "1", "--prefix"]).0,
+        "[0] second 0\n[1] second 1\n[2] second 2\n"
+    );
+    assert_eq!(logs(&["--tail", "1", "--index", "1"]).0, "second 1");
+    assert_eq!(logs(&["--tail", "0"]).0, "");
+    assert_eq!(
+        logs(&["--setup", "--prefix"]).0,
+        "[0] preparing 0\n[1] preparing 1\n[2] preparing 2\n"
+    );
+    let unknown = runner(&["logs", "nothing-here", "--tail", "3"], dir.path());
+    assert_eq!(unknown.status.code(), Some(2));
+}

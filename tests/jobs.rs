@@ -387,6 +387,57 @@ fn logs_follow_streams_output_while_the_attempt_runs() {
     assert!(!state.join("logs").join("follow").exists());
 }
 
+/// `logs -f --prefix --tail N` on a running Indexed Job: from each index's last lines on, every
+/// line whole with its index before it, though the indexes write halves of lines at once.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn logs_follow_with_prefix_never_mixes_indexes_inside_a_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let file = write_manifest(
+        dir.path(),
+        "mixed.yaml",
+        &job(
+            "mixed",
+            r#"["sh", "-c", "echo start$JOB_COMPLETION_INDEX; echo second$JOB_COMPLETION_INDEX; sleep 2; printf half$JOB_COMPLETION_INDEX; sleep 1; echo -done$JOB_COMPLETION_INDEX"]"#,
+            "  completions: 2\n  parallelism: 2\n  completionMode: Indexed\n",
+        ),
+    );
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "--detach"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // Both indexes wrote their first two lines.
+    let live =
+        |i: u32| std::fs::read_to_string(state.join(format!("logs/mixed/{i}-0.live.stdout"))).unwrap_or_default();
+    let start = std::time::Instant::now();
+    while !(live(0).contains("second0") && live(1).contains("second1")) {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "no output: {:?} {:?}",
+            live(0),
+            live(1)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = runner_ctd(&["logs", "-f", "--prefix", "--tail", "1", "mixed"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    for i in 0..2 {
+        let own: Vec<&str> = lines
+            .iter()
+            .copied()
+            .filter(|l| l.starts_with(&format!("[{i}] ")))
+            .collect();
+        assert_eq!(
+            own,
+            [format!("[{i}] second{i}"), format!("[{i}] half{i}-done{i}")],
+            "{text}"
+        );
+    }
+    assert_eq!(lines.len(), 4, "{text}");
+}
+
 /// stdin through `runner apply` in the foreground: the command reads it, then EOF; setup reads
 /// /dev/null; a job without stdin sees EOF at once.
 #[test]
