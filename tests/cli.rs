@@ -803,3 +803,57 @@ fn every_index_is_printed_prefixed_and_logs_prefix_tail_and_setup() {
     let unknown = runner(&["logs", "nothing-here", "--tail", "3"], dir.path());
     assert_eq!(unknown.status.code(), Some(2));
 }
+
+/// The errors a newcomer met, as `runner validate` prints them (issue 37, item 8): each names
+/// the file, line and column, the field, and what to write instead.
+#[test]
+fn errors_say_where_and_what_to_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: host}\nspec:\n  backend: host\n---\n";
+    let job = |spec: &str| {
+        format!(
+            "{env}apiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: j}}\nspec:\n  environment: host\n{spec}"
+        )
+    };
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "missing workspace",
+            job("  workspace: ./nope\n  command: \"true\"\n"),
+            "case.yaml:12:14: Job \"j\": spec.workspace: ",
+        ),
+        (
+            "missing workspace, said plainly",
+            job("  workspace: ./nope\n  command: \"true\"\n"),
+            "/nope: does not exist",
+        ),
+        (
+            "a duration for seconds",
+            job("  command: \"true\"\n  timeoutSeconds: \"10s\"\n"),
+            "case.yaml:13:19: document 2: spec.timeoutSeconds: \"10s\" is not a number of seconds: write 10 (seconds, no unit)",
+        ),
+        (
+            "a fraction for whole seconds",
+            job("  command: \"true\"\n  activeDeadlineSeconds: 1.5\n"),
+            "spec.activeDeadlineSeconds: 1.5 is not a whole number of seconds",
+        ),
+        (
+            "a colon in a plain value",
+            job("  command: echo a: b\n"),
+            "case.yaml:12:18: document 2: spec: mapping values are not allowed in this context; a value holding `: ` must be quoted",
+        ),
+        ("a tab", job("\tcommand: x\n"), "YAML indents with spaces, never tabs"),
+        (
+            "an unknown kind",
+            env.replace("kind: Environment", "kind: Netwrk"),
+            "unknown kind \"Netwrk\" (expected Environment, Job, Network or WarmPool)",
+        ),
+    ];
+    for (case, text, expected) in cases {
+        let file = write_manifest(dir.path(), "case.yaml", &text);
+        let out = runner(&["validate", "-f", file.to_str().unwrap()], &dir.path().join("state"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{case}: {stderr}");
+        assert!(stderr.contains(expected), "{case}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{case}: one line: {stderr}");
+    }
+}

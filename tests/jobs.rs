@@ -1019,3 +1019,28 @@ fn whether_a_pool_served_a_job_is_said_and_why_not() {
         "{said}"
     );
 }
+
+/// An OOM kill names the limit it reached, in the status and in apply's status line (issue
+/// 37, item 8: it said only "exit code 137").
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn an_oom_kill_names_the_memory_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let manifest = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: small}\nspec:\n  image: local/busybox:1.35\n  resources: {memory: 32Mi}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: greedy}\nspec:\n  environment: small\n  command: \"head -c 200000000 /dev/zero | tail\"\n";
+    let file = write_manifest(dir.path(), "oom.yaml", manifest);
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap()], &state);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("job/greedy Failed (OOMKilled) exit=137")
+            && stderr.contains(": killed: memory limit 32Mi reached (exit code 137)"),
+        "{stderr}"
+    );
+    let got = json_of(&runner_ctd(&["get", "job", "greedy", "-o", "json"], &state));
+    assert_eq!(
+        got["status"]["message"],
+        "killed: memory limit 32Mi reached (exit code 137); raise resources.memory of its Environment"
+    );
+}

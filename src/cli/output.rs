@@ -129,7 +129,13 @@ pub fn print_status_line(name: &str, status: &JobStatus) {
                 (None, Some(why)) => format!(" cold ({why})"),
                 (None, None) => String::new(),
             };
-            format!(" exit={} {}ms{place}", r.status_code(), r.duration_ms)
+            // A message that says more than the exit code does (an OOM kill's limit, an
+            // eviction, SIGSYS) ends the line.
+            let said = match &status.message {
+                Some(m) if *m != format!("exit code {}", r.status_code()) => format!(": {m}"),
+                _ => String::new(),
+            };
+            format!(" exit={} {}ms{place}{said}", r.status_code(), r.duration_ms)
         }
         (None, Some(m)) => format!(" {m}"),
         (None, None) => String::new(),

@@ -71,13 +71,19 @@ pub struct AttemptStatus {
 }
 
 impl AttemptStatus {
-    /// The status a finished command gives its attempt.
-    pub fn of(result: ExecResult, deadline_bound: bool) -> Self {
+    /// The status a finished command gives its attempt; `memory` is its memory limit (an
+    /// OOM kill names it).
+    pub fn of(result: ExecResult, deadline_bound: bool, memory: crate::manifest::MemoryBytes) -> Self {
         let (phase, reason) = status_of(result.clone(), deadline_bound);
         // Our seccomp filter answers a refused syscall with EPERM; it kills (SIGSYS) only a
         // syscall of an ABI it does not admit: almost always a 32-bit program.
         let message = if reason == Reason::Evicted {
             result.evicted.clone()
+        } else if reason == Reason::OomKilled {
+            Some(format!(
+                "killed: memory limit {memory} reached (exit code {}); raise resources.memory of its Environment",
+                result.status_code()
+            ))
         } else {
             (reason == Reason::Error && result.status_code() == SIGSYS_STATUS).then(|| {
                 format!(
@@ -324,6 +330,12 @@ fn one() -> u32 {
     1
 }
 
+/// A manifest's path made absolute against the directory the Job was submitted from (as
+/// written otherwise: no link is followed), so what `get` prints applies from anywhere.
+fn absolute(path: &std::path::Path) -> std::path::PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 impl JobSpecView {
     pub fn of(plan: &RunPlan) -> Self {
         Self::of_job(plan.job(), plan.bound.backend)
@@ -336,12 +348,12 @@ impl JobSpecView {
             backend,
             command: job.command.argv(),
             completions: job.completions,
-            workspace: job.workspace.clone(),
+            workspace: job.workspace.as_deref().map(absolute),
             static_assets: job
                 .static_assets
                 .iter()
                 .map(|a| StaticAssetView {
-                    source: a.source.clone(),
+                    source: absolute(&a.source),
                     save_path: a.save_path.clone(),
                 })
                 .collect(),
@@ -485,7 +497,7 @@ async fn run_container(plan: &RunPlan, engine: &Engine, cancel: &CancellationTok
                 (None, Some(_)) => true,
                 _ => false,
             };
-            AttemptStatus::of(result, deadline_bound)
+            AttemptStatus::of(result, deadline_bound, plan.env().resources.memory)
         }
         Err(e) => infra_error(&e),
     }
@@ -568,7 +580,7 @@ async fn attempt(rt: &dyn Runtime, plan: &RunPlan, started: Instant) -> AttemptS
     match rt.execute(request).await {
         Ok(mut result) => {
             result.setup = rt.setup().cloned();
-            AttemptStatus::of(result, deadline_bound)
+            AttemptStatus::of(result, deadline_bound, plan.env().resources.memory)
         }
         // A command that cannot start (missing binary) is the submission's failure, as a
         // container's exit 127 would be; anything else is ours.
@@ -614,8 +626,14 @@ mod tests {
             oom_killed: true,
             ..Default::default()
         };
-        assert_eq!(status_of(oom, false), (Phase::Failed, Reason::OomKilled));
+        assert_eq!(status_of(oom.clone(), false), (Phase::Failed, Reason::OomKilled));
+        assert_eq!(
+            AttemptStatus::of(oom, false, MEMORY).message.as_deref(),
+            Some("killed: memory limit 64Mi reached (exit code 137); raise resources.memory of its Environment")
+        );
     }
+
+    const MEMORY: crate::manifest::MemoryBytes = crate::manifest::MemoryBytes(64 << 20);
 
     #[test]
     fn a_command_the_seccomp_filter_killed_is_explained() {
@@ -623,14 +641,14 @@ mod tests {
             exit_code: Some(159),
             ..Default::default()
         };
-        let status = AttemptStatus::of(killed, false);
+        let status = AttemptStatus::of(killed, false, MEMORY);
         assert_eq!(status.reason, Reason::Error);
         assert!(status.message.unwrap().contains("allow32BitSyscalls"));
         let plain = ExecResult {
             exit_code: Some(3),
             ..Default::default()
         };
-        assert_eq!(AttemptStatus::of(plain, false).message, None);
+        assert_eq!(AttemptStatus::of(plain, false, MEMORY).message, None);
     }
 
     #[test]

@@ -104,11 +104,11 @@ pub enum ManifestErrorKind {
     MissingApiVersion { expected: &'static str },
     #[error("unsupported apiVersion {found:?} (expected {expected})")]
     ApiVersion { found: String, expected: &'static str },
-    #[error("missing field kind (expected Environment, Job or WarmPool)")]
+    #[error("missing field kind (expected Environment, Job, Network or WarmPool)")]
     MissingKind,
-    #[error("unknown kind {0:?} (expected Environment, Job or WarmPool)")]
+    #[error("unknown kind {0:?} (expected Environment, Job, Network or WarmPool)")]
     Kind(String),
-    #[error("the file holds no Environment, Job or WarmPool")]
+    #[error("the file holds no Environment, Job, Network or WarmPool")]
     Empty,
     #[error("a pool of {size} members is above the limit of {max}")]
     PoolSize { size: u32, max: u32 },

@@ -517,6 +517,7 @@ pub struct Job {
     pub backend: Option<(Backend, Origin)>,
     /// Absolute, or relative to the manifest's directory.
     pub workspace: Option<PathBuf>,
+    pub workspace_origin: Option<Origin>,
     pub static_assets: Vec<StaticAsset>,
     pub mounts: Vec<MountSpec>,
     pub command: Command,
