@@ -857,3 +857,108 @@ fn errors_say_where_and_what_to_write() {
         assert_eq!(stderr.lines().count(), 1, "{case}: one line: {stderr}");
     }
 }
+
+/// The tables a newcomer reads (issue 37, item 9): PHASE as `get job` says it, a multi-line
+/// command on one line, `-o name`, `get -w`, `delete --all` and `-l`, `version`, `completion`.
+#[test]
+fn tables_name_watch_delete_many_version_and_completion() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let text = |out: &std::process::Output| String::from_utf8_lossy(&out.stdout).to_string();
+    let two_lines = host_job("multi", "\"echo one\\necho two\"", "");
+    let file = write_manifest(dir.path(), "multi.yaml", &two_lines);
+    let applied = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "name"], &state);
+    assert_eq!(text(&applied), "job.runner/multi\n");
+    let wide = text(&runner(&["get", "jobs", "-o", "wide"], &state));
+    let lines: Vec<&str> = wide.lines().collect();
+    assert_eq!(lines.len(), 2, "{wide}");
+    assert!(lines[0].starts_with("NAME") && lines[0].contains(" PHASE "), "{wide}");
+    assert!(lines[1].ends_with(r"/bin/sh -c echo one\necho two"), "{wide}");
+    let long = host_job("long", &format!("\"echo {}\"", "x".repeat(100)), "");
+    let long = long.replace("metadata: {name: long}", "metadata: {name: long, labels: {group: a}}");
+    let file = write_manifest(dir.path(), "long.yaml", &long);
+    assert_eq!(
+        runner(&["apply", "-f", file.to_str().unwrap()], &state).status.code(),
+        Some(0)
+    );
+    let row = text(&runner(&["get", "job", "long"], &state));
+    assert!(row.lines().nth(1).unwrap().ends_with('…'), "{row}");
+    assert_eq!(
+        text(&runner(&["get", "jobs", "-o", "name"], &state)),
+        "job.runner/long\njob.runner/multi\n"
+    );
+
+    // A watch prints the list, then each change, until interrupted.
+    let mut watch = std::process::Command::new(runner_bin())
+        .args(["get", "jobs", "-w"])
+        .env("RUNNER_STATE_DIR", &state)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(watch.stdout.take().unwrap()));
+    let header = lines.next().unwrap().unwrap();
+    assert!(header.starts_with("NAME"), "{header}");
+    let slow = write_manifest(dir.path(), "slow.yaml", &host_job("slow", "\"sleep 1\"", ""));
+    assert_eq!(
+        runner(&["apply", "-f", slow.to_str().unwrap(), "--detach"], &state)
+            .status
+            .code(),
+        Some(0)
+    );
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let done = line.starts_with("slow ") && line.contains("Succeeded");
+        seen.push(line);
+        if done {
+            break;
+        }
+    }
+    assert!(
+        seen.iter().any(|l| l.starts_with("slow ") && l.contains("Running")),
+        "{seen:?}"
+    );
+    unsafe { libc::kill(watch.id() as i32, libc::SIGINT) };
+    assert_eq!(watch.wait().unwrap().code(), Some(0));
+
+    // delete -l: only the labelled one; --all: the rest.
+    let deleted = runner(&["delete", "job", "-l", "group=a"], &state);
+    assert_eq!(
+        text(&deleted),
+        "job.runner/long deleted\n",
+        "{}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
+    let deleted = runner(&["delete", "jobs", "--all"], &state);
+    assert_eq!(text(&deleted), "job.runner/multi deleted\njob.runner/slow deleted\n");
+    assert_eq!(text(&runner(&["get", "jobs", "-o", "name"], &state)), "");
+    let neither = runner(&["delete", "job"], &state);
+    assert_eq!(neither.status.code(), Some(2));
+
+    // version: this build's commit; containerd's, or why there is none.
+    let version = runner(&["version", "--address", "/nonexistent.sock"], &state);
+    let said = text(&version);
+    assert_eq!(version.status.code(), Some(0));
+    assert!(
+        said.starts_with(&format!("runner {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{said}"
+    );
+    assert!(!said.contains("commit unknown"), "{said}");
+    assert!(
+        said.contains("containerd: not reachable:") && said.contains("/nonexistent.sock"),
+        "{said}"
+    );
+    // completion: a script bash accepts, naming the verbs.
+    let script = text(&runner(&["completion", "bash"], &state));
+    assert!(script.contains("runner__apply") || script.contains("apply"), "{script}");
+    let path = write_manifest(dir.path(), "runner.bash", &script);
+    let checked = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(checked.success());
+    for shell in ["zsh", "fish"] {
+        assert!(!text(&runner(&["completion", shell], &state)).is_empty());
+    }
+}

@@ -859,6 +859,15 @@ fn pools_survive_a_containerd_restart_and_broken_members_are_replaced() {
     let out = run(&["pool", "create", "bb", "-f", f, "--size", "2"]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let ls = || json_of(&run(&["pool", "ls", "-o", "json"]))[0].clone();
+    // `get pools` is `pool ls` with kubectl's verbs: a table, one by name, -o name.
+    let text = |out: std::process::Output| String::from_utf8_lossy(&out.stdout).to_string();
+    let table = text(run(&["get", "pools"]));
+    assert!(
+        table.starts_with("NAME ") && table.lines().nth(1).unwrap().starts_with("bb "),
+        "{table}"
+    );
+    assert_eq!(text(run(&["get", "pool", "bb", "-o", "name"])), "warmpool.runner/bb\n");
+    assert_eq!(run(&["get", "pool", "none"]).status.code(), Some(2));
     assert_eq!(run(&["gc"]).status.code(), Some(0));
     assert_eq!((ls()["ready"].as_u64(), ls()["broken"].as_u64()), (Some(2), Some(0)));
     assert_eq!(run(&["daemon", "stop"]).status.code(), Some(0));

@@ -1,7 +1,7 @@
 //! `runner daemon start|stop|status` and `runner gc`.
 
-use super::DaemonVerb;
-use super::output::outln;
+use super::output::{outln, print_value};
+use super::{DaemonVerb, OutputFormat};
 use crate::config::Config;
 use crate::service::{Context, ServiceError, daemon, gc};
 
@@ -58,6 +58,46 @@ pub async fn gc(ctx: &Context) -> Result<i32, ServiceError> {
     }
     for j in &report.adopted {
         outln!("job/{j}: its supervisor died; a new one re-adopts it");
+    }
+    Ok(0)
+}
+
+/// `runner version`: this binary (version, commit, target) and the containerd it would use
+/// (its version and revision), without starting a private one to ask.
+pub async fn version(config: &Config, output: Option<OutputFormat>) -> Result<i32, ServiceError> {
+    let ctx = Context::new(config.clone(), crate::service::Connect::Existing)?;
+    let server = ctx.containerd_version().await;
+    let value = serde_json::json!({
+        "runner": {
+            "version": env!("CARGO_PKG_VERSION"),
+            "commit": env!("RUNNER_COMMIT"),
+            "target": format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS),
+        },
+        "containerd": match &server {
+            Ok(v) => serde_json::json!({"version": v.version, "revision": v.revision, "address": v.address}),
+            Err(e) => serde_json::json!({"error": e.to_string()}),
+        },
+    });
+    match output {
+        Some(OutputFormat::Json) | Some(OutputFormat::Yaml) => print_value(&value, output)?,
+        _ => {
+            outln!(
+                "runner {} (commit {}, {}-{})",
+                env!("CARGO_PKG_VERSION"),
+                env!("RUNNER_COMMIT"),
+                std::env::consts::ARCH,
+                std::env::consts::OS
+            );
+            match &server {
+                Ok(v) => outln!(
+                    "containerd {} (revision {}) at {}",
+                    v.version,
+                    v.revision,
+                    v.address.display()
+                ),
+                Err(e) => outln!("containerd: not reachable: {e}"),
+            }
+        }
     }
     Ok(0)
 }

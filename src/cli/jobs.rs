@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::output::{self, age, print_human, print_objects, print_value, print_wide, reason_text, worst};
+use super::output::{self, age, one_line, print_human, print_objects, print_value, print_wide, reason_text, worst};
 use super::{FileArgs, OutputFormat};
 use crate::job::{JobObject, Phase};
 use crate::manifest::Backend;
@@ -117,7 +117,11 @@ pub async fn apply(ctx: &Context, file: &FileArgs, how: ApplyHow) -> Result<i32,
     }
     if detach {
         for name in jobs::start_detached(ctx, &sub).await? {
-            outln!("job.runner/{name} created");
+            if format == Some(OutputFormat::Name) {
+                outln!("job.runner/{name}");
+            } else {
+                outln!("job.runner/{name} created");
+            }
         }
         return Ok(0);
     }
@@ -163,67 +167,168 @@ pub async fn apply(ctx: &Context, file: &FileArgs, how: ApplyHow) -> Result<i32,
     .await?;
     match format {
         None => {}
-        Some(OutputFormat::Wide) => print_wide(&objects),
+        Some(OutputFormat::Wide) => print_wide(&objects, true),
+        Some(OutputFormat::Name) => {
+            for o in &objects {
+                outln!("job.runner/{}", o.metadata.name);
+            }
+        }
         Some(format) => print_objects(&objects, format)?,
     }
     // Stopped by a signal: exit as a process ended by it would (130 for Ctrl-C, 143 for SIGTERM).
     Ok(stopped_by.get().map_or(code, |s| s.exit_code()))
 }
 
-pub async fn get(
-    ctx: &Context,
-    name: Option<&str>,
-    selector: Option<&str>,
-    format: Option<OutputFormat>,
-) -> Result<i32, ServiceError> {
-    if let Some(name) = name {
-        let object = jobs::get(ctx, name).await?;
-        match format {
-            Some(OutputFormat::Json) | Some(OutputFormat::Yaml) => print_value(&object, format)?,
-            _ => print_wide(&[object]),
-        }
-        return Ok(0);
-    }
-    let selector = jobs::parse_selector(selector)?;
-    jobs::purge(ctx).await?;
-    let rows = jobs::list(ctx, &selector).await?;
-    match format {
-        Some(OutputFormat::Json) | Some(OutputFormat::Yaml) => {
-            let objects: Vec<&JobObject> = rows.iter().map(|r| &r.object).collect();
-            print_value(
-                &serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects}),
-                format,
-            )?;
-        }
-        _ => {
-            let wide = format == Some(OutputFormat::Wide);
-            out!(
-                "{:<28} {:<10} {:<22} {:<12} {:<6}",
-                "NAME",
-                "STATUS",
-                "REASON",
-                "COMPLETIONS",
-                "AGE"
-            );
-            outln!("{}", if wide { " ACTIVE FAILED COMMAND" } else { "" });
-            for row in &rows {
-                let (o, s) = (&row.object, &row.object.status);
-                out!(
-                    "{:<28} {:<10} {:<22} {:<12} {:<6}",
-                    o.metadata.name,
-                    format!("{:?}", s.phase),
-                    reason_text(s.reason),
-                    format!("{}/{}", s.succeeded, o.spec.completions),
-                    age(&row.created_at)
-                );
-                if wide {
-                    out!(" {:<6} {:<6} {}", s.active, s.failed, o.spec.command.join(" "));
-                }
-                outln!();
+/// What `get jobs` shows.
+pub struct GetHow {
+    pub name: Option<String>,
+    pub selector: Option<String>,
+    pub format: Option<OutputFormat>,
+    pub watch: bool,
+}
+
+/// How often `get -w` looks at the store.
+const WATCH_POLL: Duration = Duration::from_millis(250);
+
+pub async fn get(ctx: &Context, how: GetHow) -> Result<i32, ServiceError> {
+    let selector = jobs::parse_selector(how.selector.as_deref())?;
+    let fetch = || async {
+        match &how.name {
+            Some(name) => Ok::<_, ServiceError>(vec![jobs::Listed {
+                object: jobs::get(ctx, name).await?,
+                created_at: String::new(),
+            }]),
+            None => {
+                jobs::purge(ctx).await?;
+                jobs::list(ctx, &selector).await
             }
         }
+    };
+    let rows = fetch().await?;
+    let table = Table {
+        single: how.name.is_some(),
+        format: how.format,
+    };
+    table.print(&rows, true)?;
+    if !how.watch {
+        return Ok(0);
     }
-    Ok(0)
+    // kubectl's watch: each job again whenever its state changes, until interrupted.
+    let mut seen: std::collections::HashMap<String, String> = rows
+        .iter()
+        .map(|r| (r.object.metadata.name.clone(), watch_key(&r.object)))
+        .collect();
+    let stop = crate::signals::shutdown();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return Ok(0),
+            () = tokio::time::sleep(WATCH_POLL) => {}
+        }
+        let rows = match fetch().await {
+            Ok(rows) => rows,
+            // The one job watched was deleted: nothing more will change.
+            Err(ServiceError::NotFound { .. }) if how.name.is_some() => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let changed: Vec<jobs::Listed> = rows
+            .into_iter()
+            .filter(|r| {
+                let key = watch_key(&r.object);
+                seen.insert(r.object.metadata.name.clone(), key.clone()).as_ref() != Some(&key)
+            })
+            .collect();
+        table.print(&changed, false)?;
+    }
+}
+
+/// What a watch compares: the status without the times that move on their own.
+fn watch_key(o: &JobObject) -> String {
+    let s = &o.status;
+    format!(
+        "{:?} {:?} {} {} {} {}",
+        s.phase,
+        s.reason,
+        s.active,
+        s.succeeded,
+        s.failed,
+        s.attempts.len()
+    )
+}
+
+/// The shapes `get jobs` prints.
+struct Table {
+    /// `get job NAME`: the wide single-job row.
+    single: bool,
+    format: Option<OutputFormat>,
+}
+
+impl Table {
+    fn print(&self, rows: &[jobs::Listed], first: bool) -> Result<(), ServiceError> {
+        match self.format {
+            Some(OutputFormat::Name) => {
+                for r in rows {
+                    outln!("job.runner/{}", r.object.metadata.name);
+                }
+            }
+            Some(OutputFormat::Json) | Some(OutputFormat::Yaml) => {
+                if self.single || !first {
+                    // One object (a watch prints each change as one, as kubectl does).
+                    for r in rows {
+                        if self.format == Some(OutputFormat::Yaml) && !first {
+                            outln!("---");
+                        }
+                        print_value(&r.object, self.format)?;
+                    }
+                } else {
+                    let objects: Vec<&JobObject> = rows.iter().map(|r| &r.object).collect();
+                    print_value(
+                        &serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects}),
+                        self.format,
+                    )?;
+                }
+            }
+            _ if self.single => {
+                let objects: Vec<JobObject> = rows.iter().map(|r| r.object.clone()).collect();
+                print_wide(&objects, first);
+            }
+            _ => {
+                let wide = self.format == Some(OutputFormat::Wide);
+                if first {
+                    out!(
+                        "{:<28} {:<10} {:<22} {:<12} {:<6}",
+                        "NAME",
+                        "PHASE",
+                        "REASON",
+                        "COMPLETIONS",
+                        "AGE"
+                    );
+                    outln!("{}", if wide { " ACTIVE FAILED COMMAND" } else { "" });
+                }
+                for row in rows {
+                    let (o, s) = (&row.object, &row.object.status);
+                    out!(
+                        "{:<28} {:<10} {:<22} {:<12} {:<6}",
+                        o.metadata.name,
+                        format!("{:?}", s.phase),
+                        reason_text(s.reason),
+                        format!("{}/{}", s.succeeded, o.spec.completions),
+                        age(&row.created_at)
+                    );
+                    if wide {
+                        out!(
+                            " {:<6} {:<6} {}",
+                            s.active,
+                            s.failed,
+                            one_line(&o.spec.command.join(" "))
+                        );
+                    }
+                    outln!();
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 pub async fn describe(ctx: &Context, name: &str) -> Result<i32, ServiceError> {
@@ -352,10 +457,53 @@ pub async fn wait(ctx: &Context, name: &str, timeout: Option<Duration>) -> Resul
     }
 }
 
-pub async fn delete(ctx: &Context, name: &str) -> Result<i32, ServiceError> {
-    jobs::delete(ctx, name).await?;
-    outln!("job.runner/{name} deleted");
-    Ok(0)
+/// Which jobs `delete job` removes.
+pub enum Which {
+    Name(String),
+    All,
+    Selector(String),
+}
+
+pub async fn delete(ctx: &Context, which: Which) -> Result<i32, ServiceError> {
+    let names = match which {
+        Which::Name(name) => vec![name],
+        Which::All => jobs::list(ctx, &[])
+            .await?
+            .into_iter()
+            .map(|r| r.object.metadata.name)
+            .collect(),
+        Which::Selector(text) => {
+            let selector = jobs::parse_selector(Some(&text))?;
+            if selector.is_empty() {
+                return Err(ServiceError::field(
+                    "selector",
+                    "-l needs key=value (--all deletes every job)",
+                ));
+            }
+            jobs::list(ctx, &selector)
+                .await?
+                .into_iter()
+                .map(|r| r.object.metadata.name)
+                .collect()
+        }
+    };
+    // Each stop waits for its job's grace period: all of them at once, reported in order.
+    let results = futures::future::join_all(names.iter().map(|name| jobs::delete(ctx, name))).await;
+    let mut failed = None;
+    for (name, result) in names.iter().zip(results) {
+        match result {
+            Ok(()) => outln!("job.runner/{name} deleted"),
+            Err(e) if names.len() == 1 => return Err(e),
+            Err(e) => {
+                eprintln!("runner: deleting job {name}: {e}");
+                failed = Some(2);
+            }
+        }
+    }
+    if names.is_empty() {
+        eprintln!("No jobs found.");
+    }
+    Ok(failed.unwrap_or(0))
 }
 
 /// `runner supervise NAME` (what `apply --detach` starts): carry the job to its end; Ctrl-C

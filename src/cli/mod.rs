@@ -10,6 +10,8 @@ mod kube;
 mod output;
 mod pools;
 
+use output::out;
+
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -265,8 +267,25 @@ impl Cli {
                 jobs::apply(&cli_context(config)?, &file, how).await?
             }
             Verb::Get {
-                what: GetWhat::Jobs { name, selector, output },
-            } => jobs::get(&context(g, None)?, name.as_deref(), selector.as_deref(), output).await?,
+                what:
+                    GetWhat::Jobs {
+                        name,
+                        selector,
+                        output,
+                        watch,
+                    },
+            } => {
+                let how = jobs::GetHow {
+                    name,
+                    selector,
+                    format: output,
+                    watch,
+                };
+                jobs::get(&context(g, None)?, how).await?
+            }
+            Verb::Get {
+                what: GetWhat::Pools { name, output },
+            } => pools::get(&context(g, None)?, name.as_deref(), output).await?,
             Verb::Describe {
                 what: OneJob::Job { name },
             } => jobs::describe(&context(g, None)?, &name).await?,
@@ -296,11 +315,38 @@ impl Cli {
                         kube: true,
                         kube_context,
                         kube_namespace,
+                        ..
                     },
-            } => kube::delete(&name, kube_context, kube_namespace).await?,
+            } => {
+                let name = name.ok_or_else(|| ServiceError::field("NAME", "delete job NAME --kube"))?;
+                kube::delete(&name, kube_context, kube_namespace).await?
+            }
             Verb::Delete {
-                what: DeleteWhat::Job { name, .. },
-            } => jobs::delete(&context(g, None)?, &name).await?,
+                what: DeleteWhat::Job {
+                    name, all, selector, ..
+                },
+            } => {
+                let which = match (name, all, selector) {
+                    (Some(name), false, None) => jobs::Which::Name(name),
+                    (None, true, None) => jobs::Which::All,
+                    (None, false, Some(selector)) => jobs::Which::Selector(selector),
+                    _ => {
+                        return Err(ServiceError::field(
+                            "NAME",
+                            "name one job, or pass --all, or -l key=value (one of them)",
+                        ));
+                    }
+                };
+                jobs::delete(&context(g, None)?, which).await?
+            }
+            Verb::Version { output } => daemon::version(&g.config(), output).await?,
+            Verb::Completion { shell } => {
+                let mut command = <Cli as clap::CommandFactory>::command();
+                let mut out = Vec::new();
+                clap_complete::generate(shell, &mut command, "runner", &mut out);
+                out!("{}", String::from_utf8_lossy(&out));
+                0
+            }
             Verb::Supervise { name, adopt } => jobs::supervise(&context(g, None)?, &name, adopt).await?,
             Verb::Resolver => {
                 crate::runtime::containerd::network::run_resolver()
@@ -525,6 +571,17 @@ pub enum Verb {
     },
     /// Remove containers, snapshots and leases runner created that no live job owns.
     Gc,
+    /// Print runner's version and commit, and containerd's version where one answers.
+    Version {
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<OutputFormat>,
+    },
+    /// Print a shell completion script: `source <(runner completion bash)`, or for zsh and
+    /// fish the same into their completion directories.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -539,6 +596,17 @@ pub enum GetWhat {
         selector: Option<String>,
         #[arg(short = 'o', long = "output", value_enum)]
         output: Option<OutputFormat>,
+        /// After the list, print each job again whenever it changes (until interrupted).
+        #[arg(short = 'w', long)]
+        watch: bool,
+    },
+    /// List warm pools (as `pool ls`), or show one.
+    #[command(alias = "pool")]
+    Pools {
+        /// One pool by name.
+        name: Option<String>,
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<OutputFormat>,
     },
 }
 
@@ -550,9 +618,17 @@ pub enum OneJob {
 
 #[derive(Subcommand, Debug)]
 pub enum DeleteWhat {
-    /// A job by name.
+    /// Jobs: one by name, every one (--all), or those with labels (-l): each is stopped
+    /// (SIGTERM, its grace, SIGKILL), its containers, record and logs removed.
+    #[command(alias = "jobs")]
     Job {
-        name: String,
+        name: Option<String>,
+        /// Every job of this state dir.
+        #[arg(long, conflicts_with_all = ["name", "selector"])]
+        all: bool,
+        /// Label selector: key=value[,key=value].
+        #[arg(short = 'l', long = "selector", conflicts_with = "name")]
+        selector: Option<String>,
         /// The job `apply --kube` ran on a cluster: remove its objects there.
         #[arg(long)]
         kube: bool,
@@ -727,6 +803,8 @@ pub enum OutputFormat {
     Json,
     Yaml,
     Wide,
+    /// `KIND/NAME` per line, as kubectl's `-o name`.
+    Name,
 }
 
 /// What `runner serve` tells its operator: the address on stdout (scripts read it), the

@@ -57,17 +57,40 @@ pub fn print_objects(objects: &[JobObject], format: OutputFormat) -> Result<(), 
     }
 }
 
-/// `apply -o wide` and `get job NAME`: one row per job.
-pub fn print_wide(objects: &[JobObject]) {
-    outln!(
-        "{:<24} {:<10} {:<18} {:>5} {:>10} {:<11} COMMAND",
-        "NAME",
-        "PHASE",
-        "REASON",
-        "EXIT",
-        "DURATION",
-        "BACKEND"
-    );
+/// A command for a table cell: one line (newlines, tabs and other control characters
+/// escaped as `\n`, `\t`, `\u{..}`), at most 60 characters, cut with `…`.
+pub fn one_line(text: &str) -> String {
+    const MAX: usize = 60;
+    let escaped: String = text
+        .chars()
+        .flat_map(|c| match c {
+            '\n' => "\\n".chars().collect::<Vec<_>>(),
+            '\t' => "\\t".chars().collect(),
+            '\r' => "\\r".chars().collect(),
+            c if c.is_control() => c.escape_unicode().collect(),
+            c => vec![c],
+        })
+        .collect();
+    if escaped.chars().count() <= MAX {
+        escaped
+    } else {
+        escaped.chars().take(MAX - 1).chain(std::iter::once('…')).collect()
+    }
+}
+
+/// `apply -o wide` and `get job NAME`: one row per job (the header first when `header`).
+pub fn print_wide(objects: &[JobObject], header: bool) {
+    if header {
+        outln!(
+            "{:<24} {:<10} {:<18} {:>5} {:>10} {:<11} COMMAND",
+            "NAME",
+            "PHASE",
+            "REASON",
+            "EXIT",
+            "DURATION",
+            "BACKEND"
+        );
+    }
     for o in objects {
         let result = o.status.result.as_ref();
         outln!(
@@ -78,7 +101,7 @@ pub fn print_wide(objects: &[JobObject]) {
             result.map_or_else(|| "-".into(), |r| r.status_code().to_string()),
             result.map_or_else(|| "-".into(), |r| format!("{}ms", r.duration_ms)),
             o.spec.backend.as_str(),
-            o.spec.command.join(" "),
+            one_line(&o.spec.command.join(" ")),
         );
     }
 }

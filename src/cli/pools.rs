@@ -46,41 +46,7 @@ pub async fn run(ctx: &Context, verb: PoolVerb) -> Result<i32, ServiceError> {
             );
             Ok(0)
         }
-        PoolVerb::Ls { output } => {
-            let rows = pools::list(ctx).await?;
-            match output {
-                Some(OutputFormat::Json) | Some(OutputFormat::Yaml) => print_value(&rows, output)?,
-                wide => {
-                    out!(
-                        "{:<24} {:<20} {:>5} {:>6} {:>7}",
-                        "NAME",
-                        "ENVIRONMENT",
-                        "SIZE",
-                        "READY",
-                        "BROKEN"
-                    );
-                    if wide.is_some() {
-                        out!(" {:<9} {:<13} {:<24}", "WORKSPACE", "STATIC-ASSETS", "KEY");
-                    }
-                    outln!(" AGE");
-                    for p in &rows {
-                        out!(
-                            "{:<24} {:<20} {:>5} {:>6} {:>7}",
-                            p.def.name,
-                            p.def.environment,
-                            p.def.size,
-                            p.ready,
-                            p.broken
-                        );
-                        if wide.is_some() {
-                            out!(" {:<9} {:<13} {:<24}", p.def.workspace, p.def.static_assets, p.def.key);
-                        }
-                        outln!(" {}", age(&p.def.created));
-                    }
-                }
-            }
-            Ok(0)
-        }
+        PoolVerb::Ls { output } => get(ctx, None, output).await,
         PoolVerb::Rm { names } => {
             if names.is_empty() {
                 return Err(ServiceError::field("NAME", "runner pool rm NAME..."));
@@ -96,4 +62,56 @@ pub async fn run(ctx: &Context, verb: PoolVerb) -> Result<i32, ServiceError> {
             Ok(0)
         }
     }
+}
+
+/// `runner get pools [NAME]` and `runner pool ls`.
+pub async fn get(ctx: &Context, name: Option<&str>, output: Option<OutputFormat>) -> Result<i32, ServiceError> {
+    let mut rows = pools::list(ctx).await?;
+    if let Some(name) = name {
+        rows.retain(|p| p.def.name == name);
+        if rows.is_empty() {
+            return Err(ServiceError::NotFound {
+                kind: "pool",
+                name: name.to_string(),
+            });
+        }
+    }
+    match output {
+        Some(OutputFormat::Json) | Some(OutputFormat::Yaml) => print_value(&rows, output)?,
+        Some(OutputFormat::Name) => {
+            for p in &rows {
+                outln!("warmpool.runner/{}", p.def.name);
+            }
+        }
+        wide => {
+            let wide = wide == Some(OutputFormat::Wide);
+            out!(
+                "{:<24} {:<20} {:>5} {:>6} {:>7}",
+                "NAME",
+                "ENVIRONMENT",
+                "SIZE",
+                "READY",
+                "BROKEN"
+            );
+            if wide {
+                out!(" {:<9} {:<13} {:<24}", "WORKSPACE", "STATIC-ASSETS", "KEY");
+            }
+            outln!(" AGE");
+            for p in &rows {
+                out!(
+                    "{:<24} {:<20} {:>5} {:>6} {:>7}",
+                    p.def.name,
+                    p.def.environment,
+                    p.def.size,
+                    p.ready,
+                    p.broken
+                );
+                if wide {
+                    out!(" {:<9} {:<13} {:<24}", p.def.workspace, p.def.static_assets, p.def.key);
+                }
+                outln!(" {}", age(&p.def.created));
+            }
+        }
+    }
+    Ok(0)
 }

@@ -204,10 +204,11 @@ impl Containerd {
         req
     }
 
-    pub async fn version(&self) -> Result<String, CtdError> {
+    /// containerd's version and the commit it was built from.
+    pub async fn version(&self) -> Result<(String, String), CtdError> {
         let mut client = svc::version_client::VersionClient::new(self.channel.clone());
         let v = client.version(()).await.map_err(rpc("version"))?.into_inner();
-        Ok(v.version)
+        Ok((v.version, v.revision))
     }
 
     // ---- leases

@@ -222,6 +222,13 @@ pub fn spawn_detached(mut cmd: std::process::Command, what: &str) -> Result<u32,
 }
 
 /// Whether a call that needs containerd may start runner's private one.
+/// What `runner version` reports of containerd.
+pub struct ContainerdVersion {
+    pub version: String,
+    pub revision: String,
+    pub address: std::path::PathBuf,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Connect {
     /// The CLI: the address given, else the system daemon at the default address, else the
@@ -281,6 +288,17 @@ impl Context {
             })
             .await
             .cloned()
+    }
+
+    /// The version of the containerd this context uses (connecting as its policy allows).
+    pub async fn containerd_version(&self) -> Result<ContainerdVersion, ServiceError> {
+        let client = self.containerd().await?;
+        let (version, revision) = client.version().await?;
+        Ok(ContainerdVersion {
+            version,
+            revision,
+            address: client.address().to_path_buf(),
+        })
     }
 
     /// The containerd backend with these runtime options.
