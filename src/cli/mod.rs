@@ -37,20 +37,44 @@ pub struct Cli {
 pub struct Global {
     /// containerd's gRPC socket [default: /run/containerd/containerd.sock, else runner's own
     /// private containerd under the state dir, started on first use].
-    #[arg(long, global = true, env = "CONTAINERD_ADDRESS")]
+    #[arg(
+        long,
+        global = true,
+        hide = true,
+        help_heading = "Containerd",
+        env = "CONTAINERD_ADDRESS"
+    )]
     pub address: Option<PathBuf>,
     /// containerd namespace for everything runner creates.
-    #[arg(long, global = true, env = "CONTAINERD_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
+    #[arg(long, global = true,
+        hide = true,
+        help_heading = "Containerd", env = "CONTAINERD_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
     pub namespace: String,
     /// Where runner keeps its state (never mountable into a job).
-    #[arg(long, global = true, env = "RUNNER_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    #[arg(long, global = true,
+        hide = true,
+        help_heading = "State and logging", env = "RUNNER_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
     /// Log filter (tracing syntax), e.g. `debug` or `runner=trace` [default: warn; for
     /// `serve`, warn and one line per request].
-    #[arg(long, global = true, env = "RUNNER_LOG")]
+    #[arg(
+        long,
+        global = true,
+        hide = true,
+        help_heading = "State and logging",
+        env = "RUNNER_LOG"
+    )]
     pub log: Option<String>,
     /// Log lines as text or as JSON objects.
-    #[arg(long, global = true, env = "RUNNER_LOG_FORMAT", value_enum, default_value = "text")]
+    #[arg(
+        long,
+        global = true,
+        hide = true,
+        help_heading = "State and logging",
+        env = "RUNNER_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
     pub log_format: LogFormat,
     /// Directories of containerd-style registry host configs (`HOST[:PORT]/hosts.toml`:
     /// mirrors, plain HTTP, CA files), searched in order [default: STATE_DIR/certs.d,
@@ -58,6 +82,8 @@ pub struct Global {
     #[arg(
         long = "hosts-dir",
         global = true,
+        hide = true,
+        help_heading = "Registries",
         env = "RUNNER_HOSTS_DIR",
         value_delimiter = ':',
         value_name = "DIR"
@@ -67,6 +93,8 @@ pub struct Global {
     #[arg(
         long = "insecure-registry",
         global = true,
+        hide = true,
+        help_heading = "Registries",
         env = "RUNNER_INSECURE_REGISTRY",
         value_delimiter = ',',
         value_name = "HOST[:PORT]"
@@ -77,6 +105,8 @@ pub struct Global {
     #[arg(
         long = "dns-upstream",
         global = true,
+        hide = true,
+        help_heading = "Networks",
         env = "RUNNER_DNS_UPSTREAM",
         value_delimiter = ',',
         value_name = "IP[:PORT]",
@@ -89,6 +119,8 @@ pub struct Global {
     #[arg(
         long,
         global = true,
+        hide = true,
+        help_heading = "Jobs and servers",
         env = "RUNNER_SHUTDOWN_GRACE",
         value_name = "DURATION",
         default_value = "10s",
@@ -101,6 +133,8 @@ pub struct Global {
     #[arg(
         long,
         global = true,
+        hide = true,
+        help_heading = "Containerd",
         env = "RUNNER_WARM_CGROUP_ATTACH",
         value_name = "auto|on|off",
         default_value = "auto"
@@ -108,16 +142,22 @@ pub struct Global {
     pub warm_cgroup_attach: crate::config::WarmMode,
     /// Where remapped containers' rootfs directories live (host-wide; outside the state dir,
     /// which runc's init must be able to reach through).
-    #[arg(long, global = true, env = "RUNNER_ROOTFS_DIR", value_name = "DIR", default_value = crate::config::DEFAULT_ROOTFS_DIR)]
+    #[arg(long, global = true,
+        hide = true,
+        help_heading = "Containerd", env = "RUNNER_ROOTFS_DIR", value_name = "DIR", default_value = crate::config::DEFAULT_ROOTFS_DIR)]
     pub rootfs_dir: PathBuf,
     /// The host-wide directory of user-namespace range leases (every runner of a host must
     /// use the same one: two never hand out the same ids).
-    #[arg(long, global = true, env = "RUNNER_USERNS_DIR", value_name = "DIR", default_value = crate::config::DEFAULT_USERNS_DIR)]
+    #[arg(long, global = true,
+        hide = true,
+        help_heading = "Containerd", env = "RUNNER_USERNS_DIR", value_name = "DIR", default_value = crate::config::DEFAULT_USERNS_DIR)]
     pub userns_dir: PathBuf,
     /// The first retry delay of a failed attempt (doubling after, capped at 6 min).
     #[arg(
         long,
         global = true,
+        hide = true,
+        help_heading = "Jobs and servers",
         env = "RUNNER_BACKOFF_BASE",
         value_name = "DURATION",
         default_value = "10s",
@@ -125,7 +165,14 @@ pub struct Global {
     )]
     pub backoff_base: std::time::Duration,
     /// Docker's client config directory, for registry credentials [default: $HOME/.docker].
-    #[arg(long, global = true, env = "DOCKER_CONFIG", value_name = "DIR")]
+    #[arg(
+        long,
+        global = true,
+        hide = true,
+        help_heading = "Registries",
+        env = "DOCKER_CONFIG",
+        value_name = "DIR"
+    )]
     pub docker_config: Option<PathBuf>,
     /// The runner binary supervisors and output loggers run (default: this one).
     #[arg(long, global = true, hide = true)]
@@ -202,6 +249,36 @@ fn parse_upstream(text: &str) -> Result<std::net::SocketAddr, String> {
                 .map(|ip| std::net::SocketAddr::new(ip, 53))
         })
         .map_err(|_| format!("{text:?} is not IP or IP:PORT"))
+}
+
+/// What every verb's help ends with: the global options are listed once, by `runner
+/// options` (as `kubectl options`), not in each verb's help.
+const GLOBAL_OPTIONS_FOOTER: &str = "Every verb also takes the global options (--state-dir, --address, --namespace, registries, logging...): runner options";
+
+/// The command line, parsed; each verb's help ends with where the global options are.
+pub fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    fn footer(command: clap::Command) -> clap::Command {
+        command.after_help(GLOBAL_OPTIONS_FOOTER).mut_subcommands(footer)
+    }
+    let matches = footer(Cli::command()).get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// `runner options`: the global options, grouped, with their environment variables.
+fn global_options_help() -> String {
+    let command = <Global as Args>::augment_args(clap::Command::new("runner"))
+        .override_usage("runner [GLOBAL OPTIONS] <VERB> [ARGS]  (before or after the verb)")
+        .about("The options every verb takes:")
+        .mut_args(|arg| {
+            if arg.get_id() == "runner_exe" {
+                arg
+            } else {
+                arg.hide(false)
+            }
+        })
+        .disable_help_flag(true);
+    command.clone().render_long_help().to_string()
 }
 
 /// What `main` does after the command line was handled.
@@ -340,6 +417,10 @@ impl Cli {
                 jobs::delete(&context(g, None)?, which).await?
             }
             Verb::Version { output } => daemon::version(&g.config(), output).await?,
+            Verb::Options => {
+                out!("{}", global_options_help());
+                0
+            }
             Verb::Completion { shell } => {
                 let mut command = <Cli as clap::CommandFactory>::command();
                 let mut out = Vec::new();
@@ -484,6 +565,7 @@ pub enum Verb {
     /// Print a job's output: the last attempt of every index (stdout on stdout, stderr on
     /// stderr).
     Logs {
+        /// The job.
         name: String,
         /// Keep printing as the attempts write, until the job ends.
         #[arg(short = 'f', long)]
@@ -507,6 +589,7 @@ pub enum Verb {
     },
     /// Wait until a job ends; exit 0 when it succeeded, 1 when it failed, 2 on timeout.
     Wait {
+        /// The job.
         name: String,
         /// Give up after this long (e.g. 60s, 5m).
         #[arg(long, value_parser = humantime::parse_duration)]
@@ -576,6 +659,8 @@ pub enum Verb {
         #[arg(short = 'o', long = "output", value_enum)]
         output: Option<OutputFormat>,
     },
+    /// Print the options every verb takes (containerd, registries, networks, state, logging).
+    Options,
     /// Print a shell completion script: `source <(runner completion bash)`, or for zsh and
     /// fish the same into their completion directories.
     Completion {
