@@ -313,6 +313,8 @@ pub struct RuntimeOptions {
     /// Where runner's resolver asks for a bridge container's allowed domains (empty: the
     /// host's resolvers).
     pub dns_upstream: Vec<std::net::SocketAddr>,
+    /// The network layer's host paths.
+    pub net: crate::config::NetPaths,
 }
 
 /// What a container got on a bridge network: reported in a Job attempt's and a session's
@@ -326,32 +328,8 @@ pub struct NetworkStatus {
     pub ports: Vec<PortStatus>,
 }
 
-/// A published port as it was bound (`hostPort` is the one picked when none was asked for).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PortStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    pub container_port: u16,
-    pub protocol: crate::manifest::Protocol,
-    #[serde(rename = "hostIP")]
-    pub host_ip: String,
-    pub host_port: u16,
-}
-
-impl std::fmt::Display for PortStatus {
-    /// Docker's `docker port` form: `8080/tcp -> 127.0.0.1:34567`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}/{} -> {}:{}",
-            self.container_port,
-            self.protocol.lower(),
-            self.host_ip,
-            self.host_port
-        )
-    }
-}
+/// A published port as it was bound (the network layer's).
+pub use crate::net::PortStatus;
 
 /// What runs when a container is attached to a bridge network.
 #[derive(Clone)]
@@ -389,6 +367,7 @@ impl Default for RuntimeOptions {
             registry: crate::image::registry::RegistryConfig::default(),
             on_network: None,
             dns_upstream: Vec::new(),
+            net: crate::config::NetPaths::default(),
         }
     }
 }

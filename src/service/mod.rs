@@ -289,6 +289,7 @@ impl Context {
                 logger_binary: self.config.runner_exe.clone(),
                 registry: self.config.registry.clone(),
                 dns_upstream: self.config.dns_upstream.clone(),
+                net: self.config.net.clone(),
                 ..RuntimeOptions::default()
             },
         )
