@@ -217,6 +217,11 @@ pub trait Runtime: Send + Sync {
     fn network(&self) -> Option<&NetworkStatus> {
         None
     }
+    /// Replace what the sandbox may reach off its bridge network (a live session's PATCH):
+    /// at once, and what is no longer allowed is cut, established connections included.
+    async fn set_egress(&self, _egress: crate::net::Egress) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Refused("the sandbox is on no bridge network".into()))
+    }
 }
 
 /// An isolated sandbox's extras: a directory shared with it, the tools shipped into it,

@@ -66,20 +66,7 @@ impl Firewall for Nft {
             // No wall, or no such set: no elements.
             return Ok(Vec::new());
         }
-        let parsed: Nftables<'static> =
-            serde_json::from_slice(&out.stdout).map_err(|source| FirewallError::Unreadable {
-                what: format!("set {set}"),
-                source,
-            })?;
-        Ok(parsed
-            .objects
-            .iter()
-            .filter_map(|o| match o {
-                NfObject::ListObject(NfListObject::Set(s)) => s.elem.as_ref().map(|e| e.to_vec()),
-                _ => None,
-            })
-            .flatten()
-            .collect())
+        set_elements(&out.stdout, set)
     }
 
     fn wall_current(&self) -> Result<bool, FirewallError> {
@@ -192,5 +179,59 @@ impl Firewall for Nft {
             &encode(batch),
         )
         .map(drop)
+    }
+}
+
+/// The elements of a set as `nft -j list set` prints them.
+fn set_elements(json: &[u8], set: &str) -> Result<Vec<Expression<'static>>, FirewallError> {
+    let parsed: Nftables<'static> = serde_json::from_slice(json).map_err(|source| FirewallError::Unreadable {
+        what: format!("set {set}"),
+        source,
+    })?;
+    Ok(parsed
+        .objects
+        .iter()
+        .filter_map(|o| match o {
+            NfObject::ListObject(NfListObject::Set(s)) => s.elem.as_ref().map(|e| e.to_vec()),
+            _ => None,
+        })
+        .flatten()
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What nft 1.0.6 printed for the containers' sets (captured in a namespace of our own).
+    #[test]
+    fn listed_elements_are_read_back_typed_and_by_owner() {
+        let listed = [
+            r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"set": {"family": "inet", "name": "allow_net", "table": "runner", "type": ["ipv4_addr", "ipv4_addr"], "handle": 7, "flags": ["interval"], "elem": [{"concat": ["10.89.0.7", {"prefix": {"addr": "10.0.0.0", "len": 8}}]}]}}]}"#,
+            r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"set": {"family": "inet", "name": "dom_port", "table": "runner", "type": ["ipv4_addr", "ipv4_addr", "inet_service"], "handle": 10, "flags": ["timeout"], "elem": [{"elem": {"val": {"concat": ["10.89.0.7", "198.51.100.1", 443]}, "timeout": 60, "expires": 59}}]}}]}"#,
+            r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, {"set": {"family": "inet", "name": "allow_port", "table": "runner", "type": ["ipv4_addr", "ipv4_addr", "inet_service"], "handle": 8, "flags": ["interval"], "elem": [{"concat": ["10.89.0.8", "203.0.113.7", 443]}]}}]}"#,
+        ];
+        let owners: Vec<Option<std::net::Ipv4Addr>> = listed
+            .iter()
+            .map(|j| {
+                let e = set_elements(j.as_bytes(), "x").unwrap();
+                assert_eq!(e.len(), 1);
+                plan::element_owner(&e[0])
+            })
+            .collect();
+        assert_eq!(
+            owners,
+            vec![
+                Some("10.89.0.7".parse().unwrap()),
+                Some("10.89.0.7".parse().unwrap()),
+                Some("10.89.0.8".parse().unwrap())
+            ]
+        );
+        // A delete names the element without its timeout.
+        let e = set_elements(listed[1].as_bytes(), "x").unwrap();
+        assert_eq!(
+            serde_json::to_string(&plan::element_key(&e[0])).unwrap(),
+            r#"{"concat":["10.89.0.7","198.51.100.1",443]}"#
+        );
     }
 }

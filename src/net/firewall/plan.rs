@@ -39,6 +39,8 @@ pub const ALLOW_PORT: &str = "allow_port";
 pub const DOM: &str = "dom";
 /// The same with the entry's port: `container . address . port`.
 pub const DOM_PORT: &str = "dom_port";
+/// DNS packets a second from one container the kernel lets reach the resolver.
+const DNS_FLOOD: u32 = 2000;
 /// The chain that refuses, so a blocked connect fails at once (not after its timeout).
 const REFUSE: &str = "refuse";
 
@@ -297,8 +299,9 @@ pub fn wall(resolver_port: Option<u16>, nets: &[Net]) -> Nftables<'static> {
             "forward",
             vec![eq(concat(vec![iif(), oif()]), set_ref("same")), accept()],
         ),
-        // Both ways of a published port's connections (portmap's DNAT marks them).
-        rule("forward", vec![eq(ct("status"), s("dnat")), accept()]),
+        // Both ways of a published port's connections (portmap's DNAT marks them). A flag:
+        // `in` tests the bit (`==` would compare the whole status word).
+        rule("forward", vec![m(ct("status"), Operator::IN, s("dnat")), accept()]),
     ];
     rules.extend(allowed("forward"));
     rules.push(rule(
@@ -389,6 +392,30 @@ pub fn wall(resolver_port: Option<u16>, nets: &[Net]) -> Nftables<'static> {
             ],
         ),
         rule("input", vec![from_bridge(), eq(ct("state"), s("related")), accept()]),
+        // A container's DNS beyond `DNS_FLOOD` packets a second is dropped in the kernel:
+        // the resolver's own per-source limits answer REFUSED below it, and above it a flood
+        // would only push other containers' queries out of the socket's buffer.
+        rule(
+            "input",
+            vec![
+                from_bridge(),
+                tcp_udp(),
+                eq(field("th", "dport"), set_ref("resolver")),
+                S::Meter(stmt::Meter {
+                    name: "dns_flood".into(),
+                    key: saddr(),
+                    stmt: Box::new(S::Limit(stmt::Limit {
+                        rate: DNS_FLOOD,
+                        rate_unit: None,
+                        per: Some("second".into()),
+                        burst: Some(DNS_FLOOD),
+                        burst_unit: None,
+                        inv: Some(true),
+                    })),
+                }),
+                drop_(),
+            ],
+        ),
         rule(
             "input",
             vec![

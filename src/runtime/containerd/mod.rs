@@ -454,8 +454,9 @@ impl Engine {
             attaching = Some((
                 t1,
                 tokio::task::spawn_blocking(move || {
+                    let t = Instant::now();
                     let pinned = crate::net::pin_namespaces(&dir, range)?;
-                    layer.attach(&crate::net::AttachRequest {
+                    let attached = layer.attach(&crate::net::AttachRequest {
                         dir,
                         id: cid,
                         name,
@@ -464,7 +465,9 @@ impl Engine {
                         ports,
                         exe,
                         net,
-                    })
+                    });
+                    tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "bridge attach");
+                    attached
                 }),
             ));
             // The network's names and resolvers, read-only (the files change as containers
@@ -1870,6 +1873,18 @@ impl Runtime for LiveContainer {
 
     fn network(&self) -> Option<&crate::runtime::NetworkStatus> {
         self.network.as_ref()
+    }
+
+    async fn set_egress(&self, egress: crate::net::Egress) -> Result<(), RuntimeError> {
+        if self.network.is_none() {
+            return Err(RuntimeError::Refused("the sandbox is on no bridge network".into()));
+        }
+        let dir = self.engine.root_dir(&self.id).join(crate::net::NET_DIR);
+        let layer = crate::net::Host::new(self.engine.options.net.clone());
+        tokio::task::spawn_blocking(move || layer.set_egress(&dir, &egress))
+            .await
+            .map_err(|e| RuntimeError::Internal(format!("the egress task: {e}")))?
+            .map_err(|e| RuntimeError::Internal(format!("changing the egress of {}: {e}", self.id)))
     }
 
     async fn execute(&self, request: ExecRequest) -> Result<ExecResult, RuntimeError> {
