@@ -138,33 +138,42 @@ fn nfgenmsg(family: u8, res_id: u16) -> Vec<u8> {
 
 /// The bytes of one batch applying `changes` to sets of the `inet` table `table`, and the
 /// sequence numbers whose acknowledgement the kernel sends (one per element message).
+///
+/// Per set and key the last change wins. The batch is three phases, each a few messages of up
+/// to `ELEMENTS_PER_MESSAGE` elements: every added key without a timeout (so it exists), every
+/// added or deleted key deleted, every added key with its timeout (so one already there gets
+/// the new one). A key appears once per message, and messages stay few (each is acknowledged:
+/// one per element overflowed the socket's buffer).
 pub fn batch(table: &str, changes: &[Change], first_seq: u32) -> (Vec<u8>, Vec<u32>) {
-    // Each change becomes element operations on one set, in order; runs of one operation on
-    // one set share a message.
+    let mut last: Vec<(&str, Key, Option<Duration>)> = Vec::new();
+    for change in changes {
+        let (set, key, timeout) = match change {
+            Change::Add { set, key, timeout } => (set.as_str(), *key, Some(*timeout)),
+            Change::Delete { set, key } => (set.as_str(), *key, None),
+        };
+        last.retain(|(s, k, _)| !(*s == set && *k == key));
+        last.push((set, key, timeout));
+    }
+    let mut sets: Vec<&str> = last.iter().map(|(s, _, _)| *s).collect();
+    sets.sort_unstable();
+    sets.dedup();
     type Op<'a> = (u16, &'a str, Vec<(Key, Option<Duration>)>);
     let mut ops: Vec<Op<'_>> = Vec::new();
-    for change in changes {
-        let steps: Vec<(u16, &str, Key, Option<Duration>)> = match change {
-            Change::Add { set, key, timeout } => vec![
-                (NFT_MSG_NEWSETELEM, set.as_str(), *key, None),
-                (NFT_MSG_DELSETELEM, set.as_str(), *key, None),
-                (NFT_MSG_NEWSETELEM, set.as_str(), *key, Some(*timeout)),
-            ],
-            Change::Delete { set, key } => vec![(NFT_MSG_DELSETELEM, set.as_str(), *key, None)],
-        };
-        for (op, set, key, timeout) in steps {
-            match ops.last_mut() {
-                Some((o, s, keys))
-                    if *o == op && *s == set && keys.len() < ELEMENTS_PER_MESSAGE
-                    // An element appears once per message: a second one goes to the next.
-                    && !keys.iter().any(|(k, _)| *k == key) =>
-                {
-                    keys.push((key, timeout))
-                }
-                _ => ops.push((op, set, vec![(key, timeout)])),
+    let mut phase = |op: u16, pick: &dyn Fn(&Option<Duration>) -> Option<Option<Duration>>| {
+        for set in &sets {
+            let keys: Vec<(Key, Option<Duration>)> = last
+                .iter()
+                .filter(|(s, _, _)| s == set)
+                .filter_map(|(_, k, t)| pick(t).map(|t| (*k, t)))
+                .collect();
+            for chunk in keys.chunks(ELEMENTS_PER_MESSAGE) {
+                ops.push((op, set, chunk.to_vec()));
             }
         }
-    }
+    };
+    phase(NFT_MSG_NEWSETELEM, &|t| t.map(|_| None));
+    phase(NFT_MSG_DELSETELEM, &|_| Some(None));
+    phase(NFT_MSG_NEWSETELEM, &|t| t.map(Some));
     let mut buf = Vec::new();
     let mut seq = first_seq;
     message(
@@ -425,16 +434,17 @@ mod tests {
                 NFNL_MSG_BATCH_BEGIN,
                 el(NFT_MSG_NEWSETELEM),
                 el(NFT_MSG_DELSETELEM),
-                el(NFT_MSG_NEWSETELEM),
                 el(NFT_MSG_DELSETELEM),
+                el(NFT_MSG_NEWSETELEM),
                 NFNL_MSG_BATCH_END
             ]
         );
         assert_eq!(acks, vec![8, 9, 10, 11]);
+        // Phases: dabc's add, both deletes (per set), dabc's timed add.
         // The begin message names the nftables subsystem in network order.
         assert_eq!(&msgs[0].2[..4], &[0, 0, 0, 10]);
         // The timed add carries the timeout in milliseconds, big-endian, and the key.
-        let timed = &msgs[3].2;
+        let timed = &msgs[4].2;
         assert_eq!(timed[0], NFPROTO_INET);
         let find = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).any(|w| w == needle);
         assert!(find(timed, &30_000u64.to_be_bytes()));
@@ -452,21 +462,29 @@ mod tests {
     }
 
     #[test]
-    fn many_elements_share_messages_and_repeats_do_not() {
-        let changes: Vec<Change> = (0..200u8)
-            .map(|i| Change::Delete {
+    fn many_elements_share_messages_and_the_last_change_of_a_key_wins() {
+        let key = |i| Key {
+            container: Ipv4Addr::new(10, 89, 0, 2),
+            addr: Ipv4Addr::new(198, 51, 100, i),
+            port: None,
+        };
+        let adds: Vec<Change> = (0..200u8)
+            .map(|i| Change::Add {
                 set: "d".into(),
-                key: Key {
-                    container: Ipv4Addr::new(10, 89, 0, 2),
-                    addr: Ipv4Addr::new(198, 51, 100, i),
-                    port: None,
-                },
+                key: key(i),
+                timeout: Duration::from_secs(60),
             })
             .collect();
-        let (_, acks) = batch("runner", &changes, 0);
-        assert_eq!(acks.len(), 200usize.div_ceil(ELEMENTS_PER_MESSAGE));
-        let twice = [changes[0].clone(), changes[0].clone()];
-        assert_eq!(batch("runner", &twice, 0).1.len(), 2);
+        let (_, acks) = batch("runner", &adds, 0);
+        assert_eq!(acks.len(), 3 * 200usize.div_ceil(ELEMENTS_PER_MESSAGE));
+        // Added then deleted: only the delete goes; the same delete twice: once.
+        let del = Change::Delete {
+            set: "d".into(),
+            key: key(0),
+        };
+        let (buf, acks) = batch("runner", &[adds[0].clone(), del.clone(), del], 0);
+        assert_eq!(acks.len(), 1);
+        assert_eq!(parse_messages(&buf)[1].0, (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_DELSETELEM);
     }
 
     #[test]
