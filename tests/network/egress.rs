@@ -342,7 +342,7 @@ fn a_patch_of_a_live_sessions_egress_cuts_what_it_removes_and_opens_what_it_adds
     assert!(connect(8080).starts_with("open"));
     let refused = connect(8081);
     println!("a connect to a removed destination: {refused}");
-    let ms: f64 = refused.rsplit(' ').next().unwrap().parse().unwrap();
+    let ms: f64 = refused.trim().rsplit(' ').next().unwrap().parse().unwrap();
     assert!(
         refused.starts_with("refused Connection refused") && ms < 500.0,
         "{refused}"
