@@ -10,7 +10,9 @@
 #             warm pools (`serve --pool`)
 #   network:  one-shot `runner apply` with `network: bridge` vs `network: none`, and N of them
 #             at once (jobs per second); the bridge attach itself (namespaces, CNI ADD, the
-#             wall, the resolver's policy: the runner's own debug timing, median)
+#             wall, the resolver's policy: the runner's own debug timing, median); the
+#             resolver under issue 31's flood (the network test's figures, release build;
+#             BENCH_FLOOD=0 skips it)
 # BENCH_ONLY=network runs only the one-shot row (for the ratio to ctr) and the network rows;
 # BENCH_RUNNER=PATH measures that runner binary instead of building this tree (a before/after
 # pair: build the other tree's release binary, keep it, pass it here).
@@ -85,8 +87,19 @@ network_rows() {
   echo "network    one-shot runner apply, network: bridge ${b_med} ms   network: none ${n_med} ms   added $(awk "BEGIN{printf \"%+.1f\", $b_med-$n_med}") ms  (median of $runs)"
   # The attach alone (in the job's process, beside containerd's create), as the runner times it.
   for _ in $(seq 1 "$runs"); do
-    RUNNER_LOG=runner=debug "$runner" apply -f "$work/bridge.yaml" 2>&1 >/dev/null | sed -n 's/.*ms=\([0-9.]*\).*bridge attach$/\1/p' >> "$work/attach.log" || true
+    RUNNER_LOG=runner=debug "$runner" apply -f "$work/bridge.yaml" 2>&1 >/dev/null | sed -n 's/.*bridge attach ms=\([0-9.]*\).*/\1/p' >> "$work/attach.log" || true
   done
+  # Issue 31's attack on the resolver (tests/network/resolver.rs, a release build of it): one
+  # container floods it, another's lookups are timed; helpers and the resolver's memory sampled.
+  # Not with BENCH_RUNNER (the test runs this tree's binary).
+  if [ -z "${BENCH_RUNNER:-}" ] && [ "${BENCH_FLOOD:-1}" = 1 ]; then
+    mkdir -p "$work/test-images"
+    cp "$work/python.tar" "$work/test-images/python-oci.tar"
+    flood=$(RUNNER_TEST_IMAGES="$work/test-images" cargo test --release --locked --test network -- \
+      --include-ignored --exact resolver::a_flooding_container_leaves_the_resolver_bounded_and_another_containers_dns_fast \
+      --nocapture 2>&1 | sed -n 's/^flood: //p')
+    echo "resolver   under a flood: ${flood:-the flood test printed nothing (run it: cargo test --test network -- --include-ignored a_flooding)}"
+  fi
   if [ -s "$work/attach.log" ]; then
     a_med=$(awk '{print $1*1000}' "$work/attach.log" | median)
     echo "network    bridge attach (namespaces, CNI ADD, wall, resolver): ${a_med} ms  (median of $(wc -l < "$work/attach.log"), the runner's own timing)"

@@ -286,6 +286,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn processes_runner_starts_get_its_network_paths() {
+        let mut c = Config::new("/tmp/x");
+        assert!(!c.inherited_args().iter().any(|a| a == "--net-dir" || a == "--cni-path"));
+        c.net.dir = "/tmp/net".into();
+        c.net.cni_path = vec!["/opt/a".into(), "/opt/b".into()];
+        let args: Vec<String> = c
+            .inherited_args()
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let after = |flag: &str| args.iter().position(|a| a == flag).map(|i| args[i + 1].clone());
+        assert_eq!(after("--net-dir").as_deref(), Some("/tmp/net"));
+        assert_eq!(after("--cni-path").as_deref(), Some("/opt/a:/opt/b"));
+    }
+
+    #[test]
     fn namespaces_are_checked_like_containerd_does() {
         let mut c = Config::new("/tmp/x");
         for ok in ["runner", "runner-test-12", "a.b_c"] {

@@ -19,6 +19,7 @@
 
 pub mod cni;
 pub mod firewall;
+mod ipam;
 mod names;
 pub mod netlink;
 pub mod ns;
@@ -258,6 +259,7 @@ impl Host {
             firewall: Arc::new(firewall::nft::Nft),
             cni: Arc::new(cni::Plugins {
                 path: paths.cni_path.clone(),
+                sys_class_net: paths.sys_class_net.clone(),
             }),
             resolver: Arc::new(resolver::control::Client::new(&paths)),
             paths,
@@ -314,9 +316,8 @@ impl Host {
         let ms = |t: std::time::Instant| t.elapsed().as_secs_f64() * 1e3;
         let _lock = self.lock()?;
         let unregistered = self.vet(&req.net)?;
-        let ports_file = self.paths.ports_file();
-        let published = ports::pick(&ports_file, &req.ports)?;
-        let list = cni::plugins(&req.net, &published, &self.paths.ipam_dir);
+        let published = ports::pick(&self.paths.ports_file(), &req.ports)?;
+        let list = cni::plugins(&published);
         let mut record = Record {
             container_id: req.id.clone(),
             netns: req.pinned.netns.clone(),
@@ -328,14 +329,33 @@ impl Host {
             upstream: req.egress.upstream.clone(),
             name: req.name.clone(),
         };
-        // The record names what DEL needs before ADD runs: a crash mid-ADD is undone by gc.
+        // The record names what detach needs before anything is made: a crash midway is
+        // undone by gc.
         record.write(&req.dir)?;
+        let ipam_dir = self.paths.ipam_dir.join(&req.net.name);
+        let ports_file = self.paths.ports_file();
+        let undo = |e: NetError| {
+            let _ = ipam::release(&ipam_dir, &req.id);
+            let _ = ports::release(&ports_file, &req.id);
+            let _ = std::fs::remove_file(req.dir.join(CNI_CACHE));
+            e
+        };
         // Recorded after the record (which detach finds the id in) and under the lock: a port
         // is never handed out twice, and never stays taken by a container that is gone.
-        if let Err(e) = ports::record(&ports_file, &req.id, &published) {
-            let _ = std::fs::remove_file(req.dir.join(CNI_CACHE));
-            return Err(e);
-        }
+        ports::record(&ports_file, &req.id, &published).map_err(undo)?;
+        let (_, prefix) = req.net.cidr();
+        let ip = ipam::lease(&ipam_dir, req.net.cidr(), req.net.gateway, &req.id, IFNAME).map_err(undo)?;
+        let host_if = veth_name(&req.id);
+        let link = cni::Link {
+            bridge: &req.net.bridge,
+            gateway: req.net.gateway,
+            prefix,
+            host_if: &host_if,
+            netns: &req.pinned.netns,
+            ip,
+        };
+        self.cni.link(&link).map_err(undo)?;
+        tracing::debug!(ms = ms(t0), "linked");
         let call = |command, plugin: &serde_json::Value, prev: Option<&serde_json::Value>| {
             self.cni.invoke(&cni::Call {
                 command,
@@ -346,28 +366,20 @@ impl Host {
                 prev,
             })
         };
-        let mut prev: Option<serde_json::Value> = None;
+        let mut prev = cni::result(&link);
         for (i, plugin) in list.iter().enumerate() {
-            match call("ADD", plugin, prev.as_ref()) {
-                Ok(result) => prev = Some(result),
+            match call("ADD", plugin, Some(&prev)) {
+                Ok(result) => prev = result,
                 Err(e) => {
                     for done in list[..=i].iter().rev() {
-                        let _ = call("DEL", &cni::del_form(done), prev.as_ref());
+                        let _ = call("DEL", done, Some(&prev));
                     }
-                    let _ = std::fs::remove_file(req.dir.join(CNI_CACHE));
-                    let _ = ports::release(&ports_file, &req.id);
-                    return Err(e);
+                    return Err(undo(e));
                 }
             }
         }
-        let result = prev.unwrap_or(serde_json::Value::Null);
         tracing::debug!(ms = ms(t0), "CNI ADD");
-        let ip = cni::result_ip(&result).ok_or_else(|| NetError::Plugin {
-            plugin: "bridge".into(),
-            command: "ADD",
-            message: format!("no IPv4 address in its result ({})", result["ips"]),
-        })?;
-        record.result = Some(result);
+        record.result = Some(cni::result(&link));
         record.cidrs = plan::normalize(&req.egress.cidrs)
             .iter()
             .map(ToString::to_string)
@@ -454,6 +466,12 @@ impl Host {
                         if let Err(e) = called {
                             first.get_or_insert(e);
                         }
+                    }
+                    // The address last: the veth that had it goes with the namespace (unpinned
+                    // below), and addresses are handed out in turn, so it is not given again soon.
+                    if let Err(e) = ipam::release(&self.paths.ipam_dir.join(&record.network.name), &record.container_id)
+                    {
+                        first.get_or_insert(e);
                     }
                     tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "detached");
                     // After portmap's DEL: the port is free for others only once nothing maps it.
@@ -645,6 +663,18 @@ impl Host {
         let _ = std::fs::remove_file(self.paths.ports_file());
         Ok(any)
     }
+}
+
+/// The host's end of a container's veth pair: `veth` and 8 hex digits (at most 15 characters),
+/// from the container's id and the time (a veth left by a namespace not yet destroyed never
+/// clashes with the next one of the same id).
+fn veth_name(id: &str) -> String {
+    use sha2::Digest;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let h = sha2::Sha256::digest(format!("{id}/{nanos}").as_bytes());
+    format!("veth{}", hex::encode(&h[..4]))
 }
 
 fn wall_table() -> nftables::schema::Table<'static> {

@@ -50,8 +50,23 @@ const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
 const NFTA_DATA_VALUE: u16 = 1;
 
+const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
+const RTM_NEWADDR: u16 = 20;
+const RTM_NEWROUTE: u16 = 24;
+const NLM_F_EXCL: u16 = 0x200;
 const IFLA_IFNAME: u16 = 3;
+const IFLA_MASTER: u16 = 10;
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_NET_NS_FD: u16 = 28;
+const IFLA_INFO_KIND: u16 = 1;
+const IFLA_INFO_DATA: u16 = 2;
+const VETH_INFO_PEER: u16 = 1;
+const IFA_ADDRESS: u16 = 1;
+const IFA_LOCAL: u16 = 2;
+const IFA_BROADCAST: u16 = 4;
+const RTA_OIF: u16 = 4;
+const RTA_GATEWAY: u16 = 5;
 
 /// How long a reply may take: the kernel answers at once, so this is only a guard.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -385,6 +400,134 @@ pub fn delete_link(name: &str) -> io::Result<()> {
     }
 }
 
+/// `struct ifinfomsg` (16 bytes): family, pad, type, index, flags, change.
+fn ifinfomsg(index: i32, up: bool) -> Vec<u8> {
+    let mut b = vec![libc::AF_UNSPEC as u8, 0, 0, 0];
+    b.extend_from_slice(&index.to_ne_bytes());
+    let flags = if up { libc::IFF_UP as u32 } else { 0 };
+    b.extend_from_slice(&flags.to_ne_bytes());
+    b.extend_from_slice(&flags.to_ne_bytes());
+    b
+}
+
+/// Send one rtnetlink request and wait for its acknowledgement; `EEXIST` is success when
+/// `exists_ok`.
+fn route_request(sock: &Socket, kind: u16, flags: u16, body: &[u8], exists_ok: bool) -> io::Result<()> {
+    let mut buf = Vec::new();
+    message(&mut buf, kind, NLM_F_REQUEST | NLM_F_ACK | flags, 1, body);
+    sock.send(&buf)?;
+    match sock.acks(&[1]) {
+        Err(e) if exists_ok && e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        other => other,
+    }
+}
+
+fn index_of(name: &str) -> io::Result<i32> {
+    let c = std::ffi::CString::new(name).map_err(io::Error::other)?;
+    // SAFETY: a NUL-terminated name; if_nametoindex only reads it.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if i == 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(i as i32)
+}
+
+/// An IPv4 address on an interface (`RTM_NEWADDR`).
+fn add_address(sock: &Socket, index: i32, addr: Ipv4Addr, prefix: u8) -> io::Result<()> {
+    let mut body = vec![libc::AF_INET as u8, prefix, 0, 0];
+    body.extend_from_slice(&(index as u32).to_ne_bytes());
+    attr(&mut body, IFA_LOCAL, &addr.octets());
+    attr(&mut body, IFA_ADDRESS, &addr.octets());
+    let host_bits = u32::MAX.checked_shr(u32::from(prefix)).unwrap_or(0);
+    attr(
+        &mut body,
+        IFA_BROADCAST,
+        &Ipv4Addr::from(u32::from(addr) | host_bits).octets(),
+    );
+    route_request(sock, RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, &body, true)
+}
+
+/// The Linux bridge `name`, up, with `gateway/prefix` on it (made when missing; as the CNI
+/// bridge plugin's `isGateway`).
+pub fn ensure_bridge(name: &str, gateway: Ipv4Addr, prefix: u8) -> io::Result<()> {
+    let sock = Socket::open(NETLINK_ROUTE)?;
+    let mut body = ifinfomsg(0, true);
+    attr(&mut body, IFLA_IFNAME, &cstr(name));
+    nested(&mut body, IFLA_LINKINFO, |b| attr(b, IFLA_INFO_KIND, b"bridge"));
+    // Without EXCL: an existing bridge is only set up again.
+    route_request(&sock, RTM_NEWLINK, NLM_F_CREATE, &body, true)?;
+    add_address(&sock, index_of(name)?, gateway, prefix)
+}
+
+/// Set a link up (`RTM_NEWLINK` on an existing index changes its flags).
+fn set_up(sock: &Socket, index: i32) -> io::Result<()> {
+    route_request(sock, RTM_NEWLINK, 0, &ifinfomsg(index, true), false)
+}
+
+/// A veth pair: `host` on the bridge `bridge`, up; its peer `peer` in the network namespace
+/// open at `netns` (one `RTM_NEWLINK`, as `ip link add … netns …` sends it; the peer is set up
+/// from inside, `configure_in`: a veth brought up in the message that makes it fails with
+/// ENOTCONN, its peer not linked yet).
+pub fn add_veth(host: &str, bridge: &str, peer: &str, netns: &std::fs::File) -> io::Result<()> {
+    let sock = Socket::open(NETLINK_ROUTE)?;
+    let mut body = ifinfomsg(0, false);
+    attr(&mut body, IFLA_IFNAME, &cstr(host));
+    attr(&mut body, IFLA_MASTER, &(index_of(bridge)? as u32).to_ne_bytes());
+    nested(&mut body, IFLA_LINKINFO, |b| {
+        attr(b, IFLA_INFO_KIND, b"veth");
+        nested(b, IFLA_INFO_DATA, |b| {
+            nested(b, VETH_INFO_PEER, |b| {
+                b.extend_from_slice(&ifinfomsg(0, false));
+                attr(b, IFLA_IFNAME, &cstr(peer));
+                attr(b, IFLA_NET_NS_FD, &(netns.as_raw_fd() as u32).to_ne_bytes());
+            })
+        })
+    });
+    route_request(&sock, RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, &body, false)?;
+    set_up(&sock, index_of(host)?)
+}
+
+/// Inside the network namespace open at `netns`: `addr/prefix` on `ifname` and the default
+/// route via `gateway` (on a thread of its own that enters the namespace and ends).
+pub fn configure_in(
+    netns: std::fs::File,
+    ifname: &str,
+    addr: Ipv4Addr,
+    prefix: u8,
+    gateway: Ipv4Addr,
+) -> io::Result<()> {
+    let ifname = ifname.to_string();
+    std::thread::spawn(move || -> io::Result<()> {
+        // SAFETY: setns on this thread only (a network namespace is per thread), with a
+        // descriptor of a namespace file this function owns.
+        if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let sock = Socket::open(NETLINK_ROUTE)?;
+        let index = index_of(&ifname)?;
+        set_up(&sock, index)?;
+        add_address(&sock, index, addr, prefix)?;
+        // struct rtmsg: family, dst_len, src_len, tos, table (main), protocol (boot), scope
+        // (universe), type (unicast), flags.
+        let mut body = vec![
+            libc::AF_INET as u8,
+            0,
+            0,
+            0,
+            libc::RT_TABLE_MAIN,
+            libc::RTPROT_BOOT,
+            libc::RT_SCOPE_UNIVERSE,
+            libc::RTN_UNICAST,
+        ];
+        body.extend_from_slice(&0u32.to_ne_bytes());
+        attr(&mut body, RTA_GATEWAY, &gateway.octets());
+        attr(&mut body, RTA_OIF, &(index as u32).to_ne_bytes());
+        route_request(&sock, RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, &body, false)
+    })
+    .join()
+    .map_err(|_| io::Error::other("the namespace thread panicked"))?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -484,7 +627,10 @@ mod tests {
         };
         let (buf, acks) = batch("runner", &[adds[0].clone(), del.clone(), del], 0);
         assert_eq!(acks.len(), 1);
-        assert_eq!(parse_messages(&buf)[1].0, (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_DELSETELEM);
+        assert_eq!(
+            parse_messages(&buf)[1].0,
+            (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_DELSETELEM
+        );
     }
 
     #[test]

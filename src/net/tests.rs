@@ -87,6 +87,16 @@ fn attach_makes_the_wall_once_and_puts_a_containers_cidrs_in_its_sets() {
     assert!(st.forward.contains(SUBNET), "iptables' pair for the subnet");
     // The overlapping CIDR collapsed into one element; the port rule went to its own set.
     let ip: Ipv4Addr = a.ip.parse().unwrap();
+    let links = w.cni.links.lock().unwrap().clone();
+    assert!(
+        matches!(&links[..], [(veth, got)] if *got == ip && veth.starts_with("veth") && veth.len() <= 15),
+        "{links:?}"
+    );
+    assert_eq!(
+        ip,
+        Ipv4Addr::new(10, 89, 0, 2),
+        "the subnet's first address after the gateway"
+    );
     assert_eq!(w.fw.elements_of(firewall::plan::ALLOW_NET, ip).len(), 1);
     assert_eq!(w.fw.elements_of(firewall::plan::ALLOW_PORT, ip).len(), 1);
     // The resolver got its policy, in memory and as a file.
@@ -119,9 +129,10 @@ fn detach_takes_everything_of_the_container_and_only_its() {
     assert_eq!(w.fw.elements_of(firewall::plan::ALLOW_NET, ip2).len(), 1);
     assert!(!w.root.join("run/c1").join(CNI_CACHE).exists());
     assert!(
-        !w.cni.leased.lock().unwrap().iter().any(|(c, _)| c == "c1"),
-        "IPAM's DEL ran"
+        !w.host.paths.ipam_dir.join("runner").join(&a1.ip).exists(),
+        "the address was given back"
     );
+    assert!(w.host.paths.ipam_dir.join("runner").join(&a2.ip).exists());
     let hosts = std::fs::read_to_string(w.host.files(&Net::default_net()).0).unwrap();
     assert!(!hosts.contains("# c1") && hosts.contains("# c2"), "{hosts}");
     // Detaching again (gc after a failed teardown) is a no-op.
@@ -198,10 +209,13 @@ fn a_failed_plugin_leaves_no_lease_port_or_record() {
     };
     let err = w.host.attach(&w.request("c1", &[], vec![port])).unwrap_err();
     assert!(err.to_string().contains("portmap"), "{err}");
-    assert!(
-        cni.leased.lock().unwrap().is_empty(),
-        "the bridge's lease was given back"
-    );
+    assert_eq!(cni.links.lock().unwrap().len(), 1, "linked before portmap ran");
+    let leases: Vec<_> = std::fs::read_dir(w.host.paths.ipam_dir.join("runner"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("10."))
+        .collect();
+    assert!(leases.is_empty(), "the address was given back: {leases:?}");
     assert!(!ports::any(&w.host.paths.ports_file()));
     assert!(!w.root.join("run/c1").join(CNI_CACHE).exists());
 }
@@ -227,13 +241,10 @@ fn published_ports_get_the_loopback_redirect_in_the_containers_namespace() {
 fn gc_takes_unused_networks_the_resolver_and_the_wall_down() {
     let w = world();
     w.host.attach(&w.request("c1", &["10.0.0.0/8"], Vec::new())).unwrap();
-    // A lease in IPAM's directory: in use.
-    std::fs::create_dir_all(w.host.paths.ipam_dir.join("runner")).unwrap();
-    std::fs::write(w.host.paths.ipam_dir.join("runner/10.89.0.2"), "c1").unwrap();
+    // Its address is leased: the network is in use.
     assert!(!w.host.remove_if_unused().unwrap());
     assert!(w.fw.snapshot().table);
     w.host.detach(&w.root.join("run/c1")).unwrap();
-    std::fs::remove_file(w.host.paths.ipam_dir.join("runner/10.89.0.2")).unwrap();
     assert!(w.host.remove_if_unused().unwrap());
     let st = w.fw.snapshot();
     assert!(!st.table && st.forward.is_empty(), "{st:?}");
@@ -244,8 +255,6 @@ fn gc_takes_unused_networks_the_resolver_and_the_wall_down() {
 fn a_changed_or_clashing_network_definition_is_refused() {
     let w = world();
     w.host.attach(&w.request("c1", &[], Vec::new())).unwrap();
-    std::fs::create_dir_all(w.host.paths.ipam_dir.join("runner")).unwrap();
-    std::fs::write(w.host.paths.ipam_dir.join("runner/10.89.0.2"), "c1").unwrap();
     let mut other = w.request("c2", &[], Vec::new());
     other.net = Net {
         name: "runner-evalnet".into(),

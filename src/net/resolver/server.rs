@@ -448,7 +448,8 @@ async fn exchange_udp(server: SocketAddr, msg: &[u8], id: u16, limit: Duration) 
     let sock = tokio::net::UdpSocket::bind(bind).await?;
     sock.connect(server).await?;
     sock.send(msg).await?;
-    let mut buf = vec![0u8; 65_535];
+    // Our queries carry no EDNS: an answer over 512 bytes comes truncated (then over TCP).
+    let mut buf = vec![0u8; 4096];
     tokio::time::timeout(limit, async {
         loop {
             let n = sock.recv(&mut buf).await?;
