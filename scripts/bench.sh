@@ -102,7 +102,7 @@ network_rows() {
   fi
   if [ -s "$work/attach.log" ]; then
     a_med=$(awk '{print $1*1000}' "$work/attach.log" | median)
-    echo "network    bridge attach (namespaces, CNI ADD, wall, resolver): ${a_med} ms  (median of $(wc -l < "$work/attach.log"), the runner's own timing)"
+    echo "network    bridge attach (namespaces, link, wall, resolver): ${a_med} ms  (median of $(wc -l < "$work/attach.log"), the runner's own timing)"
   else
     echo "network    bridge attach: this runner does not time it (no 'bridge attach' debug line)"
   fi
