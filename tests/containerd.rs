@@ -682,6 +682,9 @@ async fn setuid_binaries_keep_their_bits_and_run() {
 /// A foreground `runner apply` stopped by `signal` kills the job's whole tree, records it as
 /// Interrupted, exits 128 + the signal, and leaves nothing behind.
 fn stopping_the_cli_leaves_nothing_behind(signal: nix::sys::signal::Signal, job: &str, sleep: u32) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The image, imported once for the whole binary.
+    rt.block_on(client());
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("ws")).unwrap();
     let yaml = format!(
@@ -705,7 +708,6 @@ fn stopping_the_cli_leaves_nothing_behind(signal: nix::sys::signal::Signal, job:
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(processes_matching(&needle).is_empty());
-    let rt = tokio::runtime::Runtime::new().unwrap();
     let left = rt.block_on(async { leftovers(&client().await, job).await });
     assert_eq!(left, 0);
     let got = json_of(&runner_ctd(&["get", "job", job, "-o", "json"], &state));
@@ -730,6 +732,9 @@ fn sigterm_of_the_cli_leaves_nothing_behind() {
 #[test]
 #[ignore = "needs a private containerd: run scripts/test.sh"]
 fn a_foreground_apply_stops_within_its_shutdown_grace() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The image, imported once for the whole binary.
+    rt.block_on(client());
     let dir = tempfile::tempdir().unwrap();
     let job = "deaf-to-sigterm";
     let yaml = format!(
@@ -770,7 +775,6 @@ fn a_foreground_apply_stops_within_its_shutdown_grace() {
         String::from_utf8_lossy(&deleted.stderr)
     );
     assert!(eventually(Duration::from_secs(40), || processes_matching("sleep 976").is_empty()));
-    let rt = tokio::runtime::Runtime::new().unwrap();
     let left = rt.block_on(async { leftovers(&client().await, job).await });
     assert_eq!(left, 0);
 }
