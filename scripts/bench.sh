@@ -210,9 +210,9 @@ url=$(sed -n 's/^listening on //p' "$work/serve.out")
 http=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" "$bench" http "$runs")
 http_py=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" BENCH_IMAGE=local/python:3.11 "$bench" http "$runs")
 # What keeping the kernel's cgroup attach lock warm saves a cold session (a second server with
-# it off, RUNNER_WARM_CGROUP_ATTACH=0; the two alternate, three rounds of BENCH_SESSIONS each).
+# it off, --warm-cgroup-attach off; the two alternate, three rounds of BENCH_SESSIONS each).
 # On a host whose cgroup2 is mounted with favordynmods the two are the same.
-RUNNER_WARM_CGROUP_ATTACH=0 "$runner" serve --listen 127.0.0.1:0 --token-file "$work/token" > "$work/serve-cold.out" 2>"$work/serve-cold.err" &
+"$runner" --warm-cgroup-attach off serve --listen 127.0.0.1:0 --token-file "$work/token" > "$work/serve-cold.out" 2>"$work/serve-cold.err" &
 cold_pid=$!
 for _ in $(seq 1 100); do grep -q listening "$work/serve-cold.out" 2>/dev/null && break; sleep 0.05; done
 url_off=$(sed -n 's/^listening on //p' "$work/serve-cold.out")

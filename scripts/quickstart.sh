@@ -26,13 +26,13 @@ echo "== validate"
 for f in manifests/examples/*.yaml; do "$RUNNER" validate -f "$f"; done
 
 echo "== a Python job in a container (no network, 512Mi, half a core, uid 1000)"
-"$RUNNER" apply -f manifests/examples/python.yaml
+"$RUNNER" apply --replace -f manifests/examples/python.yaml
 
 echo "== an evaluation: setup commands, static assets, stdin (container)"
-"$RUNNER" apply -f manifests/examples/eval.yaml -o wide
+"$RUNNER" apply --replace -f manifests/examples/eval.yaml -o wide
 
 echo "== a trusted job on the host backend"
-"$RUNNER" apply -f manifests/examples/hello.yaml
+"$RUNNER" apply --replace -f manifests/examples/hello.yaml
 
 echo
 echo "runner's private containerd keeps running for the next jobs; stop it with: $RUNNER daemon stop"

@@ -12,6 +12,10 @@ pub const DEFAULT_NAMESPACE: &str = "runner";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/runner";
 /// Bytes of stdout and of stderr kept per command (head and tail).
 pub const DEFAULT_OUTPUT_LIMIT: usize = 10 << 20;
+/// Where remapped containers' rootfs directories live, host-wide (outside the state dir).
+pub const DEFAULT_ROOTFS_DIR: &str = "/run/runner/rootfs";
+/// The host-wide directory of user-namespace range leases.
+pub const DEFAULT_USERNS_DIR: &str = "/run/runner/userns";
 /// Idle sessions of `runner serve` end after this long.
 pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
 /// After SIGTERM or Ctrl-C, how long `serve` and a foreground `apply` take at most to stop
@@ -24,8 +28,44 @@ pub const DEFAULT_NET_DIR: &str = "/run/runner/net";
 pub const DEFAULT_CNI_PATH: &str = "/usr/lib/cni:/opt/cni/bin";
 /// Where host-local keeps its leases (CNI's default data directory), per network name.
 pub const DEFAULT_IPAM_DIR: &str = "/var/lib/cni/networks";
+/// The first retry delay of a failed attempt (Kubernetes' pod backoff).
+pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(10);
 /// The longest namespace containerd accepts.
 const MAX_NAMESPACE_LEN: usize = 76;
+
+/// Whether runner keeps the kernel's cgroup attach lock warm while runc creates containers
+/// (`runtime::containerd::attach_lock`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WarmMode {
+    /// Where it pays: never with cgroup2's `favordynmods`, else kept only when the first
+    /// writes show the grace-period wait it saves.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl std::str::FromStr for WarmMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(WarmMode::Auto),
+            "on" | "1" => Ok(WarmMode::On),
+            "off" | "0" => Ok(WarmMode::Off),
+            other => Err(format!("{other:?} is not auto, on or off")),
+        }
+    }
+}
+
+impl WarmMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WarmMode::Auto => "auto",
+            WarmMode::On => "on",
+            WarmMode::Off => "off",
+        }
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -136,6 +176,15 @@ impl Default for ResolverLimits {
             log_lines_per_second: 20,
         }
     }
+    /// Keep the cgroup attach lock warm while containers are created.
+    pub warm_cgroup_attach: WarmMode,
+    /// Remapped containers' rootfs directories (host-wide, per containerd).
+    pub rootfs_dir: PathBuf,
+    /// User-namespace range leases (host-wide: every runner of the host must share it).
+    pub userns_dir: PathBuf,
+    /// The first retry delay of a failed attempt (`backoffLimit`), doubling after: 10 s as in
+    /// Kubernetes; tests shorten it.
+    pub backoff_base: Duration,
 }
 
 impl Config {
@@ -155,6 +204,10 @@ impl Config {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             net: NetPaths::default(),
             resolver: ResolverLimits::default(),
+            warm_cgroup_attach: WarmMode::default(),
+            rootfs_dir: PathBuf::from(DEFAULT_ROOTFS_DIR),
+            userns_dir: PathBuf::from(DEFAULT_USERNS_DIR),
+            backoff_base: DEFAULT_BACKOFF_BASE,
         }
     }
 
@@ -164,7 +217,19 @@ impl Config {
         let mut args = vec![
             "--shutdown-grace".into(),
             humantime::format_duration(self.shutdown_grace).to_string().into(),
+            "--warm-cgroup-attach".into(),
+            self.warm_cgroup_attach.as_str().into(),
+            "--rootfs-dir".into(),
+            self.rootfs_dir.clone().into_os_string(),
+            "--userns-dir".into(),
+            self.userns_dir.clone().into_os_string(),
+            "--backoff-base".into(),
+            humantime::format_duration(self.backoff_base).to_string().into(),
         ];
+        if let Some(dir) = &self.registry.docker_config {
+            args.push("--docker-config".into());
+            args.push(dir.clone().into_os_string());
+        }
         for server in &self.dns_upstream {
             args.push("--dns-upstream".into());
             args.push(server.to_string().into());
@@ -264,6 +329,9 @@ pub struct RegistryConfig {
     pub hosts_dirs: Vec<PathBuf>,
     /// `HOST[:PORT]`s spoken to over plain HTTP (`--insecure-registry`).
     pub insecure: Vec<String>,
+    /// Docker's client config directory, whose `config.json` holds registry credentials
+    /// (`--docker-config`, `$DOCKER_CONFIG`, else `~/.docker`); `None`: anonymous only.
+    pub docker_config: Option<PathBuf>,
 }
 
 impl RegistryConfig {
@@ -277,6 +345,7 @@ impl RegistryConfig {
                 PathBuf::from("/etc/docker/certs.d"),
             ],
             insecure: Vec::new(),
+            docker_config: None,
         }
     }
 }

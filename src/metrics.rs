@@ -24,6 +24,14 @@ const HELP: &[(&str, &str)] = &[
     ),
     ("runner_errors_total", "failed requests by kind of error"),
     (
+        "runner_cgroup_attach_warm_writes_total",
+        "writes that kept the kernel's cgroup attach lock warm while runc created containers",
+    ),
+    (
+        "runner_cgroup_attach_warm_calibrations_total",
+        "what this process's first quiet write found: pays (kept on), saves-nothing (turned off), favordynmods (never started)",
+    ),
+    (
         "runner_evictions_total",
         "sandboxes evicted, by reason (ephemeral-storage: over resources.ephemeralStorage)",
     ),

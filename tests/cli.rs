@@ -54,12 +54,15 @@ fn a_command_that_cannot_start_fails_the_job_with_the_reason() {
 fn apply_yaml_and_default_output_of_a_succeeding_job() {
     let dir = tempfile::tempdir().unwrap();
     let file = write_manifest(dir.path(), "job.yaml", &host_job("ok", r#""echo hi""#, ""));
-    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "yaml"], dir.path());
+    let out = runner(
+        &["apply", "--replace", "-f", file.to_str().unwrap(), "-o", "yaml"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("phase: Succeeded"), "{text}");
     assert!(text.contains("reason: Completed"), "{text}");
-    let out = runner(&["apply", "-f", file.to_str().unwrap()], dir.path());
+    let out = runner(&["apply", "--replace", "-f", file.to_str().unwrap()], dir.path());
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
     assert!(String::from_utf8_lossy(&out.stderr).contains("job/ok Succeeded (Completed)"));
@@ -92,7 +95,10 @@ fn fifty_megabytes_of_output_are_capped_with_an_exact_dropped_count() {
     let total: u64 = 50 * 1000 * 1000;
     let cmd = format!(r#"["sh", "-c", "head -c {total} /dev/zero | tr '\\0' x"]"#);
     let file = write_manifest(dir.path(), "job.yaml", &host_job("flood", &cmd, ""));
-    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    let out = runner(
+        &["apply", "--replace", "-f", file.to_str().unwrap(), "-o", "json"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let result = &json_of(&out)["status"]["result"];
     let kept = result["stdout"].as_str().unwrap().len() as u64;
@@ -103,6 +109,7 @@ fn fifty_megabytes_of_output_are_capped_with_an_exact_dropped_count() {
     let out = runner(
         &[
             "apply",
+            "--replace",
             "-f",
             file.to_str().unwrap(),
             "-o",
@@ -156,7 +163,10 @@ fn setup_output_is_reported_apart_and_a_failing_setup_fails_the_job() {
     let env = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: host}\nspec:\n  backend: host\n  setup:\n    commands: [\"echo setting up\", \"echo setup-err >&2\"]\n";
     let job = "---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: s}\nspec:\n  environment: host\n  command: \"echo main\"\n";
     let file = write_manifest(dir.path(), "job.yaml", &format!("{env}{job}"));
-    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    let out = runner(
+        &["apply", "--replace", "-f", file.to_str().unwrap(), "-o", "json"],
+        dir.path(),
+    );
     let result = &json_of(&out)["status"]["result"];
     assert_eq!(result["stdout"], "main\n");
     assert_eq!(result["setup"]["stdout"], "setting up\n");
@@ -164,12 +174,18 @@ fn setup_output_is_reported_apart_and_a_failing_setup_fails_the_job() {
     assert_eq!(result["setup"]["exitCode"], 0);
     // disableSetup skips it.
     let file = write_manifest(dir.path(), "job2.yaml", &format!("{env}{job}  disableSetup: true\n"));
-    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    let out = runner(
+        &["apply", "--replace", "-f", file.to_str().unwrap(), "-o", "json"],
+        dir.path(),
+    );
     assert!(json_of(&out)["status"]["result"].get("setup").is_none());
     // A failing setup: the command never runs.
     let failing = env.replace("\"echo setup-err >&2\"", "\"exit 4\"");
     let file = write_manifest(dir.path(), "job3.yaml", &format!("{failing}{job}"));
-    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    let out = runner(
+        &["apply", "--replace", "-f", file.to_str().unwrap(), "-o", "json"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(1));
     let status = &json_of(&out)["status"];
     assert_eq!(status["reason"], "SetupFailed");
@@ -305,7 +321,7 @@ fn jobs_are_kept_in_the_store_and_expire_after_their_ttl() {
         "job.yaml",
         &host_job("kept", r#""echo kept""#, "  ttlSecondsAfterFinished: 1\n"),
     );
-    let out = runner(&["apply", "-f", file.to_str().unwrap()], dir.path());
+    let out = runner(&["apply", "--replace", "-f", file.to_str().unwrap()], dir.path());
     assert_eq!(out.status.code(), Some(0));
     let got = runner(&["get", "job", "kept", "-o", "json"], dir.path());
     let job = json_of(&got);
@@ -327,7 +343,7 @@ fn jobs_are_kept_in_the_store_and_expire_after_their_ttl() {
     );
     // Applying the same finished job again runs it again.
     assert_eq!(
-        runner(&["apply", "-f", file.to_str().unwrap()], dir.path())
+        runner(&["apply", "--replace", "-f", file.to_str().unwrap()], dir.path())
             .status
             .code(),
         Some(0)
@@ -484,4 +500,106 @@ fn serve_exposes_metrics_and_logs_requests_as_json() {
         .unwrap_or_else(|| panic!("no JSON access line in {rest}"));
     assert_eq!(access["fields"]["route"], "/v1/sessions");
     assert_eq!(access["fields"]["status"], 200);
+}
+
+/// A reader that went away (`runner describe job X | head -1`) ends a printing verb quietly,
+/// with exit 0 and no panic; `apply`, whose job runs in the process, finishes the job anyway.
+#[test]
+fn a_closed_stdout_ends_printing_quietly_and_never_a_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_manifest(
+        dir.path(),
+        "job.yaml",
+        &host_job("piped", r#"["sh", "-c", "sleep 0.3; echo done"]"#, ""),
+    );
+    // stdout is a pipe whose reader is already closed: the first write fails with EPIPE.
+    let run = |args: &[&str]| {
+        let (read, write) = nix::unistd::pipe().unwrap();
+        drop(read);
+        std::process::Command::new(runner_bin())
+            .args(args)
+            .env("RUNNER_STATE_DIR", dir.path())
+            .stdout(std::process::Stdio::from(write))
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap()
+    };
+    let applied = run(&["apply", "-f", file.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&applied.stderr);
+    assert_eq!(applied.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let got = json_of(&runner(&["get", "job", "piped", "-o", "json"], dir.path()));
+    assert_eq!(got["status"]["phase"], "Succeeded", "{got}");
+    for args in [
+        vec!["describe", "job", "piped"],
+        vec!["get", "jobs"],
+        vec!["get", "jobs", "-o", "wide"],
+        vec!["get", "job", "piped", "-o", "json"],
+        vec!["logs", "piped"],
+    ] {
+        let out = run(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+/// Applying a Job whose name exists is refused, as Kubernetes answers AlreadyExists: exit 2
+/// naming the way out, the old record and its logs kept; `--replace` runs it again.
+#[test]
+fn re_applying_a_finished_job_is_refused_unless_replace() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = write_manifest(dir.path(), "a.yaml", &host_job("twice", r#""echo first""#, ""));
+    assert_eq!(
+        runner(&["apply", "-f", first.to_str().unwrap()], dir.path())
+            .status
+            .code(),
+        Some(0)
+    );
+    let second = write_manifest(dir.path(), "b.yaml", &host_job("twice", r#""echo second""#, ""));
+    let refused = runner(&["apply", "-f", second.to_str().unwrap()], dir.path());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(r#"job "twice" already exists (Succeeded)"#) && stderr.contains("--replace"),
+        "{stderr}"
+    );
+    let logs = runner(&["logs", "twice"], dir.path());
+    assert_eq!(String::from_utf8_lossy(&logs.stdout), "first\n");
+    let replaced = runner(&["apply", "--replace", "-f", second.to_str().unwrap()], dir.path());
+    assert_eq!(
+        replaced.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&replaced.stderr)
+    );
+    let logs = runner(&["logs", "twice"], dir.path());
+    assert_eq!(String::from_utf8_lossy(&logs.stdout), "second\n");
+}
+
+/// The host backend stops a timed-out command as the README says: SIGTERM, the Job's
+/// `terminationGracePeriodSeconds`, then SIGKILL (a command deaf to SIGTERM ends after both).
+#[test]
+fn a_timeout_waits_the_jobs_grace_period_before_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_manifest(
+        dir.path(),
+        "job.yaml",
+        &host_job(
+            "deaf",
+            r#"["sh", "-c", "trap '' TERM; sleep 30"]"#,
+            "  timeoutSeconds: 1\n  terminationGracePeriodSeconds: 1\n",
+        ),
+    );
+    let out = runner(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], dir.path());
+    let job = json_of(&out);
+    let result = &job["status"]["result"];
+    assert_eq!(job["status"]["reason"], "Timeout", "{job}");
+    let ms = result["durationMs"].as_u64().unwrap();
+    // 1 s of timeout and 1 s of grace; well under the 30 s sleep (nothing kept it alive).
+    assert!((1900..6000).contains(&ms), "{ms} ms: {job}");
+    assert_eq!(result["signal"], 9, "{job}");
 }

@@ -476,7 +476,7 @@ async fn a_create_that_fails_midway_leaves_nothing() {
 /// The user-namespace ranges (host bases) a state dir's containers hold.
 fn ranges_held(state: &Path) -> Vec<u32> {
     let state = std::fs::canonicalize(state).unwrap_or_else(|_| state.to_path_buf());
-    runner::runtime::idmap::Leases::default()
+    runner::runtime::idmap::Leases::at(std::path::Path::new(runner::config::DEFAULT_USERNS_DIR))
         .held(&state)
         .unwrap()
         .into_iter()

@@ -136,7 +136,8 @@ fn every_example_runs_through_the_cli_with_its_expected_result() {
         }
 
         // The whole result, as `-o json` prints it.
-        let out = cli(&["apply", "-f", &rel, "-o", "json"], &state);
+        // The second run of a name replaces the first (without --replace it is refused).
+        let out = cli(&["apply", "--replace", "-f", &rel, "-o", "json"], &state);
         assert_eq!(
             out.status.code(),
             Some(want.exit_code),

@@ -1259,7 +1259,7 @@ impl Cli {
 
     fn command(&self, args: &[&str]) -> Command {
         let mut cmd = runner_ctd_command(args, &self.state);
-        cmd.env("RUNNER_BACKOFF_BASE_MS", "200");
+        cmd.env("RUNNER_BACKOFF_BASE", "200ms");
         cmd
     }
 

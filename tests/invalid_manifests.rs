@@ -197,10 +197,12 @@ fn cases() -> Vec<(&'static str, String, &'static str, &'static str)> {
             "`..`",
         ),
         (
+            // A workspace-relative source is resolved beneath the workspace (as each container
+            // resolves it again): a link leaving it is refused without naming where it leads.
             "symlink escaping to /etc",
             job_with("  mounts: [{source: link, target: /data}]\n"),
             "spec.mounts[0].source",
-            "refusing to mount /etc",
+            "mount source \"link\" in the workspace: link: path leaves the workspace",
         ),
         (
             "workdir in /proc/self/fd",

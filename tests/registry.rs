@@ -1034,3 +1034,106 @@ fn sessions_over_http_pull_their_image_by_the_same_policy() {
     drop(server);
     place.assert_clean();
 }
+
+/// Push and pull read one host configuration, whichever way the CA is named: `ca` at the top
+/// of hosts.toml, `ca` in a `[host]` entry that takes pushes (pull went to the entry, push to
+/// the `server` without a CA: UnknownIssuer), a Docker-style `ca.crt` with no hosts.toml, and
+/// a hosts.toml without a CA beside a `ca.crt` — in the state dir's own `certs.d`.
+#[test]
+#[ignore = "needs the test registries: run scripts/test.sh"]
+fn push_and_pull_read_one_host_configuration_whatever_names_the_ca() {
+    let reg = registries();
+    let ca = reg.ca.display().to_string();
+    let tls = reg.tls.clone();
+    let layouts: [(&str, Option<String>, bool); 4] = [
+        (
+            "top",
+            Some(format!("server = \"https://{tls}\"\nca = \"{ca}\"\n")),
+            false,
+        ),
+        (
+            "host",
+            Some(format!(
+                "server = \"https://{tls}\"\n[host.\"https://{tls}\"]\n  capabilities = [\"pull\", \"resolve\", \"push\"]\n  ca = \"{ca}\"\n"
+            )),
+            false,
+        ),
+        ("docker", None, true),
+        (
+            "beside",
+            Some(format!(
+                "server = \"https://{tls}\"\n[host.\"https://{tls}\"]\n  capabilities = [\"pull\", \"resolve\", \"push\"]\n"
+            )),
+            true,
+        ),
+    ];
+    for (what, hosts_toml, crt) in layouts {
+        let mut place = Place::new(&format!("ca-{what}"));
+        let dir = place.state.path().join("certs.d").join(&tls);
+        std::fs::create_dir_all(&dir).unwrap();
+        if let Some(text) = &hosts_toml {
+            std::fs::write(dir.join("hosts.toml"), text).unwrap();
+        }
+        if crt {
+            std::fs::copy(&reg.ca, dir.join("ca.crt")).unwrap();
+        }
+        let docker = place.state.path().join("docker");
+        std::fs::create_dir_all(&docker).unwrap();
+        let auth = base64_encode(format!("{}:{}", reg.user, reg.password).as_bytes());
+        std::fs::write(
+            docker.join("config.json"),
+            format!("{{\"auths\":{{\"{tls}\":{{\"auth\":\"{auth}\"}}}}}}"),
+        )
+        .unwrap();
+        place.docker_config = Some(docker);
+        let name = format!("{tls}/{}:1", repo(&format!("ca-{what}")));
+        place.import_tagged("busybox-oci.tar", "local/busybox:1.35", &name);
+        let pushed = place.run(&["image", "push", &name]);
+        assert!(pushed.status.success(), "{what}: push: {}", stderr(&pushed));
+        place.ctr(&["images", "rm", &name]);
+        let pulled = place.run(&["image", "pull", &name]);
+        assert!(pulled.status.success(), "{what}: pull: {}", stderr(&pulled));
+        eprintln!("ca named {what}: push and pull both went through");
+    }
+}
+
+/// A misspelled local image is said to be missing first, with the local image it was likely
+/// meant to be, before the registry's own failure; `validate` warns about it (exit 0).
+#[test]
+#[ignore = "needs the test registries: run scripts/test.sh"]
+fn a_misspelled_local_image_is_named_missing_with_the_closest_local_one() {
+    let place = Place::new("typo");
+    // A registry on a closed loopback port: its pull fails at once, with no DNS or network.
+    place.import_tagged(
+        "busybox-oci.tar",
+        "local/busybox:1.35",
+        "127.0.0.1:9/tools/busybox:1.35",
+    );
+    let typo = "127.0.0.1:9/tools/busybx:1.35";
+    let manifest = format!(
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: e}}\nspec:\n  image: {typo}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: typo}}\nspec:\n  environment: e\n  command: [\"true\"]\n"
+    );
+    let file = place.state.path().join("typo.yaml");
+    std::fs::write(&file, manifest).unwrap();
+    let file = file.to_str().unwrap();
+    let validated = place.run(&["validate", "-f", file]);
+    assert!(validated.status.success(), "{}", stderr(&validated));
+    let warning = stderr(&validated);
+    assert!(
+        warning.contains(&format!(
+            "image {typo:?} is not present locally (did you mean 127.0.0.1:9/tools/busybox:1.35?)"
+        )),
+        "{warning}"
+    );
+    let applied = place.run(&["apply", "-f", file, "-o", "json"]);
+    assert_eq!(applied.status.code(), Some(1), "{}", stderr(&applied));
+    let job: serde_json::Value = serde_json::from_slice(&applied.stdout).unwrap();
+    let message = job["status"]["message"].as_str().unwrap_or_default();
+    assert_eq!(job["status"]["reason"], "ErrImagePull", "{job}");
+    assert!(
+        message.starts_with(&format!(
+            "image {typo:?} is not present locally (did you mean 127.0.0.1:9/tools/busybox:1.35? see `runner image ls`), and pulling it failed:"
+        )),
+        "{message}"
+    );
+}

@@ -32,7 +32,9 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::NoRoute { .. } => StatusCode::NOT_FOUND,
             ApiError::Service(e) => match e {
-                ServiceError::Invalid(Invalid::Rejected(_) | Invalid::Failed(_)) => StatusCode::UNPROCESSABLE_ENTITY,
+                ServiceError::Invalid(Invalid::Rejected(_) | Invalid::Failed(_) | Invalid::CannotStart { .. }) => {
+                    StatusCode::UNPROCESSABLE_ENTITY
+                }
                 ServiceError::Invalid(Invalid::Unsupported(_)) => StatusCode::NOT_IMPLEMENTED,
                 ServiceError::Invalid(_) => StatusCode::BAD_REQUEST,
                 ServiceError::NotFound { .. } => StatusCode::NOT_FOUND,

@@ -14,9 +14,21 @@ use super::{ApiError, AppResult, AppState};
 use crate::job::JobObject;
 use crate::service::jobs;
 
-pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> AppResult<Response> {
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateQuery {
+    /// Replace finished jobs of the same names (else 409, as Kubernetes' AlreadyExists).
+    #[serde(default)]
+    replace: bool,
+}
+
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<CreateQuery>,
+    body: Bytes,
+) -> AppResult<Response> {
     let text = std::str::from_utf8(&body).map_err(|_| ApiError::BadRequest("the manifest is not UTF-8".into()))?;
-    let created = jobs::submit(&state.ctx, text, &state.base_dir).await?;
+    let created = jobs::submit(&state.ctx, text, &state.base_dir, q.replace).await?;
     Ok((StatusCode::CREATED, Json(CreatedJobs { created })).into_response())
 }
 

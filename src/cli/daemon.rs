@@ -1,6 +1,7 @@
 //! `runner daemon start|stop|status` and `runner gc`.
 
 use super::DaemonVerb;
+use super::output::outln;
 use crate::config::Config;
 use crate::service::{Context, ServiceError, daemon, gc};
 
@@ -8,7 +9,7 @@ pub async fn run(config: &Config, verb: DaemonVerb) -> Result<i32, ServiceError>
     match verb {
         DaemonVerb::Start => {
             let started = daemon::start(config).await?;
-            println!(
+            outln!(
                 "containerd running (pid {}) at {}",
                 started.pid,
                 started.socket.display()
@@ -17,18 +18,18 @@ pub async fn run(config: &Config, verb: DaemonVerb) -> Result<i32, ServiceError>
         }
         DaemonVerb::Stop => {
             match daemon::stop(config).await? {
-                Some(pid) => println!("stopped containerd (pid {pid})"),
-                None => println!("no private containerd was running"),
+                Some(pid) => outln!("stopped containerd (pid {pid})"),
+                None => outln!("no private containerd was running"),
             }
             Ok(0)
         }
         DaemonVerb::Status => match daemon::status(config) {
             Some(started) => {
-                println!("running (pid {}) at {}", started.pid, started.socket.display());
+                outln!("running (pid {}) at {}", started.pid, started.socket.display());
                 Ok(0)
             }
             None => {
-                println!("stopped");
+                outln!("stopped");
                 Ok(1)
             }
         },
@@ -37,7 +38,7 @@ pub async fn run(config: &Config, verb: DaemonVerb) -> Result<i32, ServiceError>
 
 pub async fn gc(ctx: &Context) -> Result<i32, ServiceError> {
     let report = gc::collect(ctx, true).await?;
-    println!(
+    outln!(
         "removed {} containers, {} snapshots, {} leases, {} run directories, {} cgroups, {} user-namespace ranges",
         report.containers.len(),
         report.snapshots.len(),
@@ -47,16 +48,16 @@ pub async fn gc(ctx: &Context) -> Result<i32, ServiceError> {
         report.userns_ranges.len()
     );
     for c in &report.containers {
-        println!("container/{c}");
+        outln!("container/{c}");
     }
     if report.network_removed {
-        println!("network/runner: no container on it; its bridge, rules and resolver are gone");
+        outln!("network/runner: no container on it; its bridge, rules and resolver are gone");
     }
     for c in &report.kept {
-        println!("kept container/{c}: a job attempt whose runner died, re-adopted by its job's store");
+        outln!("kept container/{c}: a job attempt whose runner died, re-adopted by its job's store");
     }
     for j in &report.adopted {
-        println!("job/{j}: its supervisor died; a new one re-adopts it");
+        outln!("job/{j}: its supervisor died; a new one re-adopts it");
     }
     Ok(0)
 }

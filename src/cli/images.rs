@@ -1,5 +1,6 @@
 //! `runner image pull|push|tag|import|ls|rm`.
 
+use super::output::outln;
 use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::sync::{Arc, Mutex};
@@ -48,7 +49,7 @@ fn blob_progress(mode: Mode) -> crate::image::remote::PullProgressFn {
     Arc::new(move |e: &PullEvent| match mode {
         Mode::Json => {
             if let Ok(line) = serde_json::to_string(e) {
-                println!("{line}");
+                outln!("{line}");
             }
         }
         Mode::Lines => {
@@ -141,7 +142,7 @@ pub async fn run(ctx: &Context, verb: ImageVerb) -> Result<i32, ServiceError> {
                 progress: std::io::stderr().is_terminal().then(import_progress),
             };
             for imported in images::import(ctx, &file, &options).await? {
-                println!(
+                outln!(
                     "imported {} ({} archive, {} layer{}, {})",
                     imported.name,
                     imported.format,
@@ -160,9 +161,9 @@ pub async fn run(ctx: &Context, verb: ImageVerb) -> Result<i32, ServiceError> {
             let mode = mode(output);
             let pulled = images::pull(ctx, &reference, platform.as_deref(), Some(blob_progress(mode))).await?;
             if mode == Mode::Json {
-                println!("{}", serde_json::to_string(&pulled).unwrap_or_default());
+                outln!("{}", serde_json::to_string(&pulled).unwrap_or_default());
             } else {
-                println!(
+                outln!(
                     "pulled {} ({}, {}, {} layer{}, {} downloaded from {})",
                     pulled.name,
                     pulled.platform,
@@ -183,9 +184,9 @@ pub async fn run(ctx: &Context, verb: ImageVerb) -> Result<i32, ServiceError> {
             let mode = mode(output);
             let pushed = images::push(ctx, &reference, platform.as_deref(), Some(blob_progress(mode))).await?;
             if mode == Mode::Json {
-                println!("{}", serde_json::to_string(&pushed).unwrap_or_default());
+                outln!("{}", serde_json::to_string(&pushed).unwrap_or_default());
             } else {
-                println!(
+                outln!(
                     "pushed {} ({}; {} blob{} uploaded, {} already there)",
                     pushed.name,
                     pushed.digest,
@@ -197,7 +198,7 @@ pub async fn run(ctx: &Context, verb: ImageVerb) -> Result<i32, ServiceError> {
             Ok(0)
         }
         ImageVerb::Tag { source, target } => {
-            println!("tagged {}", images::tag(ctx, &source, &target).await?);
+            outln!("tagged {}", images::tag(ctx, &source, &target).await?);
             Ok(0)
         }
         ImageVerb::Ls { output } => {
@@ -205,14 +206,17 @@ pub async fn run(ctx: &Context, verb: ImageVerb) -> Result<i32, ServiceError> {
             match output {
                 Some(OutputFormat::Json) | Some(OutputFormat::Yaml) => print_value(&rows, output)?,
                 _ => {
-                    println!(
+                    outln!(
                         "{:<48} {:<14} {:>10} {:<9} MEDIA TYPE",
-                        "NAME", "DIGEST", "SIZE", "CREATED"
+                        "NAME",
+                        "DIGEST",
+                        "SIZE",
+                        "CREATED"
                     );
                     for i in &rows {
                         let size = i.size.map_or("-".into(), |n| bytes(n.max(0) as u64));
                         let created = i.created.as_deref().map_or("-".into(), super::output::age);
-                        println!(
+                        outln!(
                             "{:<48} {:<14} {:>10} {:<9} {}",
                             i.name,
                             short(&i.digest),
@@ -230,7 +234,7 @@ pub async fn run(ctx: &Context, verb: ImageVerb) -> Result<i32, ServiceError> {
                 return Err(ServiceError::field("NAME", "runner image rm NAME..."));
             }
             for name in names {
-                println!("deleted {}", images::remove(ctx, &name).await?);
+                outln!("deleted {}", images::remove(ctx, &name).await?);
             }
             Ok(0)
         }

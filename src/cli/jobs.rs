@@ -1,5 +1,6 @@
 //! The Job verbs: validate, spec, apply, get, describe, logs, wait, delete, supervise.
 
+use super::output::{out, outln};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ async fn submission(ctx: &Context, file: &FileArgs, backend: Option<Backend>) ->
 
 pub async fn validate(ctx: &Context, file: &FileArgs) -> Result<i32, ServiceError> {
     let sub = submission(ctx, file, None).await?;
-    println!(
+    outln!(
         "{}: valid ({} environment{}, {} job{}{}{})",
         file.file.display(),
         sub.environments,
@@ -40,6 +41,23 @@ pub async fn validate(ctx: &Context, file: &FileArgs) -> Result<i32, ServiceErro
             n => format!(", {n} warm pool{}", plural(n)),
         }
     );
+    // Valid, but maybe not runnable here: images a typo or a missing import would make the
+    // apply pull (or fail), said now. Only where a containerd answers; none is started for it.
+    for m in jobs::missing_images(ctx, &sub).await.unwrap_or_default() {
+        let near = match m.near.as_slice() {
+            [] => String::new(),
+            names => format!(" (did you mean {}?)", names.join(" or ")),
+        };
+        let then = if m.never_pulled {
+            "imagePullPolicy is Never: the job will fail"
+        } else {
+            "apply will try to pull it"
+        };
+        eprintln!(
+            "runner: warning: Environment {:?}: image {:?} is not present locally{near}; {then} (see `runner image ls`)",
+            m.environment, m.image
+        );
+    }
     Ok(0)
 }
 
@@ -56,8 +74,13 @@ pub async fn apply(
     format: Option<OutputFormat>,
     backend: Option<Backend>,
     detach: bool,
+    replace: bool,
 ) -> Result<i32, ServiceError> {
-    let sub = submission(ctx, file, backend).await?;
+    // The jobs run in this process: a reader of its output going away stops the printing,
+    // never the jobs (they end with their results recorded).
+    output::keep_running_without_stdout();
+    let mut sub = submission(ctx, file, backend).await?;
+    sub.replace = replace;
     // Warm pools first: the file's jobs can claim their members.
     for pool in &sub.pools {
         let (def, report) = pools::create(
@@ -83,7 +106,7 @@ pub async fn apply(
     }
     if detach {
         for name in jobs::start_detached(ctx, &sub).await? {
-            println!("job.runner/{name} created");
+            outln!("job.runner/{name} created");
         }
         return Ok(0);
     }
@@ -151,14 +174,18 @@ pub async fn get(
         }
         _ => {
             let wide = format == Some(OutputFormat::Wide);
-            print!(
+            out!(
                 "{:<28} {:<10} {:<22} {:<12} {:<6}",
-                "NAME", "STATUS", "REASON", "COMPLETIONS", "AGE"
+                "NAME",
+                "STATUS",
+                "REASON",
+                "COMPLETIONS",
+                "AGE"
             );
-            println!("{}", if wide { " ACTIVE FAILED COMMAND" } else { "" });
+            outln!("{}", if wide { " ACTIVE FAILED COMMAND" } else { "" });
             for row in &rows {
                 let (o, s) = (&row.object, &row.object.status);
-                print!(
+                out!(
                     "{:<28} {:<10} {:<22} {:<12} {:<6}",
                     o.metadata.name,
                     format!("{:?}", s.phase),
@@ -167,9 +194,9 @@ pub async fn get(
                     age(&row.created_at)
                 );
                 if wide {
-                    print!(" {:<6} {:<6} {}", s.active, s.failed, o.spec.command.join(" "));
+                    out!(" {:<6} {:<6} {}", s.active, s.failed, o.spec.command.join(" "));
                 }
-                println!();
+                outln!();
             }
         }
     }
@@ -179,9 +206,9 @@ pub async fn get(
 pub async fn describe(ctx: &Context, name: &str) -> Result<i32, ServiceError> {
     let d = jobs::describe(ctx, name).await?;
     let (o, s) = (&d.object, &d.object.status);
-    println!("Name:         {}", o.metadata.name);
+    outln!("Name:         {}", o.metadata.name);
     let labels: Vec<String> = o.metadata.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    println!(
+    outln!(
         "Labels:       {}",
         if labels.is_empty() {
             "<none>".into()
@@ -189,41 +216,51 @@ pub async fn describe(ctx: &Context, name: &str) -> Result<i32, ServiceError> {
             labels.join(",")
         }
     );
-    println!("Environment:  {}", o.spec.environment);
-    println!("Backend:      {}", o.spec.backend.as_str());
-    println!("Command:      {}", o.spec.command.join(" "));
-    println!("Created:      {}", d.created_at);
-    println!("Start Time:   {}", s.start_time.as_deref().unwrap_or("-"));
-    println!("Completed At: {}", s.completion_time.as_deref().unwrap_or("-"));
-    println!("Phase:        {:?}", s.phase);
-    println!("Reason:       {}", reason_text(s.reason));
+    outln!("Environment:  {}", o.spec.environment);
+    outln!("Backend:      {}", o.spec.backend.as_str());
+    outln!("Command:      {}", o.spec.command.join(" "));
+    outln!("Created:      {}", d.created_at);
+    outln!("Start Time:   {}", s.start_time.as_deref().unwrap_or("-"));
+    outln!("Completed At: {}", s.completion_time.as_deref().unwrap_or("-"));
+    outln!("Phase:        {:?}", s.phase);
+    outln!("Reason:       {}", reason_text(s.reason));
     if let Some(m) = &s.message {
-        println!("Message:      {m}");
+        outln!("Message:      {m}");
     }
-    println!(
+    outln!(
         "Attempts:     {} active / {} succeeded / {} failed",
-        s.active, s.succeeded, s.failed
+        s.active,
+        s.succeeded,
+        s.failed
     );
     if let Some((owner, alive)) = &d.supervisor {
-        println!("Supervisor:   {owner} ({})", if *alive { "running" } else { "gone" });
+        outln!("Supervisor:   {owner} ({})", if *alive { "running" } else { "gone" });
     }
-    println!("Conditions:");
+    outln!("Conditions:");
     if s.conditions.is_empty() {
-        println!("  <none>");
+        outln!("  <none>");
     }
     for c in &s.conditions {
-        println!(
+        outln!(
             "  {:<9} {:<6} {:<22} {} {}",
-            c.kind, c.status, c.reason, c.last_transition_time, c.message
+            c.kind,
+            c.status,
+            c.reason,
+            c.last_transition_time,
+            c.message
         );
     }
-    println!("Attempt list:");
-    println!(
+    outln!("Attempt list:");
+    outln!(
         "  {:<6} {:<8} {:<10} {:<20} {:<6} STARTED",
-        "INDEX", "ATTEMPT", "PHASE", "REASON", "EXIT"
+        "INDEX",
+        "ATTEMPT",
+        "PHASE",
+        "REASON",
+        "EXIT"
     );
     for a in &s.attempts {
-        println!(
+        outln!(
             "  {:<6} {:<8} {:<10} {:<20} {:<6} {}",
             a.index,
             a.attempt,
@@ -232,17 +269,22 @@ pub async fn describe(ctx: &Context, name: &str) -> Result<i32, ServiceError> {
             a.exit_code.map_or_else(|| "-".into(), |c| c.to_string()),
             a.start_time.as_deref().unwrap_or("-")
         );
+        match (&a.pool, &a.cold_start) {
+            (Some(pool), _) => outln!("         Pool: {pool}"),
+            (None, Some(why)) => outln!("         Pool: none, cold ({why})"),
+            (None, None) => {}
+        }
         // kubectl shows a pod's IP; `docker port` its mappings.
         if let Some(n) = &a.network {
-            println!("         IP: {}", n.ip);
+            outln!("         IP: {}", n.ip);
             for p in &n.ports {
-                println!("         Port: {p}");
+                outln!("         Port: {p}");
             }
         }
     }
-    println!("Events:");
+    outln!("Events:");
     for e in &d.events {
-        println!("  {:<24} {:<8} {:<16} {}", e.time, e.kind, e.reason, e.message);
+        outln!("  {:<24} {:<8} {:<16} {}", e.time, e.kind, e.reason, e.message);
     }
     Ok(0)
 }
@@ -286,7 +328,7 @@ pub async fn wait(ctx: &Context, name: &str, timeout: Option<Duration>) -> Resul
 
 pub async fn delete(ctx: &Context, name: &str) -> Result<i32, ServiceError> {
     jobs::delete(ctx, name).await?;
-    println!("job.runner/{name} deleted");
+    outln!("job.runner/{name} deleted");
     Ok(0)
 }
 

@@ -1,5 +1,6 @@
 //! `runner export`: print the Kubernetes objects of a manifest.
 
+use super::output::outln;
 use std::io::Write;
 
 use super::output::{print_status_line, worst};
@@ -129,6 +130,6 @@ pub async fn apply(
 /// `runner delete job NAME --kube`.
 pub async fn delete(name: &str, context: Option<String>, namespace: Option<String>) -> Result<i32, ServiceError> {
     let removed = kube_service::delete(name, &KubeTarget { context, namespace }).await?;
-    println!("job.runner/{name} deleted on the cluster ({removed} objects)");
+    outln!("job.runner/{name} deleted on the cluster ({removed} objects)");
     Ok(0)
 }

@@ -107,6 +107,38 @@ pub struct Global {
         default_value = crate::config::DEFAULT_CNI_PATH
     )]
     pub cni_path: Vec<PathBuf>,
+    /// Keep the kernel's cgroup attach lock warm while runc creates containers: `auto` (where
+    /// it pays: not with cgroup2's favordynmods, else measured by its first writes), `on`,
+    /// `off`. Saves 5-16 ms per cold container on kernels that wait a grace period.
+    #[arg(
+        long,
+        global = true,
+        env = "RUNNER_WARM_CGROUP_ATTACH",
+        value_name = "auto|on|off",
+        default_value = "auto"
+    )]
+    pub warm_cgroup_attach: crate::config::WarmMode,
+    /// Where remapped containers' rootfs directories live (host-wide; outside the state dir,
+    /// which runc's init must be able to reach through).
+    #[arg(long, global = true, env = "RUNNER_ROOTFS_DIR", value_name = "DIR", default_value = crate::config::DEFAULT_ROOTFS_DIR)]
+    pub rootfs_dir: PathBuf,
+    /// The host-wide directory of user-namespace range leases (every runner of a host must
+    /// use the same one: two never hand out the same ids).
+    #[arg(long, global = true, env = "RUNNER_USERNS_DIR", value_name = "DIR", default_value = crate::config::DEFAULT_USERNS_DIR)]
+    pub userns_dir: PathBuf,
+    /// The first retry delay of a failed attempt (doubling after, capped at 6 min).
+    #[arg(
+        long,
+        global = true,
+        env = "RUNNER_BACKOFF_BASE",
+        value_name = "DURATION",
+        default_value = "10s",
+        value_parser = humantime::parse_duration
+    )]
+    pub backoff_base: std::time::Duration,
+    /// Docker's client config directory, for registry credentials [default: $HOME/.docker].
+    #[arg(long, global = true, env = "DOCKER_CONFIG", value_name = "DIR")]
+    pub docker_config: Option<PathBuf>,
     /// The runner binary supervisors and output loggers run (default: this one).
     #[arg(long, global = true, hide = true)]
     pub runner_exe: Option<PathBuf>,
@@ -166,6 +198,16 @@ impl Global {
         config.shutdown_grace = self.shutdown_grace;
         config.net.dir = self.net_dir.clone();
         config.net.cni_path = self.cni_path.clone();
+        config.warm_cgroup_attach = self.warm_cgroup_attach;
+        config.rootfs_dir = self.rootfs_dir.clone();
+        config.userns_dir = self.userns_dir.clone();
+        config.backoff_base = self.backoff_base;
+        // Docker's own rule: $DOCKER_CONFIG (an empty one does not count), else ~/.docker.
+        config.registry.docker_config = self
+            .docker_config
+            .clone()
+            .filter(|d| !d.as_os_str().is_empty())
+            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".docker")));
         config
     }
 }
@@ -273,12 +315,13 @@ impl Cli {
                 backend,
                 max_output_bytes,
                 detach,
+                replace,
                 ..
             } => {
                 let mut config = g.config();
                 config.env_dir = file.env_dir.clone();
                 config.output_limit = max_output_bytes;
-                jobs::apply(&cli_context(config)?, &file, output, backend, detach).await?
+                jobs::apply(&cli_context(config)?, &file, output, backend, detach, replace).await?
             }
             Verb::Get {
                 what: GetWhat::Jobs { name, selector, output },
@@ -414,6 +457,10 @@ pub enum Verb {
         /// Return at once; a supervisor process carries the jobs to their end.
         #[arg(short = 'd', long)]
         detach: bool,
+        /// Replace finished jobs of the same names (their records and logs go); without it a
+        /// name that exists is refused, as Kubernetes answers AlreadyExists.
+        #[arg(long)]
+        replace: bool,
         /// Run the jobs on a Kubernetes cluster (the objects `runner export` prints), follow
         /// them and report their results as a local run does.
         #[arg(long, conflicts_with_all = ["detach", "backend"])]

@@ -41,10 +41,8 @@ pub fn print_value(value: &impl Serialize, format: Option<OutputFormat>) -> Resu
         }
         _ => serde_json::to_string_pretty(value).map_err(|e| output_error("encoding JSON")(e.into()))? + "\n",
     };
-    std::io::stdout()
-        .lock()
-        .write_all(text.as_bytes())
-        .map_err(|e| output_error("writing the output")(e.into()))
+    write_out(format_args!("{text}"));
+    Ok(())
 }
 
 /// One object as itself; several as a kubectl `List`.
@@ -60,13 +58,18 @@ pub fn print_objects(objects: &[JobObject], format: OutputFormat) -> Result<(), 
 
 /// `apply -o wide` and `get job NAME`: one row per job.
 pub fn print_wide(objects: &[JobObject]) {
-    println!(
+    outln!(
         "{:<24} {:<10} {:<18} {:>5} {:>10} {:<11} COMMAND",
-        "NAME", "PHASE", "REASON", "EXIT", "DURATION", "BACKEND"
+        "NAME",
+        "PHASE",
+        "REASON",
+        "EXIT",
+        "DURATION",
+        "BACKEND"
     );
     for o in objects {
         let result = o.status.result.as_ref();
-        println!(
+        outln!(
             "{:<24} {:<10} {:<18} {:>5} {:>10} {:<11} {}",
             o.metadata.name,
             format!("{:?}", o.status.phase),
@@ -107,7 +110,14 @@ pub fn print_human(name: &str, status: &JobStatus) {
 pub fn print_status_line(name: &str, status: &JobStatus) {
     let mut stderr = std::io::stderr().lock();
     let detail = match (&status.result, &status.message) {
-        (Some(r), _) => format!(" exit={} {}ms", r.status_code(), r.duration_ms),
+        (Some(r), _) => {
+            let place = match (&r.pool, &r.cold_start) {
+                (Some(pool), _) => format!(" pool={pool}"),
+                (None, Some(why)) => format!(" cold ({why})"),
+                (None, None) => String::new(),
+            };
+            format!(" exit={} {}ms{place}", r.status_code(), r.duration_ms)
+        }
         (None, Some(m)) => format!(" {m}"),
         (None, None) => String::new(),
     };
@@ -132,10 +142,57 @@ pub fn worst(a: i32, b: i32) -> i32 {
 
 /// Write raw bytes to stdout (flushed: a follower's reader sees them now) or stderr.
 pub fn write_stream(stdout: bool, data: &[u8]) {
-    let _ = if stdout {
+    if stdout {
         let mut out = std::io::stdout().lock();
-        out.write_all(data).and_then(|()| out.flush())
+        gone_is_quiet(out.write_all(data).and_then(|()| out.flush()));
     } else {
-        std::io::stderr().write_all(data)
-    };
+        let _ = std::io::stderr().write_all(data);
+    }
 }
+
+/// Whether a closed stdout (a reader gone: `| head -1`) ends the process (quietly, exit 0),
+/// or only the printing (`apply`, whose jobs run in this process and must end with their
+/// results recorded).
+static KEEP_RUNNING_WITHOUT_STDOUT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// stdout was found closed: nothing more is printed.
+static STDOUT_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// For verbs whose work goes on when nobody reads their output any more.
+pub fn keep_running_without_stdout() {
+    KEEP_RUNNING_WITHOUT_STDOUT.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// What the CLI prints on stdout (`outln!`, `out!`): a reader that went away is not an error
+/// (Rust's `println!` panics on EPIPE; a pipe into `head` is normal use).
+pub fn write_out(args: std::fmt::Arguments<'_>) {
+    use std::sync::atomic::Ordering;
+    if STDOUT_GONE.load(Ordering::Relaxed) {
+        return;
+    }
+    gone_is_quiet(std::io::stdout().lock().write_fmt(args));
+}
+
+fn gone_is_quiet(written: std::io::Result<()>) {
+    use std::sync::atomic::Ordering;
+    if let Err(e) = written
+        && e.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        STDOUT_GONE.store(true, Ordering::Relaxed);
+        if !KEEP_RUNNING_WITHOUT_STDOUT.load(Ordering::Relaxed) {
+            std::process::exit(0);
+        }
+    }
+}
+
+/// `println!` for the CLI's stdout, quiet when the reader is gone (see `write_out`).
+macro_rules! outln {
+    () => { $crate::cli::output::write_out(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::cli::output::write_out(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// `print!` for the CLI's stdout (see `outln!`).
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::cli::output::write_out(format_args!($($arg)*)) };
+}
+
+pub(crate) use {out, outln};

@@ -1,6 +1,7 @@
 //! `runner pool create|ls|rm` (and `fill`, what a claim starts in the background).
 
 use super::output::{age, print_value};
+use super::output::{out, outln};
 use super::{OutputFormat, PoolVerb};
 use crate::service::{Context, ServiceError, pools};
 
@@ -17,25 +18,31 @@ pub async fn run(ctx: &Context, verb: PoolVerb) -> Result<i32, ServiceError> {
             let name = name.unwrap_or_else(|| environment.clone());
             let (def, report) =
                 pools::create(ctx, &name, &environment, &file.file, size, workspace, static_assets).await?;
-            println!(
-                "pool {} ready: {} member{} of Environment {} (made {}, removed {} broken; key {})",
+            outln!(
+                "pool {} ready: {} member{} of Environment {} (made {}{}; key {})",
                 def.name,
                 report.ready,
                 if report.ready == 1 { "" } else { "s" },
                 def.environment,
                 report.created.len(),
-                report.removed.len(),
+                report
+                    .removed_text()
+                    .map(|r| format!(", removed {r}"))
+                    .unwrap_or_default(),
                 def.key
             );
             Ok(0)
         }
         PoolVerb::Fill { name } => {
             let report = pools::fill(ctx, &name).await?;
-            println!(
-                "pool {name}: {} ready (made {}, removed {})",
+            outln!(
+                "pool {name}: {} ready (made {}{})",
                 report.ready,
                 report.created.len(),
-                report.removed.len()
+                report
+                    .removed_text()
+                    .map(|r| format!(", removed {r}"))
+                    .unwrap_or_default()
             );
             Ok(0)
         }
@@ -44,23 +51,31 @@ pub async fn run(ctx: &Context, verb: PoolVerb) -> Result<i32, ServiceError> {
             match output {
                 Some(OutputFormat::Json) | Some(OutputFormat::Yaml) => print_value(&rows, output)?,
                 wide => {
-                    print!(
+                    out!(
                         "{:<24} {:<20} {:>5} {:>6} {:>7}",
-                        "NAME", "ENVIRONMENT", "SIZE", "READY", "BROKEN"
+                        "NAME",
+                        "ENVIRONMENT",
+                        "SIZE",
+                        "READY",
+                        "BROKEN"
                     );
                     if wide.is_some() {
-                        print!(" {:<9} {:<13} {:<24}", "WORKSPACE", "STATIC-ASSETS", "KEY");
+                        out!(" {:<9} {:<13} {:<24}", "WORKSPACE", "STATIC-ASSETS", "KEY");
                     }
-                    println!(" AGE");
+                    outln!(" AGE");
                     for p in &rows {
-                        print!(
+                        out!(
                             "{:<24} {:<20} {:>5} {:>6} {:>7}",
-                            p.def.name, p.def.environment, p.def.size, p.ready, p.broken
+                            p.def.name,
+                            p.def.environment,
+                            p.def.size,
+                            p.ready,
+                            p.broken
                         );
                         if wide.is_some() {
-                            print!(" {:<9} {:<13} {:<24}", p.def.workspace, p.def.static_assets, p.def.key);
+                            out!(" {:<9} {:<13} {:<24}", p.def.workspace, p.def.static_assets, p.def.key);
                         }
-                        println!(" {}", age(&p.def.created));
+                        outln!(" {}", age(&p.def.created));
                     }
                 }
             }
@@ -72,7 +87,7 @@ pub async fn run(ctx: &Context, verb: PoolVerb) -> Result<i32, ServiceError> {
             }
             for name in names {
                 let removed = pools::remove(ctx, &name).await?;
-                println!(
+                outln!(
                     "deleted pool {name} ({} member{} removed)",
                     removed.len(),
                     if removed.len() == 1 { "" } else { "s" }

@@ -33,6 +33,7 @@ impl RegistryConfig {
         let plain = self.insecure.iter().any(|h| h == registry);
         let default = Endpoint {
             host: upstream_host.clone(),
+            docker_config: self.docker_config.clone(),
             plain_http: plain,
             ca: Vec::new(),
             skip_verify: false,
@@ -49,6 +50,29 @@ impl RegistryConfig {
             let file = host_dir.join("hosts.toml");
             if file.is_file() {
                 let mut eps = parse_hosts_toml(&file, registry, &upstream_host)?;
+                // Docker-style CA files beside a hosts.toml are trusted for the registry's own
+                // host too: the one host configuration serves pull and push alike.
+                let docker_cas: Vec<PathBuf> = std::fs::read_dir(&host_dir)
+                    .map(|entries| {
+                        let mut cas: Vec<PathBuf> = entries
+                            .flatten()
+                            .map(|e| e.path())
+                            .filter(|p| p.extension().is_some_and(|x| x == "crt"))
+                            .collect();
+                        cas.sort();
+                        cas
+                    })
+                    .unwrap_or_default();
+                for ep in eps.iter_mut() {
+                    ep.docker_config = self.docker_config.clone();
+                    if ep.host == upstream_host || ep.host == registry {
+                        for ca in &docker_cas {
+                            if !ep.ca.contains(ca) {
+                                ep.ca.push(ca.clone());
+                            }
+                        }
+                    }
+                }
                 if plain {
                     for ep in eps.iter_mut().filter(|e| !e.mirror) {
                         ep.plain_http = true;
@@ -67,6 +91,8 @@ impl RegistryConfig {
 pub struct Endpoint {
     /// `HOST[:PORT]` requests go to.
     pub host: String,
+    /// Where its credentials are looked up (Docker's config directory).
+    pub docker_config: Option<PathBuf>,
     pub plain_http: bool,
     /// Extra CA certificates (PEM) to trust.
     pub ca: Vec<PathBuf>,
@@ -137,7 +163,7 @@ impl Endpoint {
         } else {
             &self.host
         };
-        credentials(key)
+        credentials(self.docker_config.as_deref(), key)
     }
 }
 
@@ -151,20 +177,11 @@ fn install_crypto_provider() {
     });
 }
 
-/// Docker's client config: `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`.
-fn docker_config_file() -> Option<PathBuf> {
-    let dir = match std::env::var_os("DOCKER_CONFIG") {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => PathBuf::from(std::env::var_os("HOME")?).join(".docker"),
-    };
-    Some(dir.join("config.json"))
-}
-
 /// Docker's credentials for `key` (a host, or Docker Hub's URL): its `auths`, `credsStore`
 /// or `credHelpers`. No config file, or no entry for the host, is anonymous access.
-pub fn credentials(key: &str) -> Result<RegistryAuth, ImageError> {
+pub fn credentials(docker_config: Option<&Path>, key: &str) -> Result<RegistryAuth, ImageError> {
     use docker_credential::{CredentialRetrievalError as E, DockerCredential};
-    let Some(file) = docker_config_file().filter(|f| f.exists()) else {
+    let Some(file) = docker_config.map(|d| d.join("config.json")).filter(|f| f.exists()) else {
         return Ok(RegistryAuth::Anonymous);
     };
     let read = |key: &str| {
@@ -302,6 +319,7 @@ fn parse_hosts_toml(file: &Path, registry: &str, upstream_host: &str) -> Result<
         }
         out.push(Endpoint {
             host,
+            docker_config: None,
             plain_http,
             ca: entry.ca.map(|c| c.paths(base)).unwrap_or_default(),
             skip_verify: entry.skip_verify.unwrap_or(false),
@@ -320,6 +338,7 @@ fn parse_hosts_toml(file: &Path, registry: &str, upstream_host: &str) -> Result<
         .unwrap_or_else(|| vec!["pull".into(), "resolve".into(), "push".into()]);
     out.push(Endpoint {
         host,
+        docker_config: None,
         plain_http,
         ca: parsed.ca.map(|c| c.paths(base)).unwrap_or_default(),
         skip_verify: parsed.skip_verify.unwrap_or(false),
@@ -437,6 +456,7 @@ mod tests {
         let config = RegistryConfig {
             hosts_dirs: vec![dir.path().to_path_buf()],
             insecure: Vec::new(),
+            docker_config: None,
         };
         (dir, config)
     }
@@ -513,6 +533,7 @@ server = "https://registry-1.docker.io"
         let config = RegistryConfig {
             hosts_dirs: vec![docker.path().to_path_buf()],
             insecure: Vec::new(),
+            docker_config: None,
         };
         let e = config.endpoints("r:1").unwrap_err().to_string();
         assert!(e.contains("client.key is missing"), "{e}");

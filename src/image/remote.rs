@@ -649,6 +649,57 @@ pub async fn ensure(
     }
 }
 
+/// A name as people write it: without Docker Hub's `docker.io/library/` or `docker.io/`, and
+/// without `:latest`.
+fn written(name: &str) -> &str {
+    let short = name
+        .strip_prefix("docker.io/library/")
+        .or_else(|| name.strip_prefix("docker.io/"))
+        .unwrap_or(name);
+    short.strip_suffix(":latest").unwrap_or(short)
+}
+
+/// The local images whose names are a few edits from `image`'s (closest first, at most three).
+pub async fn near_local_names(client: &Containerd, image: &str) -> Vec<String> {
+    let Ok(images) = client.images().await else {
+        return Vec::new();
+    };
+    let want = written(image);
+    let limit = (want.len() / 5).max(2);
+    let mut near: Vec<(usize, String)> = images
+        .iter()
+        .map(|i| written(&i.name).to_string())
+        .filter(|n| n != want)
+        .map(|n| (edit_distance(want, &n), n))
+        .filter(|(d, _)| *d <= limit)
+        .collect();
+    near.sort();
+    near.dedup_by(|a, b| a.1 == b.1);
+    near.into_iter().take(3).map(|(_, n)| n).collect()
+}
+
+/// Edits (insert, delete, substitute, swap two neighbours) from `a` to `b`.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            d[i][j] = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
+            }
+        }
+    }
+    d[a.len()][b.len()]
+}
+
 async fn pull_and_resolve(
     client: &Containerd,
     image: &str,
@@ -662,6 +713,18 @@ async fn pull_and_resolve(
     };
     match pull(client, image, &options).await {
         Ok(pulled) => super::resolve(client, &pulled.name).await,
+        // Not here, and not to be had: say so first, with the local images it may have meant
+        // (a typo of a local image's name otherwise reads as a registry's DNS error).
+        Err(e) if policy == PullPolicy::IfNotPresent => {
+            let near = near_local_names(client, image).await;
+            let hint = match near.as_slice() {
+                [] => " (see `runner image ls`)".to_string(),
+                names => format!(" (did you mean {}? see `runner image ls`)", names.join(" or ")),
+            };
+            Err(ImageError::Registry(format!(
+                "image {image:?} is not present locally{hint}, and pulling it failed: {e}"
+            )))
+        }
         Err(e) => {
             let hint = if policy == PullPolicy::Always
                 && super::resolve(client, &super::normalize_name(image)?).await.is_ok()
@@ -743,7 +806,9 @@ pub async fn push(client: &Containerd, text: &str, options: &PullOptions) -> Res
         .registry
         .endpoints(reference.registry())?
         .into_iter()
-        .rfind(|e| e.push)
+        // containerd's order: the first host that takes pushes (a `[host]` entry before the
+        // `server`, as for pulls), so both read one configuration (its CA, its certificate).
+        .find(|e| e.push)
         .ok_or_else(|| {
             ImageError::Registry(format!(
                 "no host of {} takes pushes (hosts.toml capabilities)",
@@ -811,6 +876,15 @@ pub async fn push(client: &Containerd, text: &str, options: &PullOptions) -> Res
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn typos_are_a_few_edits_from_what_was_meant() {
+        assert_eq!(edit_distance("local/pyhton:3.11", "local/python:3.11"), 1);
+        assert_eq!(edit_distance("busybox", "busybx"), 1);
+        assert_eq!(edit_distance("a", "xyz"), 3);
+        assert_eq!(written("docker.io/library/python:latest"), "python");
+        assert_eq!(written("local/python:3.11"), "local/python:3.11");
+    }
+
     use super::*;
 
     #[test]

@@ -207,7 +207,15 @@ pub fn step(policy: &JobPolicy, state: &mut JobState, event: Event, now_ms: u64)
                 return actions;
             };
             if state.killing {
-                attempt.state = AttemptState::Killed;
+                // An attempt that ended on its own with success before the kill reached it
+                // succeeded (Kubernetes counts it in `succeeded`); only what was stopped was
+                // interrupted.
+                if matches!(outcome, Outcome::Succeeded) {
+                    attempt.state = AttemptState::Succeeded;
+                    state.succeeded.insert(index);
+                } else {
+                    attempt.state = AttemptState::Killed;
+                }
                 if state.active() == 0 {
                     actions.push(Action::Done);
                 }
@@ -396,6 +404,31 @@ mod tests {
         };
         assert_eq!(step(&p, &mut s, timeout, 10), vec![Action::Done]);
         assert_eq!(s.terminal.as_ref().unwrap().1, Reason::Timeout);
+    }
+
+    /// Indexed, three at once: index 2 fails and the Job fails; indexes 0 and 1 end with exit 0
+    /// before the kill reaches them. They succeeded (Kubernetes counts them), not interrupted.
+    #[test]
+    fn attempts_that_succeed_while_the_job_fails_count_as_succeeded() {
+        let p = JobPolicy {
+            completions: 3,
+            parallelism: 3,
+            indexed: true,
+            ..JobPolicy::default()
+        };
+        let mut s = JobState::default();
+        assert_eq!(step(&p, &mut s, Event::Tick, 0).len(), 3);
+        assert_eq!(step(&p, &mut s, fail(2, 0, 1), 10), vec![Action::KillAll]);
+        assert!(step(&p, &mut s, ok(0, 0), 11).is_empty());
+        assert_eq!(step(&p, &mut s, ok(1, 0), 12), vec![Action::Done]);
+        assert_eq!(s.terminal.as_ref().unwrap().1, Reason::Error);
+        assert_eq!(s.succeeded.len(), 2);
+        assert_eq!(s.failed_count(), 1);
+        let states: Vec<AttemptState> = s.attempts.iter().map(|a| a.state).collect();
+        assert_eq!(
+            states,
+            [AttemptState::Succeeded, AttemptState::Succeeded, AttemptState::Failed]
+        );
     }
 
     #[test]

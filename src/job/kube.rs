@@ -191,6 +191,8 @@ pub fn status(job: &Value, pods: &[Value], logs: &BTreeMap<String, String>, cont
             completion_time: a.end.clone(),
             counted: a.phase == Phase::Failed && !ignored(a.result.as_ref().and_then(|r| r.exit_code)),
             network: None,
+            pool: None,
+            cold_start: None,
         });
         *n += 1;
     }

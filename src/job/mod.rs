@@ -143,6 +143,12 @@ pub struct AttemptView {
     /// Its container's address and published ports (`network: bridge`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<crate::runtime::NetworkStatus>,
+    /// The warm pool whose member ran it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// Why a container was made for it though warm pools exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_start: Option<String>,
 }
 
 /// A Job's status: phase, reason and conditions, counts, times, its attempts, and the
@@ -344,7 +350,10 @@ pub async fn run_once(
 async fn run_container(plan: &RunPlan, engine: &Engine, cancel: &CancellationToken) -> AttemptStatus {
     match engine.run_oneshot(plan, cancel).await {
         Ok(result) => {
-            if cancel.is_cancelled() {
+            // A command that exited 0 succeeded, even if the stop came right after: only one the
+            // stop ended is interrupted.
+            let succeeded = result.exit_code == Some(0) && !result.timed_out && result.evicted.is_none();
+            if cancel.is_cancelled() && !succeeded {
                 return interrupted(Some(result));
             }
             let deadline_bound = match (plan.job().timeout, plan.job().active_deadline) {

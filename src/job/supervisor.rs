@@ -22,7 +22,6 @@ use crate::spec::{HostEnv, RunPlan};
 /// Environment variable with the completion index of an Indexed Job's attempt.
 pub const COMPLETION_INDEX_VAR: &str = "JOB_COMPLETION_INDEX";
 /// Tests shorten Kubernetes' 10 s retry backoff with this (milliseconds).
-pub const BACKOFF_BASE_ENV: &str = "RUNNER_BACKOFF_BASE_MS";
 /// How often a supervisor looks for a delete request.
 const DELETE_POLL: Duration = Duration::from_millis(200);
 
@@ -31,12 +30,10 @@ pub fn attempt_file(logs_dir: &Path, job: &str, index: u32, attempt: u32, ext: &
     logs_dir.join(job).join(format!("{index}-{attempt}.{ext}"))
 }
 
-/// The controller's view of a Job's spec.
-pub fn policy_of(job: &Job) -> JobPolicy {
-    let base = std::env::var(BACKOFF_BASE_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(controller::BACKOFF_BASE.as_millis() as u64);
+/// The controller's view of a Job's spec; `backoff_base` is the first retry delay
+/// (`Config::backoff_base`).
+pub fn policy_of(job: &Job, backoff_base: Duration) -> JobPolicy {
+    let base = backoff_base.as_millis() as u64;
     JobPolicy {
         completions: job.completions,
         parallelism: job.parallelism,
@@ -52,6 +49,8 @@ pub fn policy_of(job: &Job) -> JobPolicy {
 /// Everything needed to run the attempts of one Job.
 pub struct JobContext {
     pub plan: RunPlan,
+    /// The first retry delay (`Config::backoff_base`).
+    pub backoff_base: Duration,
     pub host: HostEnv,
     pub options: RuntimeOptions,
     pub engine: Option<Engine>,
@@ -152,7 +151,7 @@ pub async fn supervise(
     adopt: bool,
 ) -> Result<JobStatus, StoreError> {
     let store = ctx.store.clone();
-    let policy = policy_of(ctx.plan.job());
+    let policy = policy_of(ctx.plan.job(), ctx.backoff_base);
     let record = {
         let name = name.to_string();
         store
@@ -223,6 +222,8 @@ pub async fn supervise(
                         completion_time: None,
                         counted: false,
                         network: None,
+                        pool: None,
+                        cold_start: None,
                     });
                     event(
                         &store,
@@ -290,11 +291,26 @@ pub async fn supervise(
                 if let Some(v) = views.iter_mut().find(|v| v.index == index && v.attempt == number) {
                     let a = state.attempts.iter().find(|a| a.index == index && a.number == number);
                     v.phase = if attempt.phase == Phase::Succeeded { Phase::Succeeded } else { Phase::Failed };
-                    v.reason = Some(if was_killing { Reason::Interrupted } else { attempt.reason });
+                    // Stopped by the Job's end: interrupted; one that succeeded meanwhile, succeeded.
+                    v.reason = Some(if was_killing && attempt.phase != Phase::Succeeded {
+                        Reason::Interrupted
+                    } else {
+                        attempt.reason
+                    });
                     v.exit_code = attempt.result.as_ref().and_then(|r| r.exit_code);
                     v.message = attempt.message.clone();
                     v.completion_time = Some(now_rfc3339());
                     v.counted = a.is_some_and(|a| a.state == AttemptState::Failed);
+                    v.pool = attempt.result.as_ref().and_then(|r| r.pool.clone());
+                    v.cold_start = attempt.result.as_ref().and_then(|r| r.cold_start.clone());
+                }
+                // Where it ran, said as the kubelet says where a pod was scheduled.
+                if let Some(r) = &attempt.result {
+                    match (&r.pool, &r.cold_start) {
+                        (Some(pool), _) => event(&store, name, "Normal", "Pooled", format!("index {index}, attempt {number}: a member of pool {pool}")).await,
+                        (None, Some(why)) => event(&store, name, "Normal", "ColdStart", format!("index {index}, attempt {number}: {why}")).await,
+                        (None, None) => {}
+                    }
                 }
                 event(&store, name, "Normal", "AttemptFinished", format!("index {index}, attempt {number}: {:?}", attempt.reason)).await;
             }

@@ -19,8 +19,6 @@ use std::path::{Path, PathBuf};
 
 use crate::spec::IdRange;
 
-/// The host-wide directory of range leases (override: `RUNNER_USERNS_DIR`).
-pub const DEFAULT_LEASE_DIR: &str = "/run/runner/userns";
 /// Ranges start here: far above the ids of real accounts and the usual `/etc/subuid`
 /// allocations (100000 onwards).
 const FIRST_BASE: u32 = 1 << 30;
@@ -66,16 +64,6 @@ pub struct Lease {
 #[derive(Clone, Debug)]
 pub struct Leases {
     dir: PathBuf,
-}
-
-impl Default for Leases {
-    fn default() -> Self {
-        Leases {
-            dir: std::env::var_os("RUNNER_USERNS_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_LEASE_DIR)),
-        }
-    }
 }
 
 impl Leases {

@@ -74,6 +74,9 @@ pub struct ExecResult {
     /// The warm pool whose member ran the command (absent: a container made for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// Why a container was made for it though warm pools exist (no pool member fitted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_start: Option<String>,
     /// Why the sandbox was evicted under the command (its processes killed), if it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evicted: Option<String>,
@@ -306,6 +309,8 @@ pub struct RuntimeOptions {
     /// containerd: run one-shot jobs in a warm pool member when one fits (see
     /// `containerd::pool`).
     pub use_pools: bool,
+    /// The warm pools of the state dir, to say why a job ran cold next to them.
+    pub pools: Vec<PoolInfo>,
     /// Told a pool's name when it needs refilling: a session claimed a member, or a one-shot
     /// job left its used member retired for whoever refills to remove (the job's result does
     /// not wait for the teardown). Without a hook the used member is torn down at once.
@@ -320,6 +325,20 @@ pub struct RuntimeOptions {
     pub dns_upstream: Vec<std::net::SocketAddr>,
     /// The network layer's host paths.
     pub net: crate::config::NetPaths,
+    /// Remapped containers' rootfs directories (`Config::rootfs_dir`).
+    pub rootfs_dir: std::path::PathBuf,
+    /// User-namespace range leases (`Config::userns_dir`).
+    pub userns_dir: std::path::PathBuf,
+}
+
+/// A warm pool as a claim sees it: what its members serve.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolInfo {
+    pub name: String,
+    pub environment: String,
+    pub workspace: bool,
+    pub static_assets: bool,
+    pub key: String,
 }
 
 /// What a container got on a bridge network: reported in a Job attempt's and a session's
@@ -368,11 +387,14 @@ impl Default for RuntimeOptions {
             live_output: None,
             tools: Vec::new(),
             use_pools: false,
+            pools: Vec::new(),
             on_claim: None,
             registry: crate::image::registry::RegistryConfig::default(),
             on_network: None,
             dns_upstream: Vec::new(),
             net: crate::config::NetPaths::default(),
+            rootfs_dir: crate::config::DEFAULT_ROOTFS_DIR.into(),
+            userns_dir: crate::config::DEFAULT_USERNS_DIR.into(),
         }
     }
 }

@@ -41,6 +41,9 @@ pub struct Submission {
     /// `kind: WarmPool` documents (checked against their Environments).
     pub pools: Vec<manifest::WarmPool>,
     pub plans: Vec<RunPlan>,
+    /// Replace finished jobs of the same names (`--replace`); without it they are a conflict,
+    /// as Kubernetes answers AlreadyExists.
+    pub replace: bool,
 }
 
 impl Submission {
@@ -94,6 +97,7 @@ impl Submission {
             networks: set.networks.len(),
             pools: set.pools.clone(),
             plans,
+            replace: false,
         })
     }
 
@@ -175,7 +179,7 @@ pub fn spec_of(
 }
 
 async fn store(ctx: &Context) -> Result<SharedStore, ServiceError> {
-    Ok(SharedStore::open(&ctx.config.state_dir).await?)
+    ctx.store().await
 }
 
 fn now_secs() -> i64 {
@@ -185,8 +189,67 @@ fn now_secs() -> i64 {
         .unwrap_or_default()
 }
 
-/// Record the jobs of a submission before running them. A finished job of the same name is
-/// replaced (apply runs it again); a running one is a conflict.
+/// An image a submission's Environment names that is not present in containerd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MissingImage {
+    pub environment: String,
+    pub image: String,
+    /// Local images a few edits away (a typo's likely targets).
+    pub near: Vec<String>,
+    /// `imagePullPolicy: Never`: running it will fail.
+    pub never_pulled: bool,
+}
+
+/// The images of a submission's containerd Environments that are not present locally, where
+/// their pull policy would use a local one (`IfNotPresent`, `Never`). `None` when no containerd
+/// answers (none is started for this: checking is only worth a warning).
+pub async fn missing_images(ctx: &Context, sub: &Submission) -> Option<Vec<MissingImage>> {
+    let (client, _) = super::daemon::connect(&ctx.config, super::Connect::Existing)
+        .await
+        .ok()?;
+    let mut missing: Vec<MissingImage> = Vec::new();
+    for plan in sub.plans.iter().filter(|p| p.bound.backend == Backend::Containerd) {
+        let env = plan.env();
+        let Some(image) = &env.image else { continue };
+        let policy = env
+            .image_pull_policy
+            .unwrap_or_else(|| manifest::PullPolicy::default_for(image));
+        if policy == manifest::PullPolicy::Always || missing.iter().any(|m| &m.image == image) {
+            continue;
+        }
+        // As `image::remote::ensure` looks: the name as written, then its canonical form.
+        let mut present = false;
+        for name in [
+            crate::image::normalize_name(image),
+            crate::image::remote::canonical_name(image),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            present |= crate::image::resolve(&client, &name).await.is_ok();
+        }
+        if !present {
+            missing.push(MissingImage {
+                environment: env.name.clone(),
+                image: image.clone(),
+                near: crate::image::remote::near_local_names(&client, image).await,
+                never_pulled: policy == manifest::PullPolicy::Never,
+            });
+        }
+    }
+    Some(missing)
+}
+
+/// Why a submission's job cannot be recorded.
+enum Clash {
+    Running(String),
+    Exists(String, job::Phase),
+}
+
+/// Record the jobs of a submission before running them, all or none. A job of the same name is
+/// a conflict (Kubernetes' AlreadyExists): its record and logs stay until it is deleted, or
+/// until a submission with `replace` (then a finished one is replaced); a running one is a
+/// conflict either way.
 async fn register(ctx: &Context, store: &SharedStore, sub: &Submission) -> Result<(), ServiceError> {
     let records: Vec<JobRecord> = sub
         .plans
@@ -211,30 +274,47 @@ async fn register(ctx: &Context, store: &SharedStore, sub: &Submission) -> Resul
             }
         })
         .collect();
+    let replace = sub.replace;
+    let logs = ctx.config.logs_dir();
     let conflict = store
         .call(move |s| {
+            // Every name first: a submission is recorded whole or not at all.
+            let mut replaced = Vec::new();
             for record in &records {
                 match s.get(record.name()) {
                     Ok(Some(existing)) => {
                         let alive = existing.owner.as_deref().is_some_and(owner_alive);
                         if !existing.status.is_terminal() && alive {
-                            return Ok(Some(record.name().to_string()));
+                            return Ok(Some(Clash::Running(record.name().to_string())));
                         }
-                        s.remove(record.name())?;
+                        if !replace {
+                            return Ok(Some(Clash::Exists(record.name().to_string(), existing.status.phase)));
+                        }
+                        replaced.push(record.name().to_string());
                     }
                     // An unreadable record of that name is replaced, as a finished one is.
-                    Err(StoreError::Corrupt { .. }) => s.remove(record.name())?,
+                    Err(StoreError::Corrupt { .. }) => replaced.push(record.name().to_string()),
                     Ok(None) => {}
                     Err(e) => return Err(e),
                 }
+            }
+            for name in &replaced {
+                s.remove(name)?;
+                // The old run's output goes with its record (as `delete` removes it).
+                let _ = std::fs::remove_dir_all(logs.join(name));
+            }
+            for record in &records {
                 s.insert(record)?;
             }
             Ok(None)
         })
         .await?;
     match conflict {
-        Some(name) => Err(ServiceError::Conflict(format!(
+        Some(Clash::Running(name)) => Err(ServiceError::Conflict(format!(
             "job {name:?} is running (wait for it, or delete it: runner delete job {name})"
+        ))),
+        Some(Clash::Exists(name, phase)) => Err(ServiceError::Conflict(format!(
+            "job {name:?} already exists ({phase:?}): delete it first (runner delete job {name}) or apply again with --replace"
         ))),
         None => Ok(()),
     }
@@ -259,12 +339,13 @@ pub async fn start_detached(ctx: &Context, sub: &Submission) -> Result<Vec<Strin
     Ok(names)
 }
 
-/// Submit manifest text to run detached (`POST /v1/jobs`).
-pub async fn submit(ctx: &Context, text: &str, base_dir: &Path) -> Result<Vec<String>, ServiceError> {
-    let sub = {
+/// Submit manifest text to run detached (`POST /v1/jobs`); `replace`: as `apply --replace`.
+pub async fn submit(ctx: &Context, text: &str, base_dir: &Path, replace: bool) -> Result<Vec<String>, ServiceError> {
+    let mut sub = {
         let (ctx, text, base_dir) = (ctx.clone(), text.to_string(), base_dir.to_path_buf());
         Context::blocking(move || Submission::from_text(&ctx, &text, &base_dir)).await?
     };
+    sub.replace = replace;
     if let Some(pool) = sub.pools.first() {
         return Err(ServiceError::field(
             "kind",
@@ -330,6 +411,7 @@ async fn supervise_plan(
         Backend::Host => None,
     };
     let job_ctx = JobContext {
+        backoff_base: ctx.config.backoff_base,
         plan,
         host: ctx.host.clone(),
         options,

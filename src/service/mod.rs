@@ -63,6 +63,14 @@ pub enum Invalid {
     /// command failed under `check: raise`): well-formed, but not doable as asked.
     #[error("{0}")]
     Rejected(String),
+    /// A program could not be started: why, as the operating system said it (its errno,
+    /// where there is one).
+    #[error("cannot start {program:?}: {source}")]
+    CannotStart {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// The session's backend cannot do this.
     #[error("{0}")]
     Unsupported(String),
@@ -148,7 +156,7 @@ impl From<RuntimeError> for ServiceError {
         match e {
             RuntimeError::EmptyCommand => ServiceError::field("command", "must not be empty"),
             RuntimeError::Refused(message) => ServiceError::field("request", message),
-            e @ RuntimeError::Start { .. } => ServiceError::rejected(e.to_string()),
+            RuntimeError::Start { program, source } => ServiceError::Invalid(Invalid::CannotStart { program, source }),
             RuntimeError::CleanedUp => ServiceError::NotFound {
                 kind: "session",
                 name: "(ended)".into(),
@@ -233,6 +241,8 @@ pub struct Context {
     pub host: HostEnv,
     connect: Connect,
     client: Arc<tokio::sync::OnceCell<Containerd>>,
+    /// The job store, opened once (on first use) for every call of this context.
+    store: Arc<tokio::sync::OnceCell<crate::job::store::SharedStore>>,
     on_daemon_start: Option<DaemonNotice>,
 }
 
@@ -241,11 +251,13 @@ impl Context {
         if let Some(message) = config.namespace_error() {
             return Err(ServiceError::field("namespace", message));
         }
+        crate::runtime::containerd::attach_lock::configure(config.warm_cgroup_attach);
         Ok(Context {
             host: HostEnv::detect(&config.state_dir),
             config: Arc::new(config),
             connect,
             client: Arc::new(tokio::sync::OnceCell::new()),
+            store: Arc::new(tokio::sync::OnceCell::new()),
             on_daemon_start: None,
         })
     }
@@ -290,9 +302,20 @@ impl Context {
                 registry: self.config.registry.clone(),
                 dns_upstream: self.config.dns_upstream.clone(),
                 net: self.config.net.clone(),
+                rootfs_dir: self.config.rootfs_dir.clone(),
+                userns_dir: self.config.userns_dir.clone(),
                 ..RuntimeOptions::default()
             },
         )
+    }
+
+    /// The job store of the state dir: opened on first use, then shared by every call.
+    pub async fn store(&self) -> Result<crate::job::store::SharedStore, ServiceError> {
+        let store = self
+            .store
+            .get_or_try_init(|| crate::job::store::SharedStore::open(&self.config.state_dir))
+            .await?;
+        Ok(store.clone())
     }
 
     /// containerd, when a call has connected already.

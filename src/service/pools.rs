@@ -65,8 +65,30 @@ pub struct PoolStatus {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct FillReport {
     pub created: Vec<String>,
-    pub removed: Vec<String>,
+    /// Members removed, by why: used by a job, made for what the pool was before it was made
+    /// again (another key), over its size, or dead (broken).
+    pub used: Vec<String>,
+    pub outdated: Vec<String>,
+    pub surplus: Vec<String>,
+    pub broken: Vec<String>,
     pub ready: usize,
+}
+
+impl FillReport {
+    /// What was removed, said by why (`2 outdated, 1 broken`); `None` when nothing was.
+    pub fn removed_text(&self) -> Option<String> {
+        let parts: Vec<String> = [
+            (self.used.len(), "used"),
+            (self.outdated.len(), "outdated"),
+            (self.surplus.len(), "surplus"),
+            (self.broken.len(), "broken"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
 }
 
 fn pools_dir(ctx: &Context) -> PathBuf {
@@ -107,6 +129,17 @@ pub fn any(state_dir: &Path) -> bool {
 pub fn with_pools(ctx: &Context, mut options: RuntimeOptions) -> RuntimeOptions {
     if any(&ctx.config.state_dir) {
         options.use_pools = true;
+        options.pools = defs(ctx)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| crate::runtime::PoolInfo {
+                name: d.name,
+                environment: d.environment,
+                workspace: d.workspace,
+                static_assets: d.static_assets,
+                key: d.key,
+            })
+            .collect();
         // Members carry the session tools, and they are part of the pool key: a one-shot
         // job's engine names them too (one-shot containers never mount them).
         options.tools = super::sessions::tools();
@@ -369,7 +402,7 @@ pub async fn fill(ctx: &Context, name: &str) -> Result<FillReport, ServiceError>
     // Used members first, whatever became of their pool (their jobs are over and reported;
     // they hold late binds).
     let mut report = FillReport {
-        removed: remove_retired(&engine).await?,
+        used: remove_retired(&engine).await?,
         ..FillReport::default()
     };
     read_def(ctx, name)?;
@@ -388,10 +421,18 @@ pub async fn fill(ctx: &Context, name: &str) -> Result<FillReport, ServiceError>
         // Kept: alive, made for what the pool is now (its Environment or image may have
         // changed since), and within its size.
         let current = c.labels.get(LABEL_POOL_KEY) == Some(&def.key);
-        if current && ready < def.size as usize && engine.member_alive(&c.id).await {
+        let why = if !current {
+            &mut report.outdated
+        } else if ready >= def.size as usize {
+            &mut report.surplus
+        } else if !engine.member_alive(&c.id).await {
+            &mut report.broken
+        } else {
             ready += 1;
-        } else if engine.retire_member(&c.id).await? {
-            report.removed.push(c.id);
+            continue;
+        };
+        if engine.retire_member(&c.id).await? {
+            why.push(c.id);
         }
     }
     let missing = (def.size as usize).saturating_sub(ready);

@@ -346,7 +346,7 @@ fn named_networks_are_isolated_from_each_other_and_from_the_default_one() {
         let file = write_manifest(dir.path(), "clash.yaml", &text);
         // (An infrastructure failure is retried with backoff: a short one here.)
         let out = runner_ctd_command(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state)
-            .env("RUNNER_BACKOFF_BASE_MS", "10")
+            .env("RUNNER_BACKOFF_BASE", "10ms")
             .output()
             .unwrap();
         let v = json_of(&out);

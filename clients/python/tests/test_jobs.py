@@ -107,11 +107,15 @@ def test_reapply_running_job_conflicts(client: Client, unique: str) -> None:
         client.jobs.get(unique)
 
 
-def test_reapply_finished_job_reruns(client: Client, unique: str) -> None:
+def test_reapply_finished_job_conflicts_unless_replaced(client: Client, unique: str) -> None:
     client.jobs.apply(manifest(unique, "echo one"))
     try:
         assert client.jobs.wait(unique, timeout=60).succeeded
-        client.jobs.apply(manifest(unique, "echo two"))
+        with pytest.raises(Conflict) as info:
+            client.jobs.apply(manifest(unique, "echo two"))
+        assert info.value.status == 409 and "already exists" in info.value.message
+        assert client.jobs.logs(unique) == "one\n"
+        client.jobs.apply(manifest(unique, "echo two"), replace=True)
         assert client.jobs.wait(unique, timeout=60).succeeded
         assert client.jobs.logs(unique) == "two\n"
     finally:

@@ -448,21 +448,43 @@ mod tests {
             .process_group(0)
             .spawn()
             .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        // Clock ticks are coarse: the request goes out a few ticks after the older child.
+        let agent_pid = agent.id();
+        let mut stdin = agent.stdin.take().unwrap();
+        // The child running `name`, once there is one (a loaded machine forks late).
+        let child = |name: &str| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                let found = std::fs::read_to_string(format!("/proc/{agent_pid}/task/{agent_pid}/children"))
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok())
+                    .find(|p| {
+                        std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                            .is_ok_and(|c| c.replace('\0', " ").trim() == name)
+                    });
+                if let Some(pid) = found {
+                    return pid;
+                }
+                assert!(std::time::Instant::now() < deadline, "no {name} child");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        };
+        child("sleep 30");
+        // Clock ticks are coarse (10 ms): the request goes out a few ticks after the older child.
         std::thread::sleep(std::time::Duration::from_millis(50));
         let sent = boot_ticks();
-        agent.stdin.take().unwrap().write_all(b"go\n").unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        let found = request_process(agent.id(), sent).expect("a child after the request");
-        let cmdline = std::fs::read_to_string(format!("/proc/{found}/cmdline")).unwrap();
+        stdin.write_all(b"go\n").unwrap();
+        let first = child("sleep 31");
+        child("sleep 32");
+        let found = request_process(agent_pid, sent);
+        let after = request_process(agent_pid, boot_ticks() + 10);
         let _ = nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(agent.id() as i32),
             nix::sys::signal::Signal::SIGKILL,
         );
         let _ = agent.wait();
-        assert_eq!(cmdline.replace('\0', " ").trim(), "sleep 31");
-        assert_eq!(request_process(agent.id(), boot_ticks() + 10), None);
+        assert_eq!(found, Some(first));
+        assert_eq!(after, None);
     }
 
     #[test]

@@ -22,10 +22,20 @@
 //! runner does not set it itself. Best effort: the first write that fails (a read-only
 //! cgroupfs in a container, a cgroup that does not accept processes) turns it off for the life
 //! of the process, and nothing depends on it but time.
+//!
+//! The risk it takes: each write holds the lock for writing, which holds off fork, exit and
+//! exec of every process on the host for its ~0.1 ms, every 4 ms while creates are in flight.
+//! So it is on only where it pays (`WarmMode::Auto`, the default): off where cgroup2 is mounted
+//! with `favordynmods`, and otherwise measured by its own first two writes — the first after
+//! an idle moment pays the grace period if there is one, the second does not — and kept only
+//! when the difference is at least `PAYS` (measured on a freshly booted host here: 7.7 ms
+//! median against 0.11 ms, `scripts/attach-lock.py`). `on` and `off` force it.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, LazyLock, Mutex};
 use std::time::Duration;
+
+use crate::config::WarmMode;
 
 /// Between writes: under the shortest grace period measured (~5 ms), so the lock never falls
 /// back to its slow path while a create is in flight. Each write costs ~0.1–0.3 ms of CPU.
@@ -41,6 +51,8 @@ struct State {
     off: bool,
     /// The writer waits for a hold (it cannot write before one comes).
     parked: bool,
+    /// Measure the first writes and keep on only if they show the wait (`WarmMode::Auto`).
+    calibrate: bool,
 }
 
 struct Warmer {
@@ -57,17 +69,52 @@ struct Warmer {
 /// Touched at each write by whichever runner process made it (host-wide, as the lock is).
 const MARK: &str = "/run/runner/cgroup-attach-warm";
 
-/// Set to `0` to turn the warming off (to measure what it saves: `scripts/bench.sh`).
-const SWITCH_ENV: &str = "RUNNER_WARM_CGROUP_ATTACH";
+/// What a cold write must cost more than a warm one for the warming to be kept.
+const PAYS: Duration = Duration::from_millis(1);
+/// A write is measured as cold only when no runner process wrote for this long (longer than
+/// any grace period measured).
+const QUIET: Duration = Duration::from_millis(100);
+
+/// Set once at the edge (`configure`), before the first create; `Auto` when never set.
+static MODE: std::sync::OnceLock<WarmMode> = std::sync::OnceLock::new();
+
+/// How this process keeps the lock warm; the first call wins (the configuration is built once
+/// at the edge).
+pub fn configure(mode: WarmMode) {
+    let _ = MODE.set(mode);
+}
 
 static WARMER: LazyLock<Arc<Warmer>> = LazyLock::new(|| {
-    let wanted = std::env::var(SWITCH_ENV).map_or(true, |v| v != "0");
-    Warmer::new(
-        wanted.then(crate::runtime::cgroupfs::own_procs_file).flatten(),
-        PathBuf::from(MARK),
-        INTERVAL,
-    )
+    let mode = MODE.get().copied().unwrap_or_default();
+    let target = match mode {
+        WarmMode::Off => None,
+        WarmMode::Auto if favordynmods() => {
+            crate::metrics::increment(CALIBRATIONS, &[("result", "favordynmods")]);
+            tracing::debug!("cgroup2 has favordynmods: the cgroup attach lock needs no warming");
+            None
+        }
+        WarmMode::Auto | WarmMode::On => crate::runtime::cgroupfs::own_procs_file(),
+    };
+    let warmer = Warmer::new(target, PathBuf::from(MARK), INTERVAL);
+    warmer.state().calibrate = mode == WarmMode::Auto;
+    warmer
 });
+
+/// Writes made to keep the lock warm (Prometheus counter).
+pub const WRITES: &str = "runner_cgroup_attach_warm_writes_total";
+/// What the first writes of a process found (`pays`, `saves-nothing`, `favordynmods`).
+pub const CALIBRATIONS: &str = "runner_cgroup_attach_warm_calibrations_total";
+
+/// Whether a cgroup2 hierarchy is mounted with `favordynmods` (its attach lock then has no
+/// grace-period wait to save).
+fn favordynmods() -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|info| {
+        info.lines().any(|line| {
+            line.split_once(" - ")
+                .is_some_and(|(_, post)| post.starts_with("cgroup2 ") && post.contains("favordynmods"))
+        })
+    })
+}
 
 /// Held while a container is being created; the lock is kept warm until the last one drops.
 pub struct Hold(Arc<Warmer>);
@@ -123,16 +170,22 @@ impl Warmer {
 
     /// Whether some runner process wrote less than an interval ago.
     fn written_lately(&self) -> bool {
+        self.mark_age().is_some_and(|age| age < self.interval)
+    }
+
+    /// How long ago some runner process wrote (`None`: no mark).
+    fn mark_age(&self) -> Option<Duration> {
         std::fs::metadata(&self.mark)
             .and_then(|m| m.modified())
             .ok()
             .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age < self.interval)
     }
 
     /// The writer: idle while nothing is being created.
     fn run(&self) {
         let Some(target) = &self.target else { return };
+        // Before this process touches the mark: whether its first write can be measured cold.
+        let mut first_quiet = Some(self.mark_age().is_none_or(|age| age >= QUIET));
         // Without a mark (no /run/runner yet) this process writes on its own schedule.
         let mark = std::fs::OpenOptions::new()
             .create(true)
@@ -151,14 +204,35 @@ impl Warmer {
                 state.parked = false;
             }
             if !(mark.is_some() && self.written_lately()) {
+                let quiet = first_quiet
+                    .take()
+                    .unwrap_or_else(|| self.mark_age().is_none_or(|age| age >= QUIET));
                 // "0": the writing process itself, into the cgroup it is already in.
+                let began = std::time::Instant::now();
                 if let Err(e) = std::fs::write(target, "0") {
                     tracing::debug!(file = %target.display(), error = %e, "the cgroup attach lock is not kept warm");
                     self.state().off = true;
                     return;
                 }
+                let cold = began.elapsed();
+                crate::metrics::increment(WRITES, &[]);
                 if let Some(mark) = &mark {
                     let _ = mark.set_modified(std::time::SystemTime::now());
+                }
+                // The first write since nobody wrote (this one may have waited for a grace
+                // period) against one right after it: the difference is what warming saves.
+                if quiet && self.state().calibrate {
+                    let began = std::time::Instant::now();
+                    let warm = std::fs::write(target, "0").map(|()| began.elapsed());
+                    let pays = warm.as_ref().is_ok_and(|warm| cold.saturating_sub(*warm) >= PAYS);
+                    crate::metrics::increment(CALIBRATIONS, &[("result", if pays { "pays" } else { "saves-nothing" })]);
+                    tracing::debug!(?cold, ?warm, pays, "calibrated the cgroup attach warming");
+                    let mut state = self.state();
+                    state.calibrate = false;
+                    if !pays {
+                        state.off = true;
+                        return;
+                    }
                 }
             }
             std::thread::sleep(self.interval);
@@ -217,6 +291,27 @@ mod tests {
         let _held = nothing.hold();
         let state = nothing.state();
         assert!(state.off && !state.started);
+    }
+
+    /// `auto` measures its first quiet write against the next: where a write costs nothing
+    /// (here a plain file; on a host with favordynmods, cgroup.procs) the warming stops.
+    #[test]
+    fn auto_turns_itself_off_where_a_cold_write_costs_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cgroup.procs");
+        let warmer = Warmer::new(Some(file.clone()), dir.path().join("mark"), INTERVAL);
+        warmer.state().calibrate = true;
+        let held = warmer.hold();
+        wait_for("off after the calibration", || warmer.state().off);
+        assert!(file.exists(), "it wrote to measure");
+        drop(held);
+        // Forced on (no calibration), it keeps writing.
+        let forced = Warmer::new(Some(file.clone()), dir.path().join("mark2"), INTERVAL);
+        let held = forced.hold();
+        std::fs::remove_file(&file).unwrap();
+        wait_for("writes go on", || file.exists());
+        assert!(!forced.state().off);
+        drop(held);
     }
 
     #[test]

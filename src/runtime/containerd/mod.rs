@@ -7,7 +7,7 @@
 //! Snapshots.Remove → Containers.Delete, NotFound counting as done.
 
 pub mod agent;
-mod attach_lock;
+pub mod attach_lock;
 mod io;
 pub mod logger;
 pub mod pool;
@@ -100,8 +100,8 @@ impl Engine {
             run_dir: state_dir.join("run"),
             client,
             host,
+            leases: idmap::Leases::at(&options.userns_dir),
             options,
-            leases: idmap::Leases::default(),
             storage: StorageMonitor::default(),
         }
     }
@@ -116,10 +116,7 @@ impl Engine {
     pub fn roots_dir(&self) -> PathBuf {
         use sha2::Digest;
         let key = hex::encode(&sha2::Sha256::digest(self.containerd_name().as_bytes())[..8]);
-        std::env::var_os("RUNNER_ROOTFS_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(remap::DEFAULT_ROOTS_DIR))
-            .join(key)
+        self.options.rootfs_dir.join(key)
     }
 
     /// Which containerd this engine's containers live in (socket#namespace).
@@ -838,11 +835,18 @@ impl Engine {
     async fn run_oneshot_inner(&self, plan: &RunPlan, cancel: &CancellationToken) -> Result<ExecResult, RuntimeError> {
         let t0 = Instant::now();
         let mut image = None;
+        let mut cold = None;
         if self.options.use_pools {
             match self.claim(plan, pool::KIND_POOLED).await {
                 Ok(pool::Claim::Member(member)) => return self.run_pooled(*member, plan, cancel).await,
-                Ok(pool::Claim::Cold(resolved)) => image = resolved,
-                Err(e) => tracing::warn!(error = %e, "claiming a pool member failed; running cold"),
+                Ok(pool::Claim::Cold(resolved, why)) => {
+                    image = resolved;
+                    cold = Some(why);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "claiming a pool member failed; running cold");
+                    cold = Some(format!("claiming a pool member failed: {e}"));
+                }
             }
         }
         let created = self.create(plan, image, None, "oneshot", false, None).await?;
@@ -852,8 +856,9 @@ impl Engine {
         // A result means we saw the task exit; an error may have left it running.
         let teardown = self.teardown_inner(&created.id, result.is_ok()).await;
         tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "torn down");
-        let result = result?;
+        let mut result = result?;
         teardown?;
+        result.cold_start = cold;
         Ok(result)
     }
 
@@ -1065,7 +1070,7 @@ impl Engine {
                     }
                     return self.live_from_member(*member, plan).await;
                 }
-                Ok(pool::Claim::Cold(resolved)) => image = resolved,
+                Ok(pool::Claim::Cold(resolved, _)) => image = resolved,
                 Err(e) => tracing::warn!(error = %e, "claiming a pool member failed; starting cold"),
             }
         }
@@ -1633,6 +1638,7 @@ fn task_result(
         peak_memory_bytes: stats.peak_memory,
         cpu_time_ms: stats.cpu_usage.map(|d| d.as_millis() as u64),
         pool: None,
+        cold_start: None,
         evicted: None,
     }
 }
@@ -1666,6 +1672,7 @@ fn command_result(
             _ => None,
         },
         pool: None,
+        cold_start: None,
         evicted: None,
     }
 }

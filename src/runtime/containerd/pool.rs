@@ -68,8 +68,9 @@ pub(super) struct Shape {
 /// What `claim` found.
 pub enum Claim {
     Member(Box<Member>),
-    /// No member: the job starts cold, with the image the claim resolved (if it got that far).
-    Cold(Option<ImageInfo>),
+    /// No member: the job starts cold, with the image the claim resolved (if it got that far),
+    /// and why no member served it.
+    Cold(Option<ImageInfo>, String),
 }
 
 /// A claimed member, held by this process until it is destroyed.
@@ -411,15 +412,18 @@ impl Engine {
     /// Broken members found on the way are torn down.
     pub async fn claim(&self, plan: &RunPlan, kind: &str) -> Result<Claim, RuntimeError> {
         if plan.env().image.is_none() {
-            return Ok(Claim::Cold(None));
+            return Ok(Claim::Cold(None, "the Environment names no image".into()));
         }
         if let Some(why) = unpoolable(plan) {
             tracing::debug!(why, "the job cannot run in a pool member");
-            return Ok(Claim::Cold(None));
+            return Ok(Claim::Cold(None, format!("no pool member can run it: {why}")));
         }
         let t0 = Instant::now();
         let (key, layout, image) = self.pool_key(plan).await?;
         let mut candidates = self.members(Some(&key)).await?;
+        if candidates.is_empty() {
+            return Ok(Claim::Cold(Some(image), self.no_pool_fits(plan, &key)));
+        }
         tracing::debug!(key, candidates = candidates.len(), "looking for a pool member");
         // Claimants start at different places, so concurrent claims rarely collide.
         let shift = std::process::id() as usize + t0.elapsed().subsec_nanos() as usize;
@@ -498,7 +502,52 @@ impl Engine {
                 }
             }
         }
-        Ok(Claim::Cold(Some(image)))
+        let pools: std::collections::BTreeSet<&str> = self
+            .options
+            .pools
+            .iter()
+            .filter(|p| p.key == key)
+            .map(|p| p.name.as_str())
+            .collect();
+        let names: Vec<&str> = pools.into_iter().collect();
+        Ok(Claim::Cold(
+            Some(image),
+            format!("no ready member in pool {} (every one was taken)", names.join(", ")),
+        ))
+    }
+
+    /// Why no pool has a member of this job's shape (`key`): the pools of its Environment and
+    /// what they serve instead.
+    fn no_pool_fits(&self, plan: &RunPlan, key: &str) -> String {
+        let env = &plan.env().name;
+        let (workspace, assets) = (plan.workspace.is_some(), !plan.assets.is_empty());
+        let theirs: Vec<&crate::runtime::PoolInfo> =
+            self.options.pools.iter().filter(|p| &p.environment == env).collect();
+        if theirs.is_empty() {
+            return format!("no warm pool of Environment {env:?}");
+        }
+        if let Some(p) = theirs.iter().find(|p| p.key == key) {
+            return format!("pool {} has no members (a filler may be making them)", p.name);
+        }
+        let why: Vec<String> = theirs
+            .iter()
+            .map(|p| {
+                let mismatch = if workspace && !p.workspace {
+                    "serves jobs without a workspace (`pool create --workspace` serves them)".to_string()
+                } else if !workspace && p.workspace {
+                    "serves jobs with a workspace; this one has none".to_string()
+                } else if assets && !p.static_assets {
+                    "serves jobs without static assets (`pool create --static-assets` serves them)".to_string()
+                } else if !assets && p.static_assets {
+                    "serves jobs with static assets; this one has none".to_string()
+                } else {
+                    "was made for another spec of it (its image, user, resources or mounts changed: `pool create` it again)"
+                        .to_string()
+                };
+                format!("pool {} {mismatch}", p.name)
+            })
+            .collect();
+        why.join("; ")
     }
 
     /// Bind the plan's workspace, mounts and static assets into a claimed member.

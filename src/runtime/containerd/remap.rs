@@ -20,8 +20,6 @@ use crate::spec::IdRange;
 
 /// Where a remapped container's rootfs is mounted, in its root directory.
 pub const ROOTFS_DIR: &str = "rootfs";
-/// The host-wide directory of rootfs directories (override: `RUNNER_ROOTFS_DIR`).
-pub const DEFAULT_ROOTS_DIR: &str = "/run/runner/rootfs";
 /// Where the idmapped views of its workspace are mounted, in its run directory.
 pub const VIEWS_DIR: &str = "views";
 /// The file in its run directory naming its range (`host_base`), for teardown.

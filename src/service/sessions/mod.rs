@@ -3,9 +3,11 @@
 //! holds a `Lease`, and a leased session is never reaped as idle.
 
 mod files;
+mod output;
 mod python;
 mod resident;
 mod shell;
+pub mod swerex;
 
 /// The host's `nobody` (and `nogroup`): owner of session scratch workspaces.
 const NOBODY: u32 = 65_534;
@@ -21,7 +23,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 pub use files::Download;
-pub use shell::{Check, SHELL_GONE, ShellOutput, ShellRequest};
+pub use output::ShellOutput;
+pub use shell::{Check, SHELL_GONE, ShellRequest};
 
 use super::{Context, ServiceError};
 use crate::confined::Owner;
@@ -268,6 +271,8 @@ pub struct Session {
     shells: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<resident::Resident>>>>>,
     /// Bytes of output kept per shell call.
     output_limit: usize,
+    /// What SWE-ReX's protocol keeps of this session (its bash sessions, its last answer).
+    swerex: swerex::Swerex,
 }
 
 impl Session {
@@ -304,6 +309,11 @@ impl Session {
 
     pub fn workspace(&self) -> &Path {
         &self.workspace
+    }
+
+    /// What SWE-ReX's protocol keeps of this session.
+    pub fn swerex(&self) -> &swerex::Swerex {
+        &self.swerex
     }
 
     /// Run a command to its end (or its timeout).
@@ -537,6 +547,7 @@ impl SessionManager {
             shell_bin: tokio::sync::OnceCell::new(),
             shells: Mutex::new(HashMap::new()),
             output_limit,
+            swerex: swerex::Swerex::default(),
         });
         session.prestart_shell();
         let view = session.view();

@@ -38,7 +38,7 @@ use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
 
-use super::shell::ShellOutput;
+use super::output::ShellOutput;
 use crate::runtime::output::Capture;
 use crate::runtime::{ExecRequest, FifoEnd, Runtime, Sandbox};
 use crate::service::ServiceError;

@@ -5,9 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
-
 use super::Session;
+use super::output::ShellOutput;
 use super::resident::Resident;
 use crate::runtime::ExecRequest;
 use crate::service::{Invalid, ServiceError};
@@ -78,15 +77,6 @@ pub struct ShellRequest {
 /// Said first when a call found its shell gone and ran in a new one.
 pub const SHELL_GONE: &str =
     "runner: the shell had exited since the last call; this command ran in a new one (its state is lost)\n";
-
-/// What a shell command did: stdout and stderr interleaved as a terminal shows them.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ShellOutput {
-    pub output: String,
-    pub exit_code: Option<i32>,
-    pub timed_out: bool,
-}
 
 impl Session {
     /// Run a command in one of the session's shells.

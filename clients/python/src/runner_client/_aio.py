@@ -748,11 +748,11 @@ class AsyncJobs:
     def __init__(self, transport: AsyncTransport) -> None:
         self._t = transport
 
-    async def apply(self, manifest: ManifestInput) -> List[str]:
-        return await self._t.call(_core.apply(manifest))
+    async def apply(self, manifest: ManifestInput, *, replace: bool = False) -> List[str]:
+        return await self._t.call(_core.apply(manifest, replace))
 
-    async def apply_file(self, path: PathLike) -> List[str]:
-        return await self.apply(pathlib.Path(os.fspath(path)))
+    async def apply_file(self, path: PathLike, *, replace: bool = False) -> List[str]:
+        return await self.apply(pathlib.Path(os.fspath(path)), replace=replace)
 
     async def list(self, label_selector: Union[str, Mapping[str, str], None] = None) -> List[Job]:
         return await self._t.call(_core.list_jobs(label_selector))

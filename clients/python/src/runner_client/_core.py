@@ -421,9 +421,10 @@ def manifest_text(manifest: ManifestInput) -> bytes:
     raise TypeError("a manifest: its text, a pathlib.Path to its file, or a list of documents")
 
 
-def apply(manifest: ManifestInput) -> Op[List[str]]:
+def apply(manifest: ManifestInput, replace: bool = False) -> Op[List[str]]:
+    path = _path("v1", "jobs", query={"replace": "true"} if replace else None)
     return Op(
-        Request("POST", "/v1/jobs", manifest_text(manifest), content_type="application/yaml"),
+        Request("POST", path, manifest_text(manifest), content_type="application/yaml"),
         lambda r: [str(n) for n in json_of(r).get("created", [])],
     )
 

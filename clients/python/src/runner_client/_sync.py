@@ -435,15 +435,17 @@ class Jobs:
     def __init__(self, transport: SyncTransport) -> None:
         self._t = transport
 
-    def apply(self, manifest: ManifestInput) -> List[str]:
+    def apply(self, manifest: ManifestInput, *, replace: bool = False) -> List[str]:
         """Submit a manifest — its text (YAML or JSON), a `pathlib.Path` to its file, or a list
-        of documents; its Jobs start detached. The names created."""
-        return self._t.call(_core.apply(manifest))
+        of documents; its Jobs start detached. The names created. A name that exists is a
+        `Conflict` (Kubernetes' AlreadyExists) unless `replace` (a finished job of that name
+        is then replaced, its record and logs with it)."""
+        return self._t.call(_core.apply(manifest, replace))
 
-    def apply_file(self, path: PathLike) -> List[str]:
+    def apply_file(self, path: PathLike, *, replace: bool = False) -> List[str]:
         """Submit a manifest file. Relative paths in it resolve on the server, against its
         working directory."""
-        return self.apply(_as_path(path))
+        return self.apply(_as_path(path), replace=replace)
 
     def list(self, label_selector: Union[str, Mapping[str, str], None] = None) -> List[Job]:
         """Every Job, or those whose labels match (`"suite=x"` or `{"suite": "x"}`)."""

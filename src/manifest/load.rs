@@ -1,0 +1,602 @@
+//! Reading manifests: files, env dirs and text split into documents, each decoded by kind
+//! with bounded YAML (depth, aliases, scalar size), and jobs bound to their Environments.
+
+use super::*;
+
+/// Everything one manifest file (plus `--env-dir`) defines.
+#[derive(Clone, Debug, Default)]
+pub struct ManifestSet {
+    pub environments: Vec<Environment>,
+    pub jobs: Vec<Job>,
+    pub pools: Vec<WarmPool>,
+    /// `kind: Network` documents.
+    pub networks: Vec<NetworkDef>,
+    /// Environments found in `--env-dir`, consulted after the file's own.
+    pub env_dir: Vec<Environment>,
+    /// Networks found in `--env-dir`, consulted after the file's own.
+    pub env_dir_networks: Vec<NetworkDef>,
+    pub env_dir_path: Option<PathBuf>,
+}
+
+/// A Job together with the Environment it runs in, checked against each other for the
+/// backend that will run it.
+#[derive(Clone, Debug)]
+pub struct Bound {
+    pub job: Job,
+    pub env: Environment,
+    pub backend: Backend,
+    pub network: NetworkMode,
+    /// The named network a bridge container joins (`None`: runner's default one).
+    pub bridge: Option<NetworkDef>,
+}
+
+impl ManifestSet {
+    /// The Environment a job names: first this file's, then `--env-dir`'s.
+    pub fn environment_for(&self, job: &Job) -> Result<&Environment, ManifestError> {
+        self.environments
+            .iter()
+            .chain(self.env_dir.iter())
+            .find(|e| e.name == job.environment)
+            .ok_or_else(|| {
+                let searched = match &self.env_dir_path {
+                    Some(dir) => format!(" nor in {}", dir.display()),
+                    None => " (pass --env-dir DIR to look elsewhere)".to_string(),
+                };
+                ManifestError::new(
+                    job.environment_origin.clone(),
+                    ManifestErrorKind::EnvironmentNotFound {
+                        name: job.environment.clone(),
+                        searched,
+                    },
+                )
+                .in_document(format!("Job {:?}", job.name))
+                .with_file(&job.file)
+            })
+    }
+
+    /// The Environment a warm pool names (first this file's, then `--env-dir`'s): it must
+    /// run on containerd.
+    pub fn pool_environment(&self, pool: &WarmPool) -> Result<&Environment, ManifestError> {
+        let err = |kind| {
+            ManifestError::new(pool.environment_origin.clone(), kind)
+                .in_document(format!("WarmPool {:?}", pool.name))
+                .with_file(&pool.file)
+        };
+        let env = self
+            .environments
+            .iter()
+            .chain(self.env_dir.iter())
+            .find(|e| e.name == pool.environment)
+            .ok_or_else(|| {
+                err(ManifestErrorKind::EnvironmentNotFound {
+                    name: pool.environment.clone(),
+                    searched: match &self.env_dir_path {
+                        Some(dir) => format!(" nor in {}", dir.display()),
+                        None => " (pass --env-dir DIR to look elsewhere)".to_string(),
+                    },
+                })
+            })?;
+        if env.backend != Backend::Containerd {
+            return Err(err(ManifestErrorKind::PoolBackend {
+                environment: env.name.clone(),
+            }));
+        }
+        Ok(env)
+    }
+
+    /// Pair a job with its environment and run the checks that need both; a named network
+    /// is looked up here (this file's Networks, then `--env-dir`'s).
+    pub fn bind(&self, job: &Job, backend: Option<Backend>) -> Result<Bound, ManifestError> {
+        let env = self.environment_for(job)?;
+        let mut bound = bind_inner(job, env, backend)?;
+        if let Some(name) = &env.network_name {
+            let found = self
+                .networks
+                .iter()
+                .chain(self.env_dir_networks.iter())
+                .find(|n| &n.name == name);
+            let Some(def) = found else {
+                let searched = match &self.env_dir_path {
+                    Some(dir) => format!(" nor in {}", dir.display()),
+                    None => " (pass --env-dir DIR to look elsewhere)".to_string(),
+                };
+                return Err(ManifestError::new(
+                    env.origin("spec.network"),
+                    ManifestErrorKind::Yaml(format!(
+                        "no Network {name:?} among this manifest's documents{searched} (a network is none, host, bridge or the name of a Network document)"
+                    )),
+                )
+                .in_document(format!("Environment {:?}", env.name))
+                .with_file(&env.origins.file));
+            };
+            bound.bridge = Some(def.clone());
+        }
+        Ok(bound)
+    }
+
+    /// Use the Environments and Networks of `--env-dir`.
+    pub fn use_env_dir(&mut self, dir: &Path) -> Result<(), ManifestError> {
+        let (environments, networks) = load_env_dir_all(dir)?;
+        self.env_dir = environments;
+        self.env_dir_networks = networks;
+        self.env_dir_path = Some(dir.to_path_buf());
+        Ok(())
+    }
+}
+
+impl ManifestError {
+    fn with_file(self, file: &Option<PathBuf>) -> Self {
+        match file {
+            Some(f) => self.in_file(f),
+            None => self,
+        }
+    }
+}
+
+/// Checks that need both documents and the backend that will run them. An Environment on a
+/// named network binds only with its manifest (`ManifestSet::bind`), which has the network.
+pub fn bind(job: &Job, env: &Environment, backend: Option<Backend>) -> Result<Bound, ManifestError> {
+    if let Some(name) = &env.network_name {
+        return Err(ManifestError::new(
+            env.origin("spec.network"),
+            ManifestErrorKind::Yaml(format!(
+                "network {name:?} is a Network document's: bind with its manifest"
+            )),
+        ));
+    }
+    bind_inner(job, env, backend)
+}
+
+pub(super) fn bind_inner(job: &Job, env: &Environment, backend: Option<Backend>) -> Result<Bound, ManifestError> {
+    let backend = backend.unwrap_or(env.backend);
+    let env_err = |path: &str, loc: Option<Location>, kind| {
+        ManifestError::new(Origin::new(path, loc), kind)
+            .in_document(format!("Environment {:?}", env.name))
+            .with_file(&env.origins.file)
+    };
+    let job_err = |origin: &Origin, kind| {
+        ManifestError::new(origin.clone(), kind)
+            .in_document(format!("Job {:?}", job.name))
+            .with_file(&job.file)
+    };
+    let network = match (backend, env.network) {
+        (Backend::Host, Some(NetworkMode::Bridge)) => {
+            return Err(env_err(
+                "spec.network",
+                env.origins.network,
+                ManifestErrorKind::HostNetwork("bridge"),
+            ));
+        }
+        (Backend::Host, Some(NetworkMode::None)) => {
+            return Err(env_err(
+                "spec.network",
+                env.origins.network,
+                ManifestErrorKind::HostNetwork("none"),
+            ));
+        }
+        (Backend::Host, _) => NetworkMode::Host,
+        (Backend::Containerd, n) => n.unwrap_or(NetworkMode::None),
+    };
+    if backend == Backend::Host {
+        if let Some(m) = env.mounts.first() {
+            return Err(env_err(
+                &m.target_origin.path,
+                m.target_origin.location,
+                ManifestErrorKind::HostMounts,
+            ));
+        }
+        if let Some(m) = job.mounts.first() {
+            return Err(job_err(&m.target_origin, ManifestErrorKind::HostMounts));
+        }
+    }
+    if backend == Backend::Containerd {
+        if env.image.is_none() {
+            return Err(env_err("spec.image", None, ManifestErrorKind::ImageRequired));
+        }
+        if env.include_host_env {
+            return Err(env_err(
+                "spec.includeHostEnv",
+                env.origins.include_host_env,
+                ManifestErrorKind::HostEnvInContainer,
+            ));
+        }
+        // The host's network namespace belongs to the host's user namespace: a container in
+        // its own cannot mount /sys for it (Kubernetes refuses hostNetwork without hostUsers
+        // too).
+        if network == NetworkMode::Host && !env.host_users {
+            return Err(env_err(
+                "spec.network",
+                env.origins.network,
+                ManifestErrorKind::HostNetworkNeedsHostUsers,
+            ));
+        }
+        if !env.host_users
+            && let Some(UserSpec::Ids { uid, gid }) = env.user
+            && let Some(id) = [uid, gid].into_iter().find(|&id| u64::from(id) >= USERNS_IDS)
+        {
+            return Err(env_err(
+                "spec.user",
+                env.origins.user,
+                ManifestErrorKind::IdOutsideUserns { id, size: USERNS_IDS },
+            ));
+        }
+    }
+    if env.mount_workspace {
+        let workdir = paths::normalize(&env.workdir);
+        let under = |m: &MountSpec| paths::is_within(&paths::normalize(&m.target), &workdir);
+        if let Some(m) = job.mounts.iter().find(|m| under(m)) {
+            return Err(job_err(
+                &m.target_origin,
+                ManifestErrorKind::TargetUnderWorkdir {
+                    target: m.target.clone(),
+                    workdir: env.workdir.clone(),
+                },
+            ));
+        }
+    }
+    Ok(Bound {
+        job: job.clone(),
+        env: env.clone(),
+        backend,
+        network,
+        bridge: None,
+    })
+}
+
+/// Read and validate one manifest file, and the Environments of `env_dir` if given.
+pub fn load_file(path: &Path, env_dir: Option<&Path>) -> Result<ManifestSet, ManifestError> {
+    Ok(load_file_text(path, env_dir)?.0)
+}
+
+/// The directory a manifest file's relative paths are anchored in.
+pub fn base_dir_of(path: &Path) -> PathBuf {
+    path.parent()
+        .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })
+        .unwrap_or(Path::new("."))
+        .to_path_buf()
+}
+
+/// As `load_file`, also returning the text that was read (read once: what is stored is what
+/// was validated).
+pub fn load_file_text(path: &Path, env_dir: Option<&Path>) -> Result<(ManifestSet, String), ManifestError> {
+    let text = read_limited(path)?;
+    let base_dir = base_dir_of(path);
+    let mut set = parse_str(&text, &base_dir, Some(path))?;
+    if set.environments.is_empty() && set.jobs.is_empty() && set.pools.is_empty() && set.networks.is_empty() {
+        return Err(ManifestError::new(Origin::new("", None), ManifestErrorKind::Empty).in_file(path));
+    }
+    if let Some(dir) = env_dir {
+        set.use_env_dir(dir)?;
+    }
+    Ok((set, text))
+}
+
+/// Every Environment in the `*.yaml`/`*.yml` files of a directory (their Jobs are ignored).
+pub fn load_env_dir(dir: &Path) -> Result<Vec<Environment>, ManifestError> {
+    Ok(load_env_dir_all(dir)?.0)
+}
+
+/// Every Environment and Network in the `*.yaml`/`*.yml` files of a directory.
+pub fn load_env_dir_all(dir: &Path) -> Result<(Vec<Environment>, Vec<NetworkDef>), ManifestError> {
+    let read_err = |e| ManifestError::new(Origin::new("", None), ManifestErrorKind::Read(e)).in_file(dir);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(read_err)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+        .collect();
+    files.sort();
+    let mut envs: Vec<Environment> = Vec::new();
+    let mut networks: Vec<NetworkDef> = Vec::new();
+    for file in files {
+        let text = read_limited(&file)?;
+        let set = parse_str(&text, dir, Some(&file))?;
+        for net in set.networks {
+            if let Some(other) = networks.iter().find(|n| n.name == net.name || n.overlaps(&net)) {
+                return Err(ManifestError::new(
+                    Origin::new("spec.subnet", None),
+                    ManifestErrorKind::Yaml(format!(
+                        "Network {:?} ({}) clashes with Network {:?} ({}) of the same directory",
+                        net.name,
+                        net.cidr(),
+                        other.name,
+                        other.cidr()
+                    )),
+                )
+                .in_file(&file));
+            }
+            networks.push(net);
+        }
+        for env in set.environments {
+            if envs.iter().any(|e| e.name == env.name) {
+                return Err(ManifestError::new(
+                    Origin::new("metadata.name", None),
+                    ManifestErrorKind::Duplicate {
+                        kind: "Environment",
+                        name: env.name.clone(),
+                    },
+                )
+                .in_file(&file));
+            }
+            envs.push(env);
+        }
+    }
+    Ok((envs, networks))
+}
+
+pub(super) fn read_limited(path: &Path) -> Result<String, ManifestError> {
+    let err = |kind| ManifestError::new(Origin::new("", None), kind).in_file(path);
+    let meta = std::fs::metadata(path).map_err(|e| err(ManifestErrorKind::Read(e)))?;
+    if meta.len() > MAX_MANIFEST_BYTES {
+        return Err(err(ManifestErrorKind::TooLarge {
+            size: meta.len(),
+            limit: MAX_MANIFEST_BYTES,
+        }));
+    }
+    let bytes = std::fs::read(path).map_err(|e| err(ManifestErrorKind::Read(e)))?;
+    String::from_utf8(bytes).map_err(|e| {
+        err(ManifestErrorKind::Yaml(format!(
+            "manifest is not UTF-8 (invalid byte at offset {})",
+            e.utf8_error().valid_up_to()
+        )))
+    })
+}
+
+/// Parse and validate manifest text. `base_dir` anchors relative workspace and asset paths.
+pub fn parse_str(text: &str, base_dir: &Path, file: Option<&Path>) -> Result<ManifestSet, ManifestError> {
+    let mut set = ManifestSet::default();
+    let attach = |e: ManifestError| match file {
+        Some(f) => e.in_file(f),
+        None => e,
+    };
+    for (index, doc) in split_documents(text).into_iter().enumerate() {
+        let label = format!("document {}", index + 1);
+        let header: raw::Header = decode(&doc).map_err(|e| attach(e.in_document(label.clone())))?;
+        let loc = |s: &Spanned<String>| location(&s.referenced, doc.first_line);
+        let Some(api) = &header.api_version else {
+            return Err(attach(
+                ManifestError::new(
+                    Origin::new("apiVersion", None),
+                    ManifestErrorKind::MissingApiVersion { expected: API_VERSION },
+                )
+                .in_document(label),
+            ));
+        };
+        if api.value != API_VERSION {
+            return Err(attach(
+                ManifestError::new(
+                    Origin::new("apiVersion", loc(api)),
+                    ManifestErrorKind::ApiVersion {
+                        found: api.value.clone(),
+                        expected: API_VERSION,
+                    },
+                )
+                .in_document(label),
+            ));
+        }
+        let Some(kind) = &header.kind else {
+            return Err(attach(
+                ManifestError::new(Origin::new("kind", None), ManifestErrorKind::MissingKind).in_document(label),
+            ));
+        };
+        match kind.value.as_str() {
+            "Environment" => {
+                let raw: raw::EnvironmentDoc = decode(&doc).map_err(|e| attach(e.in_document(label.clone())))?;
+                let doc_name = format!("Environment {:?}", raw.metadata.name.value);
+                let env = validate_environment(raw, doc.first_line, file)
+                    .map_err(|e| attach(e.in_document(doc_name.clone())))?;
+                if set.environments.iter().any(|e| e.name == env.name) {
+                    return Err(attach(
+                        ManifestError::new(
+                            Origin::new("metadata.name", None),
+                            ManifestErrorKind::Duplicate {
+                                kind: "Environment",
+                                name: env.name,
+                            },
+                        )
+                        .in_document(doc_name),
+                    ));
+                }
+                set.environments.push(env);
+            }
+            "Job" => {
+                let raw: raw::JobDoc = decode(&doc).map_err(|e| attach(e.in_document(label.clone())))?;
+                let doc_name = format!("Job {:?}", raw.metadata.name.value);
+                let job = validate_job(raw, doc.first_line, base_dir, file)
+                    .map_err(|e| attach(e.in_document(doc_name.clone())))?;
+                if set.jobs.iter().any(|j| j.name == job.name) {
+                    return Err(attach(
+                        ManifestError::new(
+                            Origin::new("metadata.name", None),
+                            ManifestErrorKind::Duplicate {
+                                kind: "Job",
+                                name: job.name,
+                            },
+                        )
+                        .in_document(doc_name),
+                    ));
+                }
+                set.jobs.push(job);
+            }
+            "WarmPool" => {
+                let raw: raw::WarmPoolDoc = decode(&doc).map_err(|e| attach(e.in_document(label.clone())))?;
+                let doc_name = format!("WarmPool {:?}", raw.metadata.name.value);
+                let pool =
+                    validate_pool(raw, doc.first_line, file).map_err(|e| attach(e.in_document(doc_name.clone())))?;
+                if set.pools.iter().any(|p| p.name == pool.name) {
+                    return Err(attach(
+                        ManifestError::new(
+                            Origin::new("metadata.name", None),
+                            ManifestErrorKind::Duplicate {
+                                kind: "WarmPool",
+                                name: pool.name,
+                            },
+                        )
+                        .in_document(doc_name),
+                    ));
+                }
+                set.pools.push(pool);
+            }
+            "Network" => {
+                let raw: raw::NetworkDoc = decode(&doc).map_err(|e| attach(e.in_document(label.clone())))?;
+                let doc_name = format!("Network {:?}", raw.metadata.name.value);
+                let net = validate_network(raw, doc.first_line).map_err(|e| attach(e.in_document(doc_name.clone())))?;
+                if let Some(other) = set.networks.iter().find(|n| n.name == net.name || n.overlaps(&net)) {
+                    let why = if other.name == net.name {
+                        ManifestErrorKind::Duplicate {
+                            kind: "Network",
+                            name: net.name,
+                        }
+                    } else {
+                        ManifestErrorKind::Yaml(format!(
+                            "subnet {} overlaps Network {:?}'s {}",
+                            net.cidr(),
+                            other.name,
+                            other.cidr()
+                        ))
+                    };
+                    return Err(attach(
+                        ManifestError::new(Origin::new("spec.subnet", None), why).in_document(doc_name),
+                    ));
+                }
+                set.networks.push(net);
+            }
+            other => {
+                return Err(attach(
+                    ManifestError::new(
+                        Origin::new("kind", loc(kind)),
+                        ManifestErrorKind::Kind(other.to_string()),
+                    )
+                    .in_document(label),
+                ));
+            }
+        }
+    }
+    Ok(set)
+}
+
+/// One YAML document of a stream, with the line it starts on in the whole file.
+pub(super) struct Document {
+    text: String,
+    /// 0-based line of the file where `text` begins.
+    first_line: u64,
+}
+
+/// Split a stream at `---` / `...` marker lines. YAML forbids these markers at column 0 inside
+/// content, so a line scan is exact; splitting ourselves lets each document be parsed on its
+/// own with the strict type its `kind` asks for, while positions stay those of the file.
+pub(super) fn split_documents(text: &str) -> Vec<Document> {
+    let mut docs = Vec::new();
+    let mut current = String::new();
+    let mut first_line = 0u64;
+    let is_marker = |line: &str, marker: &str| {
+        line.strip_prefix(marker)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t', '\r']))
+    };
+    for (n, line) in text.split_inclusive('\n').enumerate() {
+        let n = n as u64;
+        let bare = line.trim_end_matches('\n');
+        if is_marker(bare, "---") || is_marker(bare, "...") {
+            if has_content(&current) {
+                docs.push(Document {
+                    text: std::mem::take(&mut current),
+                    first_line,
+                });
+            }
+            current.clear();
+            first_line = n;
+            if is_marker(bare, "---") {
+                // Keep what follows `---` on the same line (`--- {a: 1}`), at its column.
+                current.push_str("   ");
+                current.push_str(&line[3..]);
+            } else {
+                current.push('\n');
+            }
+        } else {
+            current.push_str(line);
+        }
+    }
+    if has_content(&current) {
+        docs.push(Document {
+            text: current,
+            first_line,
+        });
+    }
+    docs
+}
+
+pub(super) fn has_content(text: &str) -> bool {
+    text.lines().any(|l| {
+        let t = l.trim();
+        !t.is_empty() && !t.starts_with('#') && !t.starts_with('%')
+    })
+}
+
+pub(super) fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_depth: MAX_YAML_DEPTH,
+            max_aliases: MAX_YAML_ALIASES,
+            max_total_scalar_bytes: MAX_YAML_SCALAR_BYTES,
+            max_documents: 1,
+        },
+    }
+}
+
+pub(super) fn location(loc: &serde_saphyr::Location, first_line: u64) -> Option<Location> {
+    (loc.line() > 0).then(|| Location {
+        line: loc.line() + first_line,
+        column: loc.column(),
+    })
+}
+
+/// Deserialize one document into a raw type, keeping the serde path of a failure.
+pub(super) fn decode<T: DeserializeOwned>(doc: &Document) -> Result<T, ManifestError> {
+    let mut track = serde_path_to_error::Track::new();
+    let result = serde_saphyr::with_deserializer_from_str_with_options(&doc.text, yaml_options(), |de| {
+        T::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
+    });
+    result.map_err(|err| {
+        let path = track.path().to_string();
+        let path = if path == "." { String::new() } else { path };
+        // `Spanned<T>` is a struct to serde: drop its inner `.value` segment from the path.
+        let path = path.replace(".value.", ".").replace(".value[", "[");
+        let path = path.strip_suffix(".value").map(str::to_string).unwrap_or(path);
+        let loc = err.location().and_then(|l| location(&l, doc.first_line));
+        ManifestError::new(Origin::new(path, loc), ManifestErrorKind::Yaml(yaml_message(&err)))
+    })
+}
+
+/// The parser's message without its own position suffix (we print positions ourselves).
+pub(super) fn yaml_message(err: &serde_saphyr::Error) -> String {
+    let text = err.without_snippet().to_string();
+    let text = match text.find(" at line ") {
+        Some(i) => text[..i].to_string(),
+        None => text,
+    };
+    text.lines().next().unwrap_or_default().trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_documents_and_keeps_file_line_numbers() {
+        let docs = split_documents("a: 1\n---\nb: 2\n--- {c: 3}\n...\n# only a comment\n");
+        assert_eq!(docs.len(), 3);
+        assert_eq!(docs[0].first_line, 0);
+        assert_eq!(docs[1].first_line, 1);
+        assert!(docs[1].text.contains("b: 2"));
+        assert_eq!(docs[2].first_line, 3);
+        assert!(docs[2].text.starts_with("    {c: 3}"));
+    }
+
+    #[test]
+    fn errors_carry_path_and_line_column() {
+        let text = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec:\n  resources:\n    memory: lots\n";
+        let err = parse_str(text, Path::new("."), None).unwrap_err();
+        assert_eq!(err.origin.path, "spec.resources.memory");
+        assert_eq!(err.origin.location, Some(Location { line: 6, column: 13 }));
+        assert!(err.to_string().contains("6:13"), "{err}");
+    }
+}
