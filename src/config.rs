@@ -97,6 +97,15 @@ pub struct Config {
     pub net: NetPaths,
     /// The bounds of runner's resolver (used by `runner resolver`).
     pub resolver: ResolverLimits,
+    /// Keep the cgroup attach lock warm while containers are created.
+    pub warm_cgroup_attach: WarmMode,
+    /// Remapped containers' rootfs directories (host-wide, per containerd).
+    pub rootfs_dir: PathBuf,
+    /// User-namespace range leases (host-wide: every runner of the host must share it).
+    pub userns_dir: PathBuf,
+    /// The first retry delay of a failed attempt (`backoffLimit`), doubling after: 10 s as in
+    /// Kubernetes; tests shorten it.
+    pub backoff_base: Duration,
 }
 
 /// The host paths of the network layer (`net`), in one place.
@@ -176,15 +185,6 @@ impl Default for ResolverLimits {
             log_lines_per_second: 20,
         }
     }
-    /// Keep the cgroup attach lock warm while containers are created.
-    pub warm_cgroup_attach: WarmMode,
-    /// Remapped containers' rootfs directories (host-wide, per containerd).
-    pub rootfs_dir: PathBuf,
-    /// User-namespace range leases (host-wide: every runner of the host must share it).
-    pub userns_dir: PathBuf,
-    /// The first retry delay of a failed attempt (`backoffLimit`), doubling after: 10 s as in
-    /// Kubernetes; tests shorten it.
-    pub backoff_base: Duration,
 }
 
 impl Config {
