@@ -646,3 +646,44 @@ async fn a_bad_session_request_names_its_own_field() {
         );
     }
 }
+
+/// `GET /v1/jobs/{name}/logs` takes what `runner logs` takes: index, attempt, tailLines,
+/// prefix, setup, stream, follow (issue 37, item 3).
+#[tokio::test]
+async fn job_logs_take_index_tail_prefix_stream_and_follow() {
+    let api = api();
+    let manifest = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: h}\nspec: {backend: host}\n---\n\
+         apiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: two}\nspec:\n  environment: h\n  completions: 2\n  completionMode: Indexed\n  \
+         command: 'echo a$JOB_COMPLETION_INDEX; echo b$JOB_COMPLETION_INDEX; echo e$JOB_COMPLETION_INDEX >&2'\n";
+    let (status, body) = api.send("POST", "/v1/jobs", Some(TOKEN), Body::from(manifest)).await;
+    assert_eq!(status, StatusCode::CREATED, "{}", String::from_utf8_lossy(&body));
+    // Following a running job answers once it ended, with everything.
+    let followed = api
+        .send(
+            "GET",
+            "/v1/jobs/two/logs?follow=true&prefix=true",
+            Some(TOKEN),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(followed.0, StatusCode::OK);
+    assert_eq!(String::from_utf8_lossy(&followed.1), "[0] a0\n[0] b0\n[1] a1\n[1] b1\n");
+    let get = |query: &'static str| {
+        let api = &api;
+        async move {
+            let (status, body) = api
+                .send("GET", &format!("/v1/jobs/two/logs{query}"), Some(TOKEN), Body::empty())
+                .await;
+            (status, String::from_utf8_lossy(&body).to_string())
+        }
+    };
+    assert_eq!(get("").await, (StatusCode::OK, "a0\nb0\na1\nb1\n".into()));
+    assert_eq!(get("?index=1").await.1, "a1\nb1\n");
+    assert_eq!(get("?tailLines=1&prefix=true").await.1, "[0] b0\n[1] b1\n");
+    assert_eq!(get("?stream=stderr").await.1, "e0\ne1\n");
+    assert_eq!(get("?attempt=3").await.1, "");
+    assert_eq!(get("?tail=1").await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(get("?stream=both").await.0, StatusCode::BAD_REQUEST);
+    let (status, _) = api.send("GET", "/v1/jobs/none/logs", Some(TOKEN), Body::empty()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}

@@ -603,3 +603,257 @@ fn a_timeout_waits_the_jobs_grace_period_before_sigkill() {
     assert!((1900..6000).contains(&ms), "{ms} ms: {job}");
     assert_eq!(result["signal"], 9, "{job}");
 }
+
+/// `get job -o yaml` prints the whole resolved Job (paths absolute, defaults filled in), and
+/// that output applies again from anywhere: same spec, same run (issue 37, item 6). Its
+/// `spec.backend` is checked, never a choice.
+#[test]
+fn a_job_get_prints_applies_again_to_the_same_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    // The workspace may not be in the state dir.
+    let state = dir.path().join("state");
+    let envs = dir.path().join("envs");
+    std::fs::create_dir(&envs).unwrap();
+    std::fs::create_dir_all(dir.path().join("src/ws")).unwrap();
+    std::fs::write(dir.path().join("src/ws/in.txt"), "from the workspace\n").unwrap();
+    std::fs::write(dir.path().join("src/asset.txt"), "an asset\n").unwrap();
+    write_manifest(
+        &envs,
+        "host.yaml",
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: from-dir}\nspec:\n  backend: host\n",
+    );
+    let file = write_manifest(
+        &dir.path().join("src"),
+        "job.yaml",
+        r#"apiVersion: runner/v1alpha1
+kind: Job
+metadata:
+  name: round
+  labels: {team: evals}
+spec:
+  environment: from-dir
+  workspace: ws
+  staticAssets: [{source: asset.txt, savePath: data/asset.txt}]
+  command: 'cat in.txt; cat; echo "index $JOB_COMPLETION_INDEX"'
+  stdin: "from stdin\n"
+  timeoutSeconds: 30.5
+  disableSetup: true
+  completions: 2
+  parallelism: 1
+  completionMode: Indexed
+  backoffLimit: 1
+  activeDeadlineSeconds: 600
+  ttlSecondsAfterFinished: 3600
+  terminationGracePeriodSeconds: 3
+  podFailurePolicy:
+    rules:
+    - action: FailJob
+      onExitCodes: {operator: In, values: [42]}
+"#,
+    );
+    let env_dir = envs.to_str().unwrap();
+    let first = runner(&["apply", "-f", file.to_str().unwrap(), "--env-dir", env_dir], &state);
+    assert_eq!(
+        first.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let spec_of = |out: &std::process::Output| json_of(out)["spec"].clone();
+    let before = spec_of(&runner(&["get", "job", "round", "-o", "json"], &state));
+    let ws = dir.path().join("src/ws");
+    let asset = dir.path().join("src/asset.txt");
+    let expected = serde_json::json!({
+        "environment": "from-dir",
+        "backend": "host",
+        "command": ["/bin/sh", "-c", r#"cat in.txt; cat; echo "index $JOB_COMPLETION_INDEX""#],
+        "completions": 2,
+        "workspace": ws,
+        "staticAssets": [{"source": asset, "savePath": "data/asset.txt"}],
+        "stdin": "from stdin\n",
+        "timeoutSeconds": 30.5,
+        "disableSetup": true,
+        "parallelism": 1,
+        "completionMode": "Indexed",
+        "backoffLimit": 1,
+        "activeDeadlineSeconds": 600,
+        "ttlSecondsAfterFinished": 3600,
+        "terminationGracePeriodSeconds": 3,
+        "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}]},
+    });
+    assert_eq!(before, expected);
+    let logs_before = runner(&["logs", "round"], &state);
+
+    // Printed as YAML, status and all, then applied from another directory.
+    let printed = runner(&["get", "job", "round", "-o", "yaml"], &state);
+    assert_eq!(printed.status.code(), Some(0));
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let again = write_manifest(&elsewhere, "again.yaml", &String::from_utf8_lossy(&printed.stdout));
+    let second = runner(
+        &[
+            "apply",
+            "--replace",
+            "-f",
+            again.to_str().unwrap(),
+            "--env-dir",
+            env_dir,
+        ],
+        &state,
+    );
+    assert_eq!(
+        second.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    let after_json = runner(&["get", "job", "round", "-o", "json"], &state);
+    assert_eq!(spec_of(&after_json), expected);
+    assert_eq!(json_of(&after_json)["metadata"]["labels"]["team"], "evals");
+    let logs_after = runner(&["logs", "round"], &state);
+    assert_eq!(logs_after.stdout, logs_before.stdout);
+    assert!(
+        String::from_utf8_lossy(&logs_after.stdout).contains("from the workspace\nfrom stdin\n"),
+        "{}",
+        String::from_utf8_lossy(&logs_after.stdout)
+    );
+
+    // Its backend is where it ran: another one is refused at that field, naming the way out.
+    let refused = runner(
+        &[
+            "apply",
+            "--replace",
+            "-f",
+            again.to_str().unwrap(),
+            "--env-dir",
+            env_dir,
+            "--backend",
+            "containerd",
+        ],
+        &state,
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("spec.backend") && stderr.contains("says backend host, but it resolves to containerd"),
+        "{stderr}"
+    );
+}
+
+/// A foreground `apply` prints every index's output, each line prefixed `[INDEX] ` when there
+/// are several (`--index I` picks one, unprefixed); `logs --prefix`, `--tail N` and `--setup`
+/// read the same output back (issue 37, items 3 and 9).
+#[test]
+fn every_index_is_printed_prefixed_and_logs_prefix_tail_and_setup() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: host}\nspec:\n  backend: host\n  setup:\n    commands: [\"echo preparing $JOB_COMPLETION_INDEX\"]\n";
+    // Index 1 ends without a newline; index 2 fails after its output, a second after the
+    // others ended (its failure fails the Job, which stops what still runs).
+    let job = "---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: three}\nspec:\n  environment: host\n  completions: 3\n  parallelism: 3\n  completionMode: Indexed\n  command: 'echo \"first $JOB_COMPLETION_INDEX\"; echo \"err $JOB_COMPLETION_INDEX\" >&2; printf \"second $JOB_COMPLETION_INDEX\"; [ $JOB_COMPLETION_INDEX = 1 ] || echo; [ $JOB_COMPLETION_INDEX != 2 ] || { sleep 1; exit 1; }'\n";
+    let file = write_manifest(dir.path(), "job.yaml", &format!("{env}{job}"));
+    let text = |o: &[u8]| String::from_utf8_lossy(o).to_string();
+    let out = runner(&["apply", "-f", file.to_str().unwrap()], dir.path());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "[0] first 0\n[0] second 0\n[1] first 1\n[1] second 1\n[2] first 2\n[2] second 2\n"
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with("[0] err 0\n[1] err 1\n[2] err 2\njob/three Failed"),
+        "{stderr}"
+    );
+
+    let again = |extra: &[&str]| {
+        let mut args = vec!["apply", "--replace", "-f", file.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        runner(&args, dir.path())
+    };
+    let one = again(&["--index", "1"]);
+    assert_eq!(text(&one.stdout), "first 1\nsecond 1");
+    assert!(
+        text(&one.stderr).starts_with("err 1\njob/three Failed"),
+        "{}",
+        text(&one.stderr)
+    );
+
+    let logs = |extra: &[&str]| {
+        let mut args = vec!["logs", "three"];
+        args.extend_from_slice(extra);
+        let out = runner(&args, dir.path());
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        (text(&out.stdout), text(&out.stderr))
+    };
+    assert_eq!(logs(&[]).0, "first 0\nsecond 0\nfirst 1\nsecond 1first 2\nsecond 2\n");
+    assert_eq!(
+        logs(&["--prefix"]).0,
+        "[0] first 0\n[0] second 0\n[1] first 1\n[1] second 1\n[2] first 2\n[2] second 2\n"
+    );
+    assert_eq!(logs(&["--prefix"]).1, "[0] err 0\n[1] err 1\n[2] err 2\n");
+    assert_eq!(
+        logs(&["--tail", "1", "--prefix"]).0,
+        "[0] second 0\n[1] second 1\n[2] second 2\n"
+    );
+    assert_eq!(logs(&["--tail", "1", "--index", "1"]).0, "second 1");
+    assert_eq!(logs(&["--tail", "0"]).0, "");
+    assert_eq!(
+        logs(&["--setup", "--prefix"]).0,
+        "[0] preparing 0\n[1] preparing 1\n[2] preparing 2\n"
+    );
+    let unknown = runner(&["logs", "nothing-here", "--tail", "3"], dir.path());
+    assert_eq!(unknown.status.code(), Some(2));
+}
+
+/// The errors a newcomer met, as `runner validate` prints them (issue 37, item 8): each names
+/// the file, line and column, the field, and what to write instead.
+#[test]
+fn errors_say_where_and_what_to_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: host}\nspec:\n  backend: host\n---\n";
+    let job = |spec: &str| {
+        format!(
+            "{env}apiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: j}}\nspec:\n  environment: host\n{spec}"
+        )
+    };
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "missing workspace",
+            job("  workspace: ./nope\n  command: \"true\"\n"),
+            "case.yaml:12:14: Job \"j\": spec.workspace: ",
+        ),
+        (
+            "missing workspace, said plainly",
+            job("  workspace: ./nope\n  command: \"true\"\n"),
+            "/nope: does not exist",
+        ),
+        (
+            "a duration for seconds",
+            job("  command: \"true\"\n  timeoutSeconds: \"10s\"\n"),
+            "case.yaml:13:19: document 2: spec.timeoutSeconds: \"10s\" is not a number of seconds: write 10 (seconds, no unit)",
+        ),
+        (
+            "a fraction for whole seconds",
+            job("  command: \"true\"\n  activeDeadlineSeconds: 1.5\n"),
+            "spec.activeDeadlineSeconds: 1.5 is not a whole number of seconds",
+        ),
+        (
+            "a colon in a plain value",
+            job("  command: echo a: b\n"),
+            "case.yaml:12:18: document 2: spec: mapping values are not allowed in this context; a value holding `: ` must be quoted",
+        ),
+        ("a tab", job("\tcommand: x\n"), "YAML indents with spaces, never tabs"),
+        (
+            "an unknown kind",
+            env.replace("kind: Environment", "kind: Netwrk"),
+            "unknown kind \"Netwrk\" (expected Environment, Job, Network or WarmPool)",
+        ),
+    ];
+    for (case, text, expected) in cases {
+        let file = write_manifest(dir.path(), "case.yaml", &text);
+        let out = runner(&["validate", "-f", file.to_str().unwrap()], &dir.path().join("state"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{case}: {stderr}");
+        assert!(stderr.contains(expected), "{case}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{case}: one line: {stderr}");
+    }
+}

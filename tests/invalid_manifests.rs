@@ -340,13 +340,13 @@ fn cases() -> Vec<(&'static str, String, &'static str, &'static str)> {
             "missing static asset",
             job_with("  staticAssets: [{source: ./nope, savePath: x}]\n"),
             "spec.staticAssets[0].source",
-            "No such file",
+            "does not exist",
         ),
         (
             "missing workspace",
             format!("{ENV}{JOB}").replace("workspace: ./ws", "workspace: ./nope"),
             "spec.workspace",
-            "No such file",
+            "does not exist",
         ),
         (
             "wrong apiVersion",

@@ -387,6 +387,57 @@ fn logs_follow_streams_output_while_the_attempt_runs() {
     assert!(!state.join("logs").join("follow").exists());
 }
 
+/// `logs -f --prefix --tail N` on a running Indexed Job: from each index's last lines on, every
+/// line whole with its index before it, though the indexes write halves of lines at once.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn logs_follow_with_prefix_never_mixes_indexes_inside_a_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let file = write_manifest(
+        dir.path(),
+        "mixed.yaml",
+        &job(
+            "mixed",
+            r#"["sh", "-c", "echo start$JOB_COMPLETION_INDEX; echo second$JOB_COMPLETION_INDEX; sleep 2; printf half$JOB_COMPLETION_INDEX; sleep 1; echo -done$JOB_COMPLETION_INDEX"]"#,
+            "  completions: 2\n  parallelism: 2\n  completionMode: Indexed\n",
+        ),
+    );
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "--detach"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // Both indexes wrote their first two lines.
+    let live =
+        |i: u32| std::fs::read_to_string(state.join(format!("logs/mixed/{i}-0.live.stdout"))).unwrap_or_default();
+    let start = std::time::Instant::now();
+    while !(live(0).contains("second0") && live(1).contains("second1")) {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "no output: {:?} {:?}",
+            live(0),
+            live(1)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = runner_ctd(&["logs", "-f", "--prefix", "--tail", "1", "mixed"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    for i in 0..2 {
+        let own: Vec<&str> = lines
+            .iter()
+            .copied()
+            .filter(|l| l.starts_with(&format!("[{i}] ")))
+            .collect();
+        assert_eq!(
+            own,
+            [format!("[{i}] second{i}"), format!("[{i}] half{i}-done{i}")],
+            "{text}"
+        );
+    }
+    assert_eq!(lines.len(), 4, "{text}");
+}
+
 /// stdin through `runner apply` in the foreground: the command reads it, then EOF; setup reads
 /// /dev/null; a job without stdin sees EOF at once.
 #[test]
@@ -899,7 +950,7 @@ fn whether_a_pool_served_a_job_is_said_and_why_not() {
     let envs = write_manifest(dir.path(), "env.yaml", ENV);
     let _rm = RemovePool(state.clone(), "bb");
     let made = runner_ctd(
-        &["pool", "create", "bb", "-f", envs.to_str().unwrap(), "--size", "1"],
+        &["pool", "create", "bb", "-f", envs.to_str().unwrap(), "--size", "2"],
         &state,
     );
     assert_eq!(made.status.code(), Some(0), "{}", String::from_utf8_lossy(&made.stderr));
@@ -935,7 +986,14 @@ fn whether_a_pool_served_a_job_is_said_and_why_not() {
         described.contains("Pool: bb") && described.contains("Pooled"),
         "{described}"
     );
-    // The pool made again with --workspace: its old member is outdated, not broken.
+    // The pool made again with --workspace, once the claim's refill is done: its members of
+    // the old shape are outdated, not broken.
+    let ls = || json_of(&runner_ctd(&["pool", "ls", "-o", "json"], &state));
+    assert!(
+        eventually(Duration::from_secs(60), || ls()[0]["ready"] == 2),
+        "{}",
+        ls()
+    );
     let again = runner_ctd(
         &[
             "pool",
@@ -957,7 +1015,32 @@ fn whether_a_pool_served_a_job_is_said_and_why_not() {
         String::from_utf8_lossy(&again.stderr)
     );
     assert!(
-        said.contains("removed 1 outdated") && !said.contains("broken"),
+        said.contains("removed 2 outdated") && !said.contains("broken"),
         "{said}"
+    );
+}
+
+/// An OOM kill names the limit it reached, in the status and in apply's status line (issue
+/// 37, item 8: it said only "exit code 137").
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn an_oom_kill_names_the_memory_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let manifest = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: small}\nspec:\n  image: local/busybox:1.35\n  resources: {memory: 32Mi}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: greedy}\nspec:\n  environment: small\n  command: \"head -c 200000000 /dev/zero | tail\"\n";
+    let file = write_manifest(dir.path(), "oom.yaml", manifest);
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap()], &state);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("job/greedy Failed (OOMKilled) exit=137")
+            && stderr.contains(": killed: memory limit 32Mi reached (exit code 137)"),
+        "{stderr}"
+    );
+    let got = json_of(&runner_ctd(&["get", "job", "greedy", "-o", "json"], &state));
+    assert_eq!(
+        got["status"]["message"],
+        "killed: memory limit 32Mi reached (exit code 137); raise resources.memory of its Environment"
     );
 }

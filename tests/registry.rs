@@ -1135,5 +1135,13 @@ fn a_misspelled_local_image_is_named_missing_with_the_closest_local_one() {
             "image {typo:?} is not present locally (did you mean 127.0.0.1:9/tools/busybox:1.35? see `runner image ls`), and pulling it failed:"
         )),
         "{message}"
+    ); // A pull's failure names the image as written, then the full name it stands for.
+    let pulled = place.run(&["image", "pull", "127.0.0.1:9/tools/busybx"]);
+    assert_eq!(pulled.status.code(), Some(2));
+    assert!(
+        stderr(&pulled)
+            .contains("pulling 127.0.0.1:9/tools/busybx (127.0.0.1:9/tools/busybx:latest) from 127.0.0.1:9:"),
+        "{}",
+        stderr(&pulled)
     );
 }

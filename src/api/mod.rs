@@ -272,8 +272,23 @@ fn routes() -> Vec<Route> {
             Doc::new(
                 get,
                 "/v1/jobs/{name}/logs",
-                "a job's stdout (the last attempt of every index)",
+                "a job's output: the last attempt of every index, one stream",
             )
+            .query(
+                "follow",
+                "true: keep the response open and send output as it is written, until the job ends",
+                false,
+            )
+            .query("index", "only this completion index", false)
+            .query("attempt", "only this attempt number of each index", false)
+            .query(
+                "tailLines",
+                "only the last N lines of each attempt (following: then what comes)",
+                false,
+            )
+            .query("prefix", "true: begin every line with `[INDEX] `", false)
+            .query("setup", "true: the setup's output instead of the command's", false)
+            .query("stream", "stdout (default) or stderr", false)
             .returns_raw(200, "text/plain"),
             jobs::logs,
         ),

@@ -10,7 +10,8 @@ use super::output::{self, age, print_human, print_objects, print_value, print_wi
 use super::{FileArgs, OutputFormat};
 use crate::job::{JobObject, Phase};
 use crate::manifest::Backend;
-use crate::service::jobs::{self, LogChunk, Submission, Waited};
+use crate::service::jobs::{self, Submission, Waited};
+use crate::service::logs::{self, LogChunk, LogOptions, Logs, Prefixer, Stream};
 use crate::service::{Context, ServiceError, pools};
 
 fn plural(n: usize) -> &'static str {
@@ -68,14 +69,24 @@ pub async fn spec(ctx: &Context, file: &FileArgs, job: Option<String>) -> Result
     Ok(0)
 }
 
-pub async fn apply(
-    ctx: &Context,
-    file: &FileArgs,
-    format: Option<OutputFormat>,
-    backend: Option<Backend>,
-    detach: bool,
-    replace: bool,
-) -> Result<i32, ServiceError> {
+/// How `apply` runs and prints.
+pub struct ApplyHow {
+    pub format: Option<OutputFormat>,
+    pub backend: Option<Backend>,
+    pub detach: bool,
+    pub replace: bool,
+    /// Print only this completion index's output.
+    pub index: Option<u32>,
+}
+
+pub async fn apply(ctx: &Context, file: &FileArgs, how: ApplyHow) -> Result<i32, ServiceError> {
+    let ApplyHow {
+        format,
+        backend,
+        detach,
+        replace,
+        index,
+    } = how;
     // The jobs run in this process: a reader of its output going away stops the printing,
     // never the jobs (they end with their results recorded).
     output::keep_running_without_stdout();
@@ -131,10 +142,22 @@ pub async fn apply(
         });
     }
     let mut code = 0;
+    let logs_dir = ctx.config.logs_dir();
     let objects = jobs::run_foreground(ctx, &sub, cancel, |plan, object: &JobObject| {
         code = worst(code, object.status.exit_code());
         if format.is_none() {
-            print_human(&plan.job().name, &object.status);
+            let name = &plan.job().name;
+            // Every index's output (the last attempt of each), prefixed when there are several.
+            match logs::results(&logs_dir, name, &object.status, index) {
+                Ok(results) => {
+                    let prefix = index.is_none() && object.spec.completions > 1;
+                    print_human(name, &object.status, &results, prefix)
+                }
+                Err(e) => {
+                    eprintln!("runner: {e}");
+                    print_human(name, &object.status, &[], false)
+                }
+            }
         }
     })
     .await?;
@@ -289,19 +312,22 @@ pub async fn describe(ctx: &Context, name: &str) -> Result<i32, ServiceError> {
     Ok(0)
 }
 
-pub async fn logs(
-    ctx: &Context,
-    name: &str,
-    follow: bool,
-    attempt: Option<u32>,
-    index: Option<u32>,
-) -> Result<i32, ServiceError> {
-    let mut logs = jobs::Logs::new(ctx, name, follow, attempt, index);
+pub async fn logs(ctx: &Context, name: &str, options: LogOptions, prefix: bool) -> Result<i32, ServiceError> {
+    let mut logs = Logs::new(ctx, name, options);
+    let mut prefixer = Prefixer::default();
+    let write = |stream: Stream, data: &[u8]| output::write_stream(stream == Stream::Stdout, data);
     while let Some(chunks) = logs.next().await? {
         for chunk in chunks {
             match chunk {
-                LogChunk::Stdout(data) => output::write_stream(true, &data),
-                LogChunk::Stderr(data) => output::write_stream(false, &data),
+                LogChunk::Output { index, stream, data } if prefix => {
+                    write(stream, &prefixer.push(index, stream, &data))
+                }
+                LogChunk::Output { stream, data, .. } => write(stream, &data),
+                LogChunk::End { index } => {
+                    for (stream, rest) in prefixer.end(index) {
+                        write(stream, &rest);
+                    }
+                }
                 LogChunk::Notice(text) => eprintln!("runner: {text}"),
             }
         }

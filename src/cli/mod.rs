@@ -316,12 +316,20 @@ impl Cli {
                 max_output_bytes,
                 detach,
                 replace,
+                index,
                 ..
             } => {
                 let mut config = g.config();
                 config.env_dir = file.env_dir.clone();
                 config.output_limit = max_output_bytes;
-                jobs::apply(&cli_context(config)?, &file, output, backend, detach, replace).await?
+                let how = jobs::ApplyHow {
+                    format: output,
+                    backend,
+                    detach,
+                    replace,
+                    index,
+                };
+                jobs::apply(&cli_context(config)?, &file, how).await?
             }
             Verb::Get {
                 what: GetWhat::Jobs { name, selector, output },
@@ -334,7 +342,19 @@ impl Cli {
                 follow,
                 attempt,
                 index,
-            } => jobs::logs(&context(g, None)?, &name, follow, attempt, index).await?,
+                prefix,
+                tail,
+                setup,
+            } => {
+                let options = crate::service::logs::LogOptions {
+                    follow,
+                    attempt,
+                    index,
+                    tail,
+                    setup,
+                };
+                jobs::logs(&context(g, None)?, &name, options, prefix).await?
+            }
             Verb::Wait { name, timeout } => jobs::wait(&context(g, None)?, &name, timeout).await?,
             Verb::Delete {
                 what:
@@ -461,6 +481,10 @@ pub enum Verb {
         /// name that exists is refused, as Kubernetes answers AlreadyExists.
         #[arg(long)]
         replace: bool,
+        /// Print only this completion index's output (default: every index's, each line
+        /// prefixed `[INDEX] ` when a job has more than one).
+        #[arg(long, conflicts_with = "detach")]
+        index: Option<u32>,
         /// Run the jobs on a Kubernetes cluster (the objects `runner export` prints), follow
         /// them and report their results as a local run does.
         #[arg(long, conflicts_with_all = ["detach", "backend"])]
@@ -481,10 +505,11 @@ pub enum Verb {
         #[command(subcommand)]
         what: OneJob,
     },
-    /// Print a job's output (stdout on stdout, stderr on stderr).
+    /// Print a job's output: the last attempt of every index (stdout on stdout, stderr on
+    /// stderr).
     Logs {
         name: String,
-        /// Keep printing attempts as they finish, until the job ends.
+        /// Keep printing as the attempts write, until the job ends.
         #[arg(short = 'f', long)]
         follow: bool,
         /// Only this attempt number (0-based, per index).
@@ -493,6 +518,16 @@ pub enum Verb {
         /// Only this completion index.
         #[arg(long)]
         index: Option<u32>,
+        /// Begin every line with its completion index: `[INDEX] `.
+        #[arg(long)]
+        prefix: bool,
+        /// Only the last N lines of each attempt's stdout and stderr (following: then what
+        /// comes).
+        #[arg(long, value_name = "N")]
+        tail: Option<usize>,
+        /// The setup's output (its Environment's setup script) instead of the command's.
+        #[arg(long)]
+        setup: bool,
     },
     /// Wait until a job ends; exit 0 when it succeeded, 1 when it failed, 2 on timeout.
     Wait {

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::OutputFormat;
 use crate::job::{JobObject, JobStatus, Reason};
+use crate::runtime::ExecResult;
 use crate::service::ServiceError;
 
 /// A reason as its API spelling (`BackoffLimitExceeded`).
@@ -84,21 +85,33 @@ pub fn print_wide(objects: &[JobObject]) {
 
 /// Default `apply` output: the job's own stdout and stderr on ours, then one status line on
 /// stderr.
-pub fn print_human(name: &str, status: &JobStatus) {
+pub fn print_human(name: &str, status: &JobStatus, results: &[(u32, ExecResult)], prefix: bool) {
     let mut stdout = std::io::stdout().lock();
     let mut stderr = std::io::stderr().lock();
-    if let Some(r) = &status.result {
-        if let Some(setup) = r.setup.as_ref().filter(|s| !s.succeeded()) {
-            let _ = stdout.write_all(setup.stdout.as_bytes());
-            let _ = stderr.write_all(setup.stderr.as_bytes());
+    let text = |index: u32, text: &str| -> Vec<u8> {
+        if prefix {
+            crate::service::logs::prefixed(index, text.as_bytes())
+        } else {
+            text.as_bytes().to_vec()
         }
-        let _ = stdout.write_all(r.stdout.as_bytes());
+    };
+    for (index, r) in results {
+        if let Some(setup) = r.setup.as_ref().filter(|s| !s.succeeded()) {
+            let _ = stdout.write_all(&text(*index, &setup.stdout));
+            let _ = stderr.write_all(&text(*index, &setup.stderr));
+        }
+        let _ = stdout.write_all(&text(*index, &r.stdout));
         let _ = stdout.flush();
-        let _ = stderr.write_all(r.stderr.as_bytes());
+        let _ = stderr.write_all(&text(*index, &r.stderr));
         if r.stdout_dropped_bytes > 0 || r.stderr_dropped_bytes > 0 {
+            let whose = if prefix {
+                format!("index {index}: ")
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 stderr,
-                "runner: output capped: {} stdout and {} stderr bytes dropped",
+                "runner: {whose}output capped: {} stdout and {} stderr bytes dropped",
                 r.stdout_dropped_bytes, r.stderr_dropped_bytes
             );
         }
@@ -116,7 +129,13 @@ pub fn print_status_line(name: &str, status: &JobStatus) {
                 (None, Some(why)) => format!(" cold ({why})"),
                 (None, None) => String::new(),
             };
-            format!(" exit={} {}ms{place}", r.status_code(), r.duration_ms)
+            // A message that says more than the exit code does (an OOM kill's limit, an
+            // eviction, SIGSYS) ends the line.
+            let said = match &status.message {
+                Some(m) if *m != format!("exit code {}", r.status_code()) => format!(": {m}"),
+                _ => String::new(),
+            };
+            format!(" exit={} {}ms{place}{said}", r.status_code(), r.duration_ms)
         }
         (None, Some(m)) => format!(" {m}"),
         (None, None) => String::new(),

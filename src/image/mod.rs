@@ -45,7 +45,8 @@ pub enum ImageError {
     },
     #[error("image {0:?} is not present (import it with `runner image import FILE --name {0}`)")]
     NotFound(String),
-    #[error("{0:?} is not a valid image name")]
+    /// The whole message: the name as written and what is wrong with it.
+    #[error("{0}")]
     Name(String),
     #[error("{0}")]
     Registry(String),
@@ -114,7 +115,9 @@ pub fn normalize_name(name: &str) -> Result<String, ImageError> {
         && !name.starts_with(['/', ':', '.', '-'])
         && !name.contains("//");
     if !valid {
-        return Err(ImageError::Name(name.to_string()));
+        return Err(ImageError::Name(format!(
+            "{name:?} is not a valid image name (letters, digits and . _ - / : @, not starting with / : . - and without //)"
+        )));
     }
     let last = name.rsplit('/').next().unwrap_or(name);
     if last.contains(':') || last.contains('@') {

@@ -164,7 +164,17 @@ pub struct Pulled {
 
 /// A reference as Docker users write it (`python:3.12` → `docker.io/library/python:3.12`).
 pub fn parse_reference(text: &str) -> Result<Reference, ImageError> {
-    Reference::from_str(text).map_err(|e| ImageError::Name(format!("{text} ({e})")))
+    Reference::from_str(text).map_err(|e| ImageError::Name(format!("{text:?} is not a valid image name: {e}")))
+}
+
+/// A reference for messages: as the user wrote it, with the full name it stands for when
+/// that differs (`pyhton:3.12 (docker.io/library/pyhton:3.12)`).
+fn as_written(text: &str, full: &str) -> String {
+    if text == full {
+        full.to_string()
+    } else {
+        format!("{text} ({full})")
+    }
 }
 
 /// The name a reference is stored under in containerd (its full form, as ctr and nerdctl
@@ -330,6 +340,7 @@ fn media_type_of(bytes: &[u8], told: Option<&str>) -> Result<String, ImageError>
 pub async fn pull(client: &Containerd, text: &str, options: &PullOptions) -> Result<Pulled, ImageError> {
     let reference = parse_reference(text)?;
     let name = reference.whole();
+    let shown = as_written(text, &name);
     let platform = options.platform.clone().unwrap_or_else(Platform::host);
     let endpoints = options.registry.endpoints(reference.registry())?;
     let mut failures = Vec::new();
@@ -344,7 +355,7 @@ pub async fn pull(client: &Containerd, text: &str, options: &PullOptions) -> Res
                 break;
             }
             Err(e) => {
-                let err = remote.error(&format!("pulling {name} from {}", remote.endpoint.host), e);
+                let err = remote.error(&format!("pulling {shown} from {}", remote.endpoint.host), e);
                 if remote.endpoint.mirror {
                     tracing::info!(error = %err, "mirror failed; trying the next host");
                 }
@@ -360,7 +371,7 @@ pub async fn pull(client: &Containerd, text: &str, options: &PullOptions) -> Res
         && want != top_digest
     {
         return Err(ImageError::Format(format!(
-            "pulling {name}: the registry sent a manifest with digest {top_digest}, not {want}"
+            "pulling {shown}: the registry sent a manifest with digest {top_digest}, not {want}"
         )));
     }
     let top_type = media_type_of(&top_bytes, None)?;
@@ -385,7 +396,7 @@ pub async fn pull(client: &Containerd, text: &str, options: &PullOptions) -> Res
                     .map(|p| format!("{}/{}", p.os, p.architecture))
                     .collect();
                 ImageError::Format(format!(
-                    "{name} has no manifest for {platform} (it has: {})",
+                    "{shown} has no manifest for {platform} (it has: {})",
                     offered.join(", ")
                 ))
             })?;
@@ -393,10 +404,10 @@ pub async fn pull(client: &Containerd, text: &str, options: &PullOptions) -> Res
         let (bytes, _) = remote
             .manifest(&by_digest)
             .await
-            .map_err(|e| remote.error(&format!("pulling the {platform} manifest of {name}"), e))?;
+            .map_err(|e| remote.error(&format!("pulling the {platform} manifest of {shown}"), e))?;
         if sha256(&bytes) != chosen.digest {
             return Err(ImageError::Format(format!(
-                "pulling {name}: the registry sent a {platform} manifest with digest {}, not {}",
+                "pulling {shown}: the registry sent a {platform} manifest with digest {}, not {}",
                 sha256(&bytes),
                 chosen.digest
             )));
@@ -822,7 +833,7 @@ pub async fn push(client: &Containerd, text: &str, options: &PullOptions) -> Res
         .store_auth_if_needed(remote.address(&reference).resolve_registry(), &remote.auth)
         .await;
     let addressed = remote.address(&reference);
-    let what = format!("pushing {name} to {}", remote.endpoint.host);
+    let what = format!("pushing {} to {}", as_written(text, &name), remote.endpoint.host);
     let event = emitter(options.progress.clone(), name.clone());
     let (mut uploaded, mut skipped, mut sent_bytes) = (0, 0, 0);
     for blob in manifest.layers.iter().chain(std::iter::once(&manifest.config)) {

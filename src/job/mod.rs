@@ -71,13 +71,19 @@ pub struct AttemptStatus {
 }
 
 impl AttemptStatus {
-    /// The status a finished command gives its attempt.
-    pub fn of(result: ExecResult, deadline_bound: bool) -> Self {
+    /// The status a finished command gives its attempt; `memory` is its memory limit (an
+    /// OOM kill names it).
+    pub fn of(result: ExecResult, deadline_bound: bool, memory: crate::manifest::MemoryBytes) -> Self {
         let (phase, reason) = status_of(result.clone(), deadline_bound);
         // Our seccomp filter answers a refused syscall with EPERM; it kills (SIGSYS) only a
         // syscall of an ABI it does not admit: almost always a 32-bit program.
         let message = if reason == Reason::Evicted {
             result.evicted.clone()
+        } else if reason == Reason::OomKilled {
+            Some(format!(
+                "killed: memory limit {memory} reached (exit code {}); raise resources.memory of its Environment",
+                result.status_code()
+            ))
         } else {
             (reason == Reason::Error && result.status_code() == SIGSYS_STATUS).then(|| {
                 format!(
@@ -232,9 +238,12 @@ pub struct ObjectMeta {
     pub annotations: std::collections::BTreeMap<String, String>,
 }
 
-/// What a Job runs, resolved when it was submitted (its Environment may have come from an
-/// env dir, its backend from `--backend`): what `get` shows without re-reading anything.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+/// The whole Job, resolved when it was submitted (its Environment may have come from an
+/// env dir, its backend from `--backend`, its paths from the manifest's directory): what
+/// `get` shows without re-reading anything, written so `runner apply` takes it back (a
+/// Job's `status` is ignored there and `spec.backend` must match). Fields after
+/// `completions` are absent from records written before they were kept.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct JobSpecView {
     pub environment: String,
@@ -242,20 +251,147 @@ pub struct JobSpecView {
     pub command: Vec<String>,
     #[serde(default = "one")]
     pub completions: u32,
+    /// Absolute: relative paths resolved against the manifest's directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<std::path::PathBuf>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub static_assets: Vec<StaticAssetView>,
+    /// As written: a relative source is in the workspace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<MountView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<f64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disable_setup: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallelism: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_mode: Option<CompletionMode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff_limit: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_deadline_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds_after_finished: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_failure_policy: Option<PodFailurePolicyView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StaticAssetView {
+    pub source: std::path::PathBuf,
+    pub save_path: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MountView {
+    pub source: String,
+    pub target: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum CompletionMode {
+    NonIndexed,
+    Indexed,
+}
+
+/// Kubernetes' shape of `podFailurePolicy`, as the manifest takes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodFailurePolicyView {
+    pub rules: Vec<PodFailureRuleView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodFailureRuleView {
+    #[schemars(with = "String")]
+    pub action: crate::manifest::policy::RuleAction,
+    pub on_exit_codes: OnExitCodesView,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OnExitCodesView {
+    #[schemars(with = "String")]
+    pub operator: crate::manifest::policy::ExitOperator,
+    pub values: Vec<i32>,
 }
 
 fn one() -> u32 {
     1
 }
 
+/// A manifest's path made absolute against the directory the Job was submitted from (as
+/// written otherwise: no link is followed), so what `get` prints applies from anywhere.
+fn absolute(path: &std::path::Path) -> std::path::PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 impl JobSpecView {
     pub fn of(plan: &RunPlan) -> Self {
-        let job = plan.job();
+        Self::of_job(plan.job(), plan.bound.backend)
+    }
+
+    /// `job` as it resolved to `backend`.
+    pub fn of_job(job: &Job, backend: Backend) -> Self {
         JobSpecView {
             environment: job.environment.clone(),
-            backend: plan.bound.backend,
+            backend,
             command: job.command.argv(),
             completions: job.completions,
+            workspace: job.workspace.as_deref().map(absolute),
+            static_assets: job
+                .static_assets
+                .iter()
+                .map(|a| StaticAssetView {
+                    source: absolute(&a.source),
+                    save_path: a.save_path.clone(),
+                })
+                .collect(),
+            mounts: job
+                .mounts
+                .iter()
+                .map(|m| MountView {
+                    source: m.source.clone(),
+                    target: m.target.clone(),
+                    read_only: m.read_only,
+                })
+                .collect(),
+            stdin: job.stdin.clone(),
+            timeout_seconds: job.timeout.map(|t| t.as_secs_f64()),
+            disable_setup: job.disable_setup,
+            parallelism: Some(job.parallelism),
+            completion_mode: Some(if job.indexed {
+                CompletionMode::Indexed
+            } else {
+                CompletionMode::NonIndexed
+            }),
+            backoff_limit: Some(job.backoff_limit),
+            active_deadline_seconds: job.active_deadline.map(|d| d.as_secs()),
+            ttl_seconds_after_finished: job.ttl_after_finished.map(|d| d.as_secs()),
+            termination_grace_period_seconds: Some(job.termination_grace.as_secs()),
+            pod_failure_policy: (!job.failure_rules.is_empty()).then(|| PodFailurePolicyView {
+                rules: job
+                    .failure_rules
+                    .iter()
+                    .map(|r| PodFailureRuleView {
+                        action: r.action,
+                        on_exit_codes: OnExitCodesView {
+                            operator: r.operator,
+                            values: r.values.clone(),
+                        },
+                    })
+                    .collect(),
+            }),
         }
     }
 }
@@ -361,7 +497,7 @@ async fn run_container(plan: &RunPlan, engine: &Engine, cancel: &CancellationTok
                 (None, Some(_)) => true,
                 _ => false,
             };
-            AttemptStatus::of(result, deadline_bound)
+            AttemptStatus::of(result, deadline_bound, plan.env().resources.memory)
         }
         Err(e) => infra_error(&e),
     }
@@ -444,7 +580,7 @@ async fn attempt(rt: &dyn Runtime, plan: &RunPlan, started: Instant) -> AttemptS
     match rt.execute(request).await {
         Ok(mut result) => {
             result.setup = rt.setup().cloned();
-            AttemptStatus::of(result, deadline_bound)
+            AttemptStatus::of(result, deadline_bound, plan.env().resources.memory)
         }
         // A command that cannot start (missing binary) is the submission's failure, as a
         // container's exit 127 would be; anything else is ours.
@@ -490,8 +626,14 @@ mod tests {
             oom_killed: true,
             ..Default::default()
         };
-        assert_eq!(status_of(oom, false), (Phase::Failed, Reason::OomKilled));
+        assert_eq!(status_of(oom.clone(), false), (Phase::Failed, Reason::OomKilled));
+        assert_eq!(
+            AttemptStatus::of(oom, false, MEMORY).message.as_deref(),
+            Some("killed: memory limit 64Mi reached (exit code 137); raise resources.memory of its Environment")
+        );
     }
+
+    const MEMORY: crate::manifest::MemoryBytes = crate::manifest::MemoryBytes(64 << 20);
 
     #[test]
     fn a_command_the_seccomp_filter_killed_is_explained() {
@@ -499,14 +641,14 @@ mod tests {
             exit_code: Some(159),
             ..Default::default()
         };
-        let status = AttemptStatus::of(killed, false);
+        let status = AttemptStatus::of(killed, false, MEMORY);
         assert_eq!(status.reason, Reason::Error);
         assert!(status.message.unwrap().contains("allow32BitSyscalls"));
         let plain = ExecResult {
             exit_code: Some(3),
             ..Default::default()
         };
-        assert_eq!(AttemptStatus::of(plain, false).message, None);
+        assert_eq!(AttemptStatus::of(plain, false, MEMORY).message, None);
     }
 
     #[test]

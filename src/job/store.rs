@@ -341,15 +341,13 @@ fn upgrade_v1(text: &str) -> Option<String> {
     // An Environment that no longer binds (its env dir is gone): the backend asked for, else
     // containerd's, as layout 1 showed it.
     let resolved = set.bind(job, backend).map(|b| b.backend);
-    let view = JobSpecView {
-        environment: job.environment.clone(),
-        backend: resolved
+    let view = JobSpecView::of_job(
+        job,
+        resolved
             .ok()
             .or(backend)
             .unwrap_or(crate::manifest::Backend::Containerd),
-        command: job.command.argv(),
-        completions: job.completions,
-    };
+    );
     let status: JobStatus = serde_json::from_value(obj.get("status")?.clone()).ok()?;
     let labels = obj.remove("labels").unwrap_or_default();
     obj.insert(
@@ -413,12 +411,8 @@ mod tests {
             file: None,
             env_dir: None,
             backend: None,
-            view: JobSpecView {
-                environment: "e".into(),
-                backend: crate::manifest::Backend::Host,
-                command: vec!["true".into()],
-                completions: 1,
-            },
+            // A record of the layout before the whole spec was kept reads as that.
+            view: serde_json::from_str(r#"{"environment":"e","backend":"host","command":["true"]}"#).unwrap(),
             status: JobStatus::pending(),
             output_limit: 1024,
             owner: None,

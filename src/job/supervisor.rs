@@ -74,11 +74,15 @@ fn outcome_of(status: &AttemptStatus) -> Outcome {
             exit_code: status.result.as_ref().map(|r| r.status_code()).unwrap_or(1),
             reason: status.reason,
             // Where the attempt says why (the registry's answer when no command ran, a command
-            // that could not start, one the seccomp filter killed, an eviction), the Job says it
-            // too.
+            // that could not start, one the seccomp filter killed, an eviction, the memory limit
+            // an OOM kill reached), the Job says it too.
             message: matches!(
                 status.reason,
-                Reason::ErrImagePull | Reason::Error | Reason::Evicted | Reason::CreateContainerError
+                Reason::ErrImagePull
+                    | Reason::Error
+                    | Reason::Evicted
+                    | Reason::CreateContainerError
+                    | Reason::OomKilled
             )
             .then(|| status.message.clone())
             .flatten(),
@@ -445,9 +449,10 @@ async fn readopt(
     });
     let mut engine = engine;
     engine.options.kill_grace = ctx.plan.job().termination_grace;
+    let memory = ctx.plan.env().resources.memory;
     tokio::spawn(async move {
         let status = match engine.adopt(&container.id, expect_marker, limit, &token).await {
-            Ok(result) => AttemptStatus::of(result, false),
+            Ok(result) => AttemptStatus::of(result, false, memory),
             Err(e) => infra(e.to_string()),
         };
         let _ = tx.send((index, number, status));

@@ -104,11 +104,11 @@ pub enum ManifestErrorKind {
     MissingApiVersion { expected: &'static str },
     #[error("unsupported apiVersion {found:?} (expected {expected})")]
     ApiVersion { found: String, expected: &'static str },
-    #[error("missing field kind (expected Environment, Job or WarmPool)")]
+    #[error("missing field kind (expected Environment, Job, Network or WarmPool)")]
     MissingKind,
-    #[error("unknown kind {0:?} (expected Environment, Job or WarmPool)")]
+    #[error("unknown kind {0:?} (expected Environment, Job, Network or WarmPool)")]
     Kind(String),
-    #[error("the file holds no Environment, Job or WarmPool")]
+    #[error("the file holds no Environment, Job, Network or WarmPool")]
     Empty,
     #[error("a pool of {size} members is above the limit of {max}")]
     PoolSize { size: u32, max: u32 },
@@ -176,6 +176,12 @@ pub enum ManifestErrorKind {
     HostNetwork(&'static str),
     #[error("mounts need backend containerd (the host backend runs in the host's own filesystem)")]
     HostMounts,
+    #[error("this Job says backend {written}, but it resolves to {resolved} (Environment {environment:?}'s, or --backend's): spec.backend records where a Job ran and never chooses; pass --backend {written} or remove spec.backend", written = written.as_str(), resolved = resolved.as_str())]
+    BackendMismatch {
+        written: super::Backend,
+        resolved: super::Backend,
+        environment: String,
+    },
     #[error("command must not be empty")]
     EmptyCommand,
     #[error("timeoutSeconds must be a number of seconds above 0 and at most {max}", max = super::MAX_TIMEOUT_SECONDS)]

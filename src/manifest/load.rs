@@ -149,6 +149,20 @@ pub fn bind(job: &Job, env: &Environment, backend: Option<Backend>) -> Result<Bo
 
 pub(super) fn bind_inner(job: &Job, env: &Environment, backend: Option<Backend>) -> Result<Bound, ManifestError> {
     let backend = backend.unwrap_or(env.backend);
+    if let Some((written, origin)) = &job.backend
+        && *written != backend
+    {
+        return Err(ManifestError::new(
+            origin.clone(),
+            ManifestErrorKind::BackendMismatch {
+                written: *written,
+                resolved: backend,
+                environment: env.name.clone(),
+            },
+        )
+        .in_document(format!("Job {:?}", job.name))
+        .with_file(&job.file));
+    }
     let env_err = |path: &str, loc: Option<Location>, kind| {
         ManifestError::new(Origin::new(path, loc), kind)
             .in_document(format!("Environment {:?}", env.name))
@@ -561,6 +575,12 @@ pub(super) fn decode<T: DeserializeOwned>(doc: &Document) -> Result<T, ManifestE
         // `Spanned<T>` is a struct to serde: drop its inner `.value` segment from the path.
         let path = path.replace(".value.", ".").replace(".value[", "[");
         let path = path.strip_suffix(".value").map(str::to_string).unwrap_or(path);
+        // `?` is a segment the parser could not name (a syntax error inside a mapping).
+        let path = path
+            .split('.')
+            .filter(|segment| *segment != "?")
+            .collect::<Vec<_>>()
+            .join(".");
         let loc = err.location().and_then(|l| location(&l, doc.first_line));
         ManifestError::new(Origin::new(path, loc), ManifestErrorKind::Yaml(yaml_message(&err)))
     })
@@ -573,7 +593,46 @@ pub(super) fn yaml_message(err: &serde_saphyr::Error) -> String {
         Some(i) => text[..i].to_string(),
         None => text,
     };
-    text.lines().next().unwrap_or_default().trim().to_string()
+    let text = text.lines().next().unwrap_or_default().trim().to_string();
+    match syntax_hint(&text) {
+        Some(hint) => format!("{text}; {hint}"),
+        None => text,
+    }
+}
+
+/// What to change for the YAML syntax errors people make most (the parser's words say what
+/// it found, not what to write).
+fn syntax_hint(message: &str) -> Option<&'static str> {
+    let hints: [(&str, &str); 9] = [
+        (
+            "mapping values are not allowed",
+            "a value holding `: ` must be quoted (command: \"echo a: b\"), or the line is indented deeper than its siblings",
+        ),
+        ("illegal placement of ':'", "a value holding `:` must be quoted"),
+        ("found a tab", "YAML indents with spaces, never tabs"),
+        (
+            "found character that cannot start any token",
+            "YAML indents with spaces, never tabs",
+        ),
+        (
+            "did not find expected key",
+            "this line's indentation matches no key above it: align it with its siblings",
+        ),
+        (
+            "multiline quoted scalar",
+            "a quoted value is not closed: add its closing quote",
+        ),
+        ("unexpected character", "`@` and `` ` `` cannot start a value: quote it"),
+        ("unclosed bracket", "close the list with `]` (or the mapping with `}`)"),
+        (
+            "mismatched bracket",
+            "brackets pair up: a list is [a, b], a mapping {key: value}",
+        ),
+    ];
+    hints
+        .iter()
+        .find(|(found, _)| message.contains(found))
+        .map(|(_, hint)| *hint)
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Pure path rules shared by manifest validation and the spec builder (which re-checks them
 //! after symlinks are resolved). See `docs/security.md`: what the spec builder refuses.
 
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
 use super::error::ManifestErrorKind;
 
@@ -132,6 +132,22 @@ pub fn check_save_path(save_path: &str) -> Result<(), ManifestErrorKind> {
         return Err(ManifestErrorKind::SavePath(save_path.to_string()));
     }
     Ok(())
+}
+
+/// `base` joined with `rel` without the `.` steps (`./ws` in `.` is `ws`, not `././ws`);
+/// `..` is left as written (a symlink may sit before it).
+pub fn join_clean(base: &Path, rel: &str) -> PathBuf {
+    let mut out: PathBuf = base.components().filter(|c| !matches!(c, Component::CurDir)).collect();
+    for c in Path::new(rel).components() {
+        match c {
+            Component::CurDir => {}
+            other => out.push(other.as_os_str()),
+        }
+    }
+    if out.as_os_str().is_empty() {
+        out.push(".");
+    }
+    out
 }
 
 #[cfg(test)]

@@ -49,6 +49,10 @@ pub struct JobDoc {
     pub kind: String,
     pub metadata: Metadata,
     pub spec: JobSpec,
+    /// What `runner get job -o yaml` printed: read back and ignored, as `kubectl apply`
+    /// ignores an object's status.
+    #[expect(dead_code, reason = "accepted so a Job `get` printed can be applied again")]
+    pub status: Option<de::IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -206,6 +210,8 @@ pub struct WarmPoolSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JobSpec {
     pub environment: Spanned<String>,
+    /// The backend the Job was resolved to, as `get` prints it: checked, never a choice.
+    pub backend: Option<Spanned<Backend>>,
     pub workspace: Option<Spanned<String>>,
     #[serde(default)]
     pub static_assets: Vec<StaticAsset>,
@@ -213,16 +219,16 @@ pub struct JobSpec {
     pub mounts: Vec<Mount>,
     pub command: Spanned<Command>,
     pub stdin: Option<String>,
-    pub timeout_seconds: Option<Spanned<f64>>,
+    pub timeout_seconds: Option<Spanned<Seconds<f64>>>,
     #[serde(default)]
     pub disable_setup: bool,
     pub backoff_limit: Option<Spanned<u32>>,
-    pub active_deadline_seconds: Option<Spanned<u64>>,
+    pub active_deadline_seconds: Option<Spanned<Seconds<u64>>>,
     pub completions: Option<Spanned<u32>>,
     pub parallelism: Option<Spanned<u32>>,
     pub completion_mode: Option<CompletionMode>,
-    pub ttl_seconds_after_finished: Option<u64>,
-    pub termination_grace_period_seconds: Option<Spanned<u64>>,
+    pub ttl_seconds_after_finished: Option<Seconds<u64>>,
+    pub termination_grace_period_seconds: Option<Spanned<Seconds<u64>>>,
     pub pod_failure_policy: Option<PodFailurePolicy>,
 }
 
@@ -278,6 +284,83 @@ impl<'de> Deserialize<'de> for Quantity {
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+/// A `...Seconds` field: a number, as Kubernetes writes it. A string is refused with the
+/// number to write instead (`"10s"` → `10`), not with the parser's "invalid floating point".
+pub struct Seconds<T>(pub T);
+
+/// The numbers a `Seconds` field holds.
+pub trait SecondsValue: Sized {
+    const WHAT: &'static str;
+    fn from_u64(v: u64) -> Option<Self>;
+    fn from_i64(v: i64) -> Option<Self>;
+    fn from_f64(v: f64) -> Option<Self>;
+}
+
+impl SecondsValue for u64 {
+    const WHAT: &'static str = "a whole number of seconds";
+    fn from_u64(v: u64) -> Option<Self> {
+        Some(v)
+    }
+    fn from_i64(v: i64) -> Option<Self> {
+        u64::try_from(v).ok()
+    }
+    fn from_f64(v: f64) -> Option<Self> {
+        (v.fract() == 0.0 && v >= 0.0 && v <= u64::MAX as f64).then_some(v as u64)
+    }
+}
+
+impl SecondsValue for f64 {
+    const WHAT: &'static str = "a number of seconds";
+    fn from_u64(v: u64) -> Option<Self> {
+        Some(v as f64)
+    }
+    fn from_i64(v: i64) -> Option<Self> {
+        Some(v as f64)
+    }
+    fn from_f64(v: f64) -> Option<Self> {
+        Some(v)
+    }
+}
+
+impl<'de, T: SecondsValue> Deserialize<'de> for Seconds<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<T: SecondsValue> V<T> {
+            fn number<E: de::Error>(v: Option<T>, shown: &dyn fmt::Display) -> Result<Seconds<T>, E> {
+                v.map(Seconds)
+                    .ok_or_else(|| E::custom(format!("{shown} is not {}", T::WHAT)))
+            }
+        }
+        impl<'de, T: SecondsValue> Visitor<'de> for V<T> {
+            type Value = Seconds<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(T::WHAT)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Self::number(T::from_u64(v), &v)
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Self::number(T::from_i64(v), &v)
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                Self::number(T::from_f64(v), &v)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                // A number in quotes is still a number (YAML quoted it, Kubernetes would not).
+                if let Ok(n) = v.trim().parse::<f64>() {
+                    return Self::number(T::from_f64(n), &v);
+                }
+                let hint = match humantime::parse_duration(v.trim()) {
+                    Ok(d) => format!(": write {} (seconds, no unit)", d.as_secs_f64()),
+                    Err(_) => ": write a number such as 30 or 0.5".to_string(),
+                };
+                Err(E::custom(format!("{v:?} is not {}{hint}", T::WHAT)))
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
     }
 }
 

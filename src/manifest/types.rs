@@ -512,8 +512,12 @@ pub struct Job {
     pub annotations: BTreeMap<String, String>,
     pub environment: String,
     pub environment_origin: Origin,
+    /// `spec.backend` as `runner get` prints it: the backend this Job must resolve to (its
+    /// Environment's, or `--backend`'s); a Job never picks its own backend.
+    pub backend: Option<(Backend, Origin)>,
     /// Absolute, or relative to the manifest's directory.
     pub workspace: Option<PathBuf>,
+    pub workspace_origin: Option<Origin>,
     pub static_assets: Vec<StaticAsset>,
     pub mounts: Vec<MountSpec>,
     pub command: Command,

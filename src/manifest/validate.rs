@@ -661,10 +661,14 @@ pub(super) fn validate_job(
         Some(w) => {
             paths::check_lexical(&w.value)
                 .map_err(|k| ManifestError::new(Origin::new("spec.workspace", at(&w.referenced)), k))?;
-            Some(base_dir.join(&w.value))
+            Some(paths::join_clean(base_dir, &w.value))
         }
         None => None,
     };
+    let workspace_origin = spec
+        .workspace
+        .as_ref()
+        .map(|w| Origin::new("spec.workspace", at(&w.referenced)));
     let static_assets = spec
         .static_assets
         .into_iter()
@@ -679,7 +683,7 @@ pub(super) fn validate_job(
                 )
             })?;
             Ok(StaticAsset {
-                source: base_dir.join(&a.source.value),
+                source: paths::join_clean(base_dir, &a.source.value),
                 save_path: paths::normalize(&a.save_path.value).trim_start_matches('/').to_string(),
                 origin,
             })
@@ -708,7 +712,7 @@ pub(super) fn validate_job(
         }
     };
     let timeout = match &spec.timeout_seconds {
-        Some(t) => Some(seconds(t.value).ok_or_else(|| {
+        Some(t) => Some(seconds(t.value.0).ok_or_else(|| {
             ManifestError::new(
                 Origin::new("spec.timeoutSeconds", at(&t.referenced)),
                 ManifestErrorKind::Timeout,
@@ -717,13 +721,13 @@ pub(super) fn validate_job(
         None => None,
     };
     let active_deadline = match &spec.active_deadline_seconds {
-        Some(d) if d.value == 0 || d.value > MAX_TIMEOUT_SECONDS => {
+        Some(d) if d.value.0 == 0 || d.value.0 > MAX_TIMEOUT_SECONDS => {
             return Err(ManifestError::new(
                 Origin::new("spec.activeDeadlineSeconds", at(&d.referenced)),
                 ManifestErrorKind::Deadline,
             ));
         }
-        Some(d) => Some(Duration::from_secs(d.value)),
+        Some(d) => Some(Duration::from_secs(d.value.0)),
         None => None,
     };
     let count = |v: &Option<Spanned<u32>>, field: &str| -> Result<u32, ManifestError> {
@@ -739,13 +743,13 @@ pub(super) fn validate_job(
     let completions = count(&spec.completions, "spec.completions")?;
     let parallelism = count(&spec.parallelism, "spec.parallelism")?;
     let grace = match &spec.termination_grace_period_seconds {
-        Some(g) if g.value > MAX_TIMEOUT_SECONDS => {
+        Some(g) if g.value.0 > MAX_TIMEOUT_SECONDS => {
             return Err(ManifestError::new(
                 Origin::new("spec.terminationGracePeriodSeconds", at(&g.referenced)),
                 ManifestErrorKind::Deadline,
             ));
         }
-        Some(g) => g.value,
+        Some(g) => g.value.0,
         None => defaults::TERMINATION_GRACE_SECONDS,
     };
     let failure_rules = spec
@@ -765,7 +769,7 @@ pub(super) fn validate_job(
         completions,
         parallelism,
         indexed: spec.completion_mode == Some(raw::CompletionMode::Indexed),
-        ttl_after_finished: spec.ttl_seconds_after_finished.map(Duration::from_secs),
+        ttl_after_finished: spec.ttl_seconds_after_finished.map(|s| Duration::from_secs(s.0)),
         termination_grace: Duration::from_secs(grace),
         failure_rules,
         name,
@@ -773,7 +777,15 @@ pub(super) fn validate_job(
         annotations: raw.metadata.annotations,
         environment: spec.environment.value.clone(),
         environment_origin,
+        backend: spec.backend.as_ref().map(|b| {
+            let backend = match b.value {
+                raw::Backend::Host => Backend::Host,
+                raw::Backend::Containerd => Backend::Containerd,
+            };
+            (backend, Origin::new("spec.backend", at(&b.referenced)))
+        }),
         workspace,
+        workspace_origin,
         static_assets,
         mounts,
         command,

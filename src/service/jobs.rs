@@ -2,7 +2,7 @@
 //! logs, wait, delete, adopt jobs whose supervisor died, purge expired ones. Every store call
 //! runs on the blocking pool.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime};
@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Context, ServiceError};
 use crate::job::store::{EventRecord, JobRecord, SharedStore, StoreError};
-use crate::job::supervisor::{self, JobContext, attempt_file};
+use crate::job::supervisor::{self, JobContext};
 use crate::job::{self, JobObject, JobSpecView, JobStatus, ObjectMeta};
 use crate::manifest::{self, Backend, ManifestSet};
 use crate::owner::{owner_alive, owner_id, process_start_time};
@@ -19,7 +19,7 @@ use crate::runtime::containerd::LABEL_JOB;
 use crate::spec::{self, HostEnv, RunPlan};
 
 /// How often `wait` and `logs -f` look at the store.
-const POLL: Duration = Duration::from_millis(100);
+pub(super) const POLL: Duration = Duration::from_millis(100);
 /// How long `delete` waits for a job's supervisor to stop what runs.
 const DELETE_LIMIT: Duration = Duration::from_secs(60);
 /// The prefix of a record's owner while a process claims the job to re-adopt it.
@@ -625,7 +625,7 @@ pub async fn get(ctx: &Context, name: &str) -> Result<JobObject, ServiceError> {
     Ok(record(ctx, name).await?.object())
 }
 
-async fn record(ctx: &Context, name: &str) -> Result<JobRecord, ServiceError> {
+pub(super) async fn record(ctx: &Context, name: &str) -> Result<JobRecord, ServiceError> {
     let name = name.to_string();
     Ok(store(ctx).await?.call(move |s| s.require(&name)).await?)
 }
@@ -739,184 +739,6 @@ async fn remove_record(store: &SharedStore, ctx: &Context, name: &str) -> Result
         })
         .await?;
     Ok(())
-}
-
-/// Which attempts `logs` shows: index I / attempt N when given, else the last attempt of
-/// every index.
-fn selected(status: &JobStatus, attempt: Option<u32>, index: Option<u32>) -> Vec<(u32, u32)> {
-    let mut out: BTreeMap<u32, u32> = BTreeMap::new();
-    for a in &status.attempts {
-        if index.is_some_and(|i| i != a.index) {
-            continue;
-        }
-        if let Some(n) = attempt {
-            if a.attempt == n {
-                out.insert(a.index, n);
-            }
-            continue;
-        }
-        let e = out.entry(a.index).or_insert(a.attempt);
-        *e = (*e).max(a.attempt);
-    }
-    out.into_iter().collect()
-}
-
-/// A piece of a job's output.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LogChunk {
-    Stdout(Vec<u8>),
-    Stderr(Vec<u8>),
-    /// Something to tell the reader about the output (a cap cut it).
-    Notice(String),
-}
-
-/// Reads a job's output: each selected attempt once it ended, or — following — as its
-/// logger appends it, until the job ends.
-pub struct Logs {
-    ctx: Context,
-    name: String,
-    follow: bool,
-    attempt: Option<u32>,
-    index: Option<u32>,
-    printed: HashSet<(u32, u32)>,
-    /// How far each running attempt's live output was read (stdout, stderr).
-    streamed: HashMap<(u32, u32), [u64; 2]>,
-    finished: bool,
-}
-
-const STREAMS: [&str; 2] = ["stdout", "stderr"];
-
-impl Logs {
-    pub fn new(ctx: &Context, name: &str, follow: bool, attempt: Option<u32>, index: Option<u32>) -> Self {
-        Logs {
-            ctx: ctx.clone(),
-            name: name.to_string(),
-            follow,
-            attempt,
-            index,
-            printed: HashSet::new(),
-            streamed: HashMap::new(),
-            finished: false,
-        }
-    }
-
-    /// The next output; `None` once there is nothing more. Following, a job whose supervisor
-    /// died is re-adopted, as `wait` does.
-    pub async fn next(&mut self) -> Result<Option<Vec<LogChunk>>, ServiceError> {
-        loop {
-            if self.finished {
-                return Ok(None);
-            }
-            let record = record(&self.ctx, &self.name).await?;
-            if self.follow && !record.status.is_terminal() && adopt_if_orphaned(&self.ctx, &self.name).await? {
-                // A new supervisor owns it now: look again rather than end with the dead one.
-                continue;
-            }
-            let done = record.status.is_terminal() || !record.owner.as_deref().is_some_and(owner_alive);
-            let chunks = self.collect(&record.status)?;
-            if !self.follow || done {
-                self.finished = true;
-            }
-            if !chunks.is_empty() || self.finished {
-                return Ok(Some(chunks));
-            }
-            tokio::time::sleep(POLL).await;
-        }
-    }
-
-    fn collect(&mut self, status: &JobStatus) -> Result<Vec<LogChunk>, ServiceError> {
-        let logs_dir = self.ctx.config.logs_dir();
-        let mut out = Vec::new();
-        for (i, n) in selected(status, self.attempt, self.index) {
-            if self.printed.contains(&(i, n)) {
-                continue;
-            }
-            let finished = status
-                .attempts
-                .iter()
-                .any(|a| a.index == i && a.attempt == n && a.completion_time.is_some());
-            let file = |ext: &str| attempt_file(&logs_dir, &self.name, i, n, ext);
-            if !finished {
-                if self.follow {
-                    // Running: what its logger appended since the last look.
-                    let offsets = self.streamed.entry((i, n)).or_default();
-                    for (k, stream) in STREAMS.into_iter().enumerate() {
-                        read_new(&file(&format!("live.{stream}")), &mut offsets[k], k, &mut out)?;
-                    }
-                }
-                continue;
-            }
-            // Ended. Followed while it ran: the rest of its live copy (the host backend has
-            // none: then the stored output). Otherwise the stored output, exactly.
-            let followed = self.streamed.remove(&(i, n));
-            let mut offsets = followed.unwrap_or_default();
-            for (k, stream) in STREAMS.into_iter().enumerate() {
-                let copy = file(&format!("live.{stream}"));
-                let source = if followed.is_some() && (copy.exists() || offsets[k] > 0) {
-                    copy
-                } else {
-                    file(stream)
-                };
-                read_new(&source, &mut offsets[k], k, &mut out)?;
-            }
-            let stored: Option<crate::runtime::ExecResult> = std::fs::read(file("json"))
-                .ok()
-                .and_then(|j| serde_json::from_slice(&j).ok());
-            if let Some(r) =
-                stored.filter(|r| followed.is_some() && r.stdout_dropped_bytes + r.stderr_dropped_bytes > 0)
-            {
-                out.push(LogChunk::Notice(format!(
-                    "attempt {i}-{n} printed more than the output cap; {} stdout and {} stderr bytes are not kept (`runner logs {}` shows the head and tail)",
-                    r.stdout_dropped_bytes, r.stderr_dropped_bytes, self.name
-                )));
-            }
-            self.printed.insert((i, n));
-        }
-        Ok(out)
-    }
-}
-
-/// What `path` holds past `*offset`, as a chunk of `stream` (0 stdout, 1 stderr); a missing
-/// file holds nothing yet.
-fn read_new(path: &Path, offset: &mut u64, stream: usize, out: &mut Vec<LogChunk>) -> Result<(), ServiceError> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(ServiceError::internal(format!("reading {}", path.display()), e)),
-    };
-    let mut data = Vec::new();
-    file.seek(SeekFrom::Start(*offset))
-        .and_then(|_| file.read_to_end(&mut data))
-        .map_err(|e| ServiceError::internal(format!("reading {}", path.display()), e))?;
-    if !data.is_empty() {
-        *offset += data.len() as u64;
-        out.push(if stream == 0 {
-            LogChunk::Stdout(data)
-        } else {
-            LogChunk::Stderr(data)
-        });
-    }
-    Ok(())
-}
-
-/// A job's stdout: the last attempt of every index, in index order.
-pub async fn output(ctx: &Context, name: &str) -> Result<String, ServiceError> {
-    let status = record(ctx, name).await?.status;
-    let (logs_dir, name) = (ctx.config.logs_dir(), name.to_string());
-    Context::blocking(move || {
-        let mut out = String::new();
-        for (i, n) in selected(&status, None, None) {
-            let path = attempt_file(&logs_dir, &name, i, n, "stdout");
-            match std::fs::read(&path) {
-                Ok(data) => out.push_str(&String::from_utf8_lossy(&data)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(ServiceError::internal(format!("reading {}", path.display()), e)),
-            }
-        }
-        Ok(out)
-    })
-    .await
 }
 
 /// The jobs of this store that are not finished and not being deleted, by name (gc).

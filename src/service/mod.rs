@@ -8,6 +8,7 @@ pub mod gc;
 pub mod images;
 pub mod jobs;
 pub mod kube;
+pub mod logs;
 pub mod pools;
 pub mod sessions;
 

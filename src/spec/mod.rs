@@ -94,7 +94,7 @@ const ALLOWED_CHAR_DEVICES: &[(i64, Option<i64>)] = &[
 pub enum SpecError {
     #[error("{origin}: {reason}")]
     Refused { origin: String, reason: String },
-    #[error("{origin}: {path}: {source}")]
+    #[error("{origin}: {path}: {}", io_reason(source))]
     Path {
         origin: String,
         path: PathBuf,
@@ -105,6 +105,17 @@ pub enum SpecError {
     NotADirectory { origin: String, path: PathBuf },
     #[error("building the OCI spec: {0}")]
     Oci(#[from] oci_spec::OciSpecError),
+}
+
+/// What went wrong with a path, in words ("does not exist" rather than "No such file or
+/// directory (os error 2)").
+fn io_reason(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "does not exist".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied (the runner cannot read it)".into(),
+        std::io::ErrorKind::NotADirectory => "a part of it is not a directory".into(),
+        _ => e.to_string(),
+    }
 }
 
 /// Facts about the host the spec depends on, detected once at the edge (`detect`) and passed
@@ -254,7 +265,8 @@ pub fn resolve(bound: &Bound, host: &HostEnv) -> Result<RunPlan, SpecError> {
     };
     let workspace = match &job.workspace {
         Some(w) => {
-            let origin = origin_text(job, &Origin::new("spec.workspace", None), &job.file);
+            let written = Origin::new("spec.workspace", None);
+            let origin = origin_text(job, job.workspace_origin.as_ref().unwrap_or(&written), &job.file);
             let dir = canonical(w, origin.clone())?;
             if !dir.is_dir() {
                 return Err(SpecError::NotADirectory { origin, path: dir });
