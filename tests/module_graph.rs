@@ -17,6 +17,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("spec", 2),
     ("fuzzing", 3),
     ("containerd", 3),
+    ("net", 3),
     ("image", 4),
     ("runtime", 5),
     ("job", 6),

@@ -115,6 +115,16 @@ fn routes() -> Vec<Route> {
         ),
         route(
             Doc::new(
+                Method::PATCH,
+                "/v1/sessions/{id}",
+                "change a live session: its egress (network: bridge), replaced at once; what is no longer allowed is cut",
+            )
+            .takes::<PatchSession>()
+            .returns::<SessionView>(200),
+            sessions::patch,
+        ),
+        route(
+            Doc::new(
                 delete.clone(),
                 "/v1/sessions/{id}",
                 "end a session and remove everything it owned",

@@ -127,6 +127,20 @@ pub struct Global {
         value_parser = humantime::parse_duration
     )]
     pub shutdown_grace: std::time::Duration,
+    /// Host-wide network state: the networks' name files, the published ports, runner's
+    /// resolver and the network lock (a tmpfs directory shared by every runner on the host).
+    #[arg(long, global = true, hide = true, help_heading = "Networks", env = "RUNNER_NET_DIR", value_name = "DIR", default_value = crate::config::DEFAULT_NET_DIR)]
+    pub net_dir: PathBuf,
+    /// Where the CNI plugins are looked for, in order.
+    #[arg(
+        long,
+        global = true, hide = true, help_heading = "Networks",
+        env = "RUNNER_CNI_PATH",
+        value_name = "DIR[:DIR...]",
+        value_delimiter = ':',
+        default_value = crate::config::DEFAULT_CNI_PATH
+    )]
+    pub cni_path: Vec<PathBuf>,
     /// Keep the kernel's cgroup attach lock warm while runc creates containers: `auto` (where
     /// it pays: not with cgroup2's favordynmods, else measured by its first writes), `on`,
     /// `off`. Saves 5-16 ms per cold container on kernels that wait a grace period.
@@ -188,6 +202,10 @@ pub enum LogFormat {
 impl Cli {
     /// Start logging to stderr with the filter and format asked for.
     pub fn init_logging(&self) {
+        if matches!(self.command, Verb::Resolver(_)) {
+            // Its own log: a capped, rotated, rate-limited file (`net::resolver::log`).
+            return;
+        }
         let default = match self.command {
             // rustls' verifier logs each failed handshake as an error of its own; the pull's
             // error already says it (with the reference), once.
@@ -227,6 +245,8 @@ impl Global {
         config.registry.insecure = self.insecure_registries.clone();
         config.dns_upstream = self.dns_upstream.clone();
         config.shutdown_grace = self.shutdown_grace;
+        config.net.dir = self.net_dir.clone();
+        config.net.cni_path = self.cni_path.clone();
         config.warm_cgroup_attach = self.warm_cgroup_attach;
         config.rootfs_dir = self.rootfs_dir.clone();
         config.userns_dir = self.userns_dir.clone();
@@ -279,6 +299,53 @@ fn global_options_help() -> String {
         })
         .disable_help_flag(true);
     command.clone().render_long_help().to_string()
+}
+
+/// The resolver's bounds (`ResolverLimits`; each defaults to its value there).
+#[derive(Args, Debug, Clone)]
+pub struct ResolverArgs {
+    /// Queries per second per container (over it: REFUSED).
+    #[arg(long, value_name = "N")]
+    pub query_rate: Option<u32>,
+    /// Queries a container may send at once above its rate.
+    #[arg(long, value_name = "N")]
+    pub query_burst: Option<u32>,
+    /// Upstream queries in flight per container.
+    #[arg(long, value_name = "N")]
+    pub upstream_per_container: Option<usize>,
+    /// Open TCP connections per container.
+    #[arg(long, value_name = "N")]
+    pub tcp_per_container: Option<usize>,
+    /// A TCP connection with no complete query for this long is closed (`3s`).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub tcp_idle: Option<std::time::Duration>,
+    /// Queries being answered at once, all containers together.
+    #[arg(long, value_name = "N")]
+    pub max_tasks: Option<usize>,
+    /// TCP connections open at once, all containers together.
+    #[arg(long, value_name = "N")]
+    pub max_tcp: Option<usize>,
+    /// Answers kept for their TTL.
+    #[arg(long, value_name = "N")]
+    pub cache_entries: Option<usize>,
+    /// Above this resident size (bytes) no upstream query starts until it is back under.
+    #[arg(long, value_name = "BYTES")]
+    pub memory_limit: Option<u64>,
+}
+
+impl ResolverArgs {
+    fn apply(&self, l: &mut crate::config::ResolverLimits) {
+        let d = crate::config::ResolverLimits::default();
+        l.queries_per_second = self.query_rate.unwrap_or(d.queries_per_second);
+        l.query_burst = self.query_burst.unwrap_or(d.query_burst);
+        l.upstream_per_source = self.upstream_per_container.unwrap_or(d.upstream_per_source);
+        l.tcp_per_source = self.tcp_per_container.unwrap_or(d.tcp_per_source);
+        l.tcp_idle = self.tcp_idle.unwrap_or(d.tcp_idle);
+        l.max_tasks = self.max_tasks.unwrap_or(d.max_tasks);
+        l.max_tcp = self.max_tcp.unwrap_or(d.max_tcp);
+        l.cache_entries = self.cache_entries.unwrap_or(d.cache_entries);
+        l.memory_bytes = self.memory_limit.unwrap_or(d.memory_bytes);
+    }
 }
 
 /// What `main` does after the command line was handled.
@@ -429,8 +496,11 @@ impl Cli {
                 0
             }
             Verb::Supervise { name, adopt } => jobs::supervise(&context(g, None)?, &name, adopt).await?,
-            Verb::Resolver => {
-                crate::runtime::containerd::network::run_resolver()
+            Verb::Resolver(args) => {
+                let mut config = g.config();
+                args.apply(&mut config.resolver);
+                crate::net::resolver::log::init(&config, g.log.as_deref());
+                crate::net::resolver::run(config.net, config.resolver)
                     .await
                     .map_err(|e| ServiceError::Internal {
                         context: "the resolver".into(),
@@ -603,7 +673,7 @@ pub enum Verb {
     /// Serve DNS to bridge-network containers (what the first bridge container starts; not
     /// for direct use).
     #[command(hide = true)]
-    Resolver,
+    Resolver(ResolverArgs),
     /// Carry a stored job to its end (what `apply --detach` starts; not for direct use).
     #[command(hide = true)]
     Supervise {

@@ -173,12 +173,13 @@ pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceEr
             .collect();
         let (leases, ours, containerd) = (engine.leases.clone(), ours.clone(), engine.containerd_name());
         let roots = engine.roots_dir();
+        let network = crate::net::Host::new(ctx.config.net.clone());
         // What this run removed is gone for good: its directories go now, whatever their age.
         let gone: HashSet<String> = report.containers.iter().cloned().collect();
         let (removed, ranges) = Context::blocking(move || {
             let mut removed = late_dirs(late_dir.as_deref(), &run_dir, &live, &ownerless);
             removed.extend(remove_run_dirs(&run_dir, &live, &ownerless));
-            removed.extend(remove_root_dirs(&roots, &live, &gone));
+            removed.extend(remove_root_dirs(&network, &roots, &live, &gone));
             Ok((removed, release_ranges(&leases, &containerd, &ours, &run_dir, &live)))
         })
         .await?;
@@ -192,13 +193,12 @@ pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceEr
     if cgroups {
         // The bridge network, when no container on the host is on it any more (only an
         // explicit gc: the start-up one would take it down under the attach that follows).
-        report.network_removed = Context::blocking(|| {
-            Ok(
-                crate::runtime::containerd::network::remove_if_unused().unwrap_or_else(|err| {
-                    tracing::warn!(error = %err, "gc could not take the unused bridge network down");
-                    false
-                }),
-            )
+        let network = crate::net::Host::new(ctx.config.net.clone());
+        report.network_removed = Context::blocking(move || {
+            Ok(network.remove_if_unused().unwrap_or_else(|err| {
+                tracing::warn!(error = %err, "gc could not take the unused bridge network down");
+                false
+            }))
         })
         .await?;
         let existing: HashSet<String> = client.containers(Vec::new()).await?.into_iter().map(|c| c.id).collect();
@@ -418,7 +418,12 @@ fn range_has_processes(base: u32) -> bool {
 /// a bridge container's network with it. One is made just before its container: only one
 /// older than a create can take is a leftover, or one of a container this gc run removed
 /// (`gone`).
-fn remove_root_dirs(roots: &Path, live: &HashSet<String>, gone: &HashSet<String>) -> Vec<String> {
+fn remove_root_dirs(
+    network: &crate::net::Host,
+    roots: &Path,
+    live: &HashSet<String>,
+    gone: &HashSet<String>,
+) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(roots) else {
         return Vec::new();
     };
@@ -434,9 +439,9 @@ fn remove_root_dirs(roots: &Path, live: &HashSet<String>, gone: &HashSet<String>
         }
         // Off the bridge network first (CNI DEL with the cached result): its veth, IPAM
         // lease, firewall rules and name go with it.
-        let net = e.path().join(crate::runtime::containerd::network::NET_DIR);
+        let net = e.path().join(crate::net::NET_DIR);
         if net.exists()
-            && let Err(err) = crate::runtime::containerd::network::detach(&net)
+            && let Err(err) = network.detach(&net)
         {
             tracing::warn!(dir = %net.display(), error = %err, "gc could not detach a container from the network");
             continue;

@@ -8,10 +8,8 @@
 
 pub mod agent;
 pub mod attach_lock;
-pub mod dns;
 mod io;
 pub mod logger;
-pub mod network;
 pub mod pool;
 pub mod remap;
 
@@ -292,9 +290,10 @@ impl Engine {
         let dir = self.run_dir.join(id);
         // Off the network first (CNI DEL while the netns is still pinned); a failure keeps
         // the directory, with what DEL needs, for gc to try again.
-        let net = self.root_dir(id).join(network::NET_DIR);
+        let net = self.root_dir(id).join(crate::net::NET_DIR);
         if net.exists() {
-            network::detach(&net)
+            crate::net::Host::new(self.options.net.clone())
+                .detach(&net)
                 .map_err(|e| RuntimeError::Internal(format!("detaching {id} from the bridge network: {e}")))?;
         }
         let range = std::fs::read_to_string(dir.join(remap::RANGE_FILE))
@@ -435,24 +434,37 @@ impl Engine {
             let t1 = Instant::now();
             // Beside the rootfs, not in the state dir: a state dir removed while the container
             // runs must not take the pins (and with them the way to DEL) along.
-            let dir = self.root_dir(&id).join(network::NET_DIR);
-            let egress = network::Egress {
+            let dir = self.root_dir(&id).join(crate::net::NET_DIR);
+            let egress = crate::net::Egress {
                 cidrs: plan.env().egress_allow.clone(),
                 domains: plan.env().egress_domains.clone(),
                 upstream: self.options.dns_upstream.clone(),
             };
             let (range, cid) = (plan.userns, id.clone());
             let (name, ports) = (plan.job().name.clone(), plan.env().ports.clone());
-            let net = network::Net::of(plan.bound.bridge.as_ref());
+            let net = crate::net::Net::of(plan.bound.bridge.as_ref());
             let exe = self.runner_exe("the resolver")?;
-            let pinned = network::pin_paths(&dir, range);
-            let (hosts_file, resolv_file) = net.files();
+            let pinned = crate::net::pin_paths(&dir, range);
+            let layer = crate::net::Host::new(self.options.net.clone());
+            let (hosts_file, resolv_file) = layer.files(&net);
             join_namespaces(&mut built, &pinned);
             attaching = Some((
                 t1,
                 tokio::task::spawn_blocking(move || {
-                    let pinned = network::pin_namespaces(&dir, range)?;
-                    network::attach(&dir, &cid, &name, pinned, &egress, &ports, &exe, &net)
+                    let t = Instant::now();
+                    let pinned = crate::net::pin_namespaces(&dir, range)?;
+                    let attached = layer.attach(&crate::net::AttachRequest {
+                        dir,
+                        id: cid,
+                        name,
+                        pinned,
+                        egress,
+                        ports,
+                        exe,
+                        net,
+                    });
+                    tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "bridge attach");
+                    attached
                 }),
             ));
             // The network's names and resolvers, read-only (the files change as containers
@@ -688,10 +700,11 @@ impl Engine {
         }
         // Off the bridge network (CNI DEL, its pins) before the directory holding them goes;
         // beside the task's deletion (no process of the task is left to use the network).
-        let net = self.root_dir(id).join(network::NET_DIR);
+        let net = self.root_dir(id).join(crate::net::NET_DIR);
+        let layer = crate::net::Host::new(self.options.net.clone());
         let detaching = net
             .exists()
-            .then(|| tokio::task::spawn_blocking(move || network::detach(&net)));
+            .then(|| tokio::task::spawn_blocking(move || layer.detach(&net)));
         let mut gone = true;
         match c.task_delete(id).await {
             Ok(_) => {}
@@ -1869,6 +1882,18 @@ impl Runtime for LiveContainer {
         self.network.as_ref()
     }
 
+    async fn set_egress(&self, egress: crate::net::Egress) -> Result<(), RuntimeError> {
+        if self.network.is_none() {
+            return Err(RuntimeError::Refused("the sandbox is on no bridge network".into()));
+        }
+        let dir = self.engine.root_dir(&self.id).join(crate::net::NET_DIR);
+        let layer = crate::net::Host::new(self.engine.options.net.clone());
+        tokio::task::spawn_blocking(move || layer.set_egress(&dir, &egress))
+            .await
+            .map_err(|e| RuntimeError::Internal(format!("the egress task: {e}")))?
+            .map_err(|e| RuntimeError::Internal(format!("changing the egress of {}: {e}", self.id)))
+    }
+
     async fn execute(&self, request: ExecRequest) -> Result<ExecResult, RuntimeError> {
         self.check_live()?;
         if request.argv.is_empty() {
@@ -2033,7 +2058,7 @@ fn view_error(e: remap::ViewError) -> RuntimeError {
 }
 
 /// Name the pinned namespaces in the spec: runc joins them instead of making its own.
-fn join_namespaces(spec: &mut oci_spec::runtime::Spec, pinned: &network::Pinned) {
+fn join_namespaces(spec: &mut oci_spec::runtime::Spec, pinned: &crate::net::Pinned) {
     use oci_spec::runtime::LinuxNamespaceType;
     let Some(linux) = spec.linux_mut() else {
         return;
