@@ -21,6 +21,8 @@ pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
 /// After SIGTERM or Ctrl-C, how long `serve` and a foreground `apply` take at most to stop
 /// (in-flight calls finish or are cut, sandboxes are stopped), whatever their sandboxes do.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// The job store's file in a state dir (a state dir holding one judges its own attempts).
+pub const STORE_FILE: &str = "runner.db";
 /// Host-wide network state: per network its names and registration, the resolver's files,
 /// the published ports, the network lock.
 pub const DEFAULT_NET_DIR: &str = "/run/runner/net";

@@ -4,12 +4,12 @@
 
 pub mod daemon;
 pub mod export;
-pub mod gc;
 pub mod images;
 pub mod jobs;
 pub mod kube;
 pub mod logs;
 pub mod pools;
+pub mod reconcile;
 pub mod sessions;
 
 use std::sync::Arc;

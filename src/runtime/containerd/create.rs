@@ -643,11 +643,7 @@ impl Drop for CreateLease {
 
 /// Delete a create lease once its creation (if still in flight) is over: a delete that
 /// overtook the create would leave the lease behind.
-async fn give_back(
-    client: Containerd,
-    name: String,
-    taking: Option<tokio::task::JoinHandle<Result<(), CtdError>>>,
-) {
+async fn give_back(client: Containerd, name: String, taking: Option<tokio::task::JoinHandle<Result<(), CtdError>>>) {
     if let Some(taking) = taking {
         let _ = taking.await;
     }

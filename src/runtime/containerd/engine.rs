@@ -28,15 +28,15 @@ pub(super) fn container_id(job: &str) -> String {
 /// The containerd side of the runner: a connection plus where FIFOs live.
 #[derive(Clone, Debug)]
 pub struct Engine {
-    pub client: Containerd,
+    pub(super) client: Containerd,
     /// Directory for per-process FIFOs.
-    pub run_dir: PathBuf,
-    pub host: HostEnv,
-    pub options: RuntimeOptions,
+    pub(super) run_dir: PathBuf,
+    pub(super) host: HostEnv,
+    pub(super) options: RuntimeOptions,
     /// The host's user-namespace ranges.
-    pub leases: idmap::Leases,
+    pub(super) leases: idmap::Leases,
     /// Measures what sandboxes write (`resources.ephemeralStorage`).
-    pub storage: StorageMonitor,
+    pub(super) storage: StorageMonitor,
 }
 
 impl Engine {
@@ -49,6 +49,33 @@ impl Engine {
             options,
             storage: StorageMonitor::default(),
         }
+    }
+
+    /// This engine with other runtime options (an attempt's output file, its kill grace).
+    pub fn with_options(mut self, options: RuntimeOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The runtime options its containers are made with.
+    pub fn options(&self) -> &RuntimeOptions {
+        &self.options
+    }
+
+    /// The containers of job (or session) `job`: every one, or one attempt's (`index`,
+    /// `attempt`).
+    pub async fn job_containers(
+        &self,
+        job: &str,
+        attempt: Option<(u32, u32)>,
+    ) -> Result<Vec<containerd_client::services::v1::Container>, RuntimeError> {
+        let filter = match attempt {
+            Some((index, number)) => format!(
+                "labels.\"{LABEL_JOB}\"=={job},labels.\"{LABEL_INDEX}\"=={index},labels.\"{LABEL_ATTEMPT}\"=={number}"
+            ),
+            None => format!("labels.\"{LABEL_JOB}\"=={job}"),
+        };
+        Ok(self.client.containers(vec![filter]).await?)
     }
 
     /// Where container `id`'s remapped rootfs is mounted: a host-wide directory per
@@ -267,11 +294,7 @@ impl Engine {
         result
     }
 
-    async fn run_oneshot_inner(
-        &self,
-        plan: &RunPlan,
-        cancel: &CancellationToken,
-    ) -> Result<ExecResult, RuntimeError> {
+    async fn run_oneshot_inner(&self, plan: &RunPlan, cancel: &CancellationToken) -> Result<ExecResult, RuntimeError> {
         let t0 = Instant::now();
         let mut image = None;
         let mut cold = None;
@@ -378,11 +401,7 @@ impl Engine {
 
     /// What the shim-run logger wrote (it finishes once the task's output reaches EOF). No
     /// output record is our failure, never silently an empty output.
-    async fn logged_output(
-        &self,
-        id: &str,
-        started: Instant,
-    ) -> Result<(io::StreamOut, io::StreamOut), RuntimeError> {
+    async fn logged_output(&self, id: &str, started: Instant) -> Result<(io::StreamOut, io::StreamOut), RuntimeError> {
         let dir = self.output_dir(id);
         let begin = Instant::now();
         loop {

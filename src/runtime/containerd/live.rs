@@ -68,11 +68,7 @@ impl Engine {
         }
     }
 
-    async fn start_live(
-        &self,
-        plan: &RunPlan,
-        created: &mut Created,
-    ) -> Result<LiveContainer, RuntimeError> {
+    async fn start_live(&self, plan: &RunPlan, created: &mut Created) -> Result<LiveContainer, RuntimeError> {
         let job = plan.job();
         let id = created.id.clone();
         let fifos = Fifos::create(&self.run_dir.join(&id), "init", false, true)?;
@@ -374,11 +370,7 @@ impl LiveContainer {
         })
     }
 
-    async fn finish_exec(
-        &self,
-        exec: StartedExec,
-        timeout: Option<Duration>,
-    ) -> Result<ExecResult, RuntimeError> {
+    async fn finish_exec(&self, exec: StartedExec, timeout: Option<Duration>) -> Result<ExecResult, RuntimeError> {
         let before = cgroupfs::read(&self.cgroup);
         let never = CancellationToken::new();
         let outcome = self

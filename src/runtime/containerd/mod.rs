@@ -11,6 +11,7 @@ pub mod attach_lock;
 mod io;
 pub mod logger;
 pub mod pool;
+pub mod reclaim;
 pub mod remap;
 
 use std::time::Duration;
