@@ -76,6 +76,9 @@ if [ -z "${KUBECONFIG:-}" ]; then
 fi
 cargo test --locked --all-targets -- --include-ignored
 
+echo "== the README's and the book's examples (tests/docs/run.sh), the book (mkdocs --strict)"
+tests/docs/run.sh "$runner"
+
 echo "== nothing left behind in $CONTAINERD_NAMESPACE"
 ctr_() { ctr --address "$CONTAINERD_ADDRESS" --namespace "$CONTAINERD_NAMESPACE" "$@"; }
 containers=$(ctr_ containers ls -q | wc -l)

@@ -580,7 +580,7 @@ fn re_applying_a_finished_job_is_refused_unless_replace() {
     assert_eq!(String::from_utf8_lossy(&logs.stdout), "second\n");
 }
 
-/// The host backend stops a timed-out command as the README says: SIGTERM, the Job's
+/// The host backend stops a timed-out command as docs/security.md says: SIGTERM, the Job's
 /// `terminationGracePeriodSeconds`, then SIGKILL (a command deaf to SIGTERM ends after both).
 #[test]
 fn a_timeout_waits_the_jobs_grace_period_before_sigkill() {

@@ -1,10 +1,12 @@
-//! The dependency rule of the layout (README, "Design notes"): top-level modules import only
+//! The dependency rule of the layout (docs/design/layout.md): top-level modules import only
 //! modules of lower layers, so there is no cycle, and `cli` and `api` never import each other.
 //! Read from the `crate::` paths of the sources; `cargo test --test module_graph -- --nocapture`
 //! prints the graph.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+
+mod common;
 
 /// Each top-level module's layer: a module may import only modules of lower layers.
 const LAYERS: &[(&str, u32)] = &[
@@ -317,4 +319,51 @@ fn the_sibling_scanner_sees_super_and_crate_paths() {
     assert_eq!(sibling_cycle(tree.path()).unwrap(), ["a", "b", "c", "a"]);
     std::fs::write(tree.path().join("c.rs"), "").unwrap();
     assert_eq!(sibling_cycle(tree.path()), None);
+}
+
+/// docs/design/layout.md shows the layers as the sources have them (generated) and names every
+/// entry of src/ in its tree.
+#[test]
+fn the_layout_notes_match_the_tree() {
+    let graph = graph();
+    let mut by_layer: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+    for (module, layer) in LAYERS {
+        if graph.contains_key(*module) {
+            by_layer.entry(*layer).or_default().push(module);
+        }
+    }
+    let mut picture = String::from("```\n");
+    for (layer, modules) in by_layer.iter().rev() {
+        let below: BTreeSet<&str> = modules
+            .iter()
+            .flat_map(|m| graph[*m].iter().map(String::as_str))
+            .collect();
+        picture.push_str(&format!(
+            "{layer}  {:<42} imports {}\n",
+            modules.join("  "),
+            if below.is_empty() {
+                "nothing of ours".to_string()
+            } else {
+                below.into_iter().collect::<Vec<_>>().join(", ")
+            }
+        ));
+    }
+    picture.push_str("```\n");
+    let notes = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/design/layout.md");
+    common::check_generated(&notes, "layers", &picture);
+    let text = std::fs::read_to_string(&notes).unwrap();
+    let missing: Vec<String> = std::fs::read_dir(src())
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            if e.path().is_dir() {
+                format!("src/{name}/")
+            } else {
+                format!("src/{name}")
+            }
+        })
+        .filter(|entry| !text.contains(entry.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "docs/design/layout.md does not name {missing:?}");
 }

@@ -2,7 +2,7 @@
 //! that names containerd services or `tonic::Code`. Every request carries the namespace
 //! header (and the lease header where one is given); every message is filled completely
 //! before it is sent, because containerd 1.6 crashes on some malformed requests
-//! (docs/containerd-notes.md).
+//! (docs/design/containerd.md, "What containerd does that this code relies on").
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -52,7 +52,7 @@ impl SetupResult {
     }
 }
 
-/// What one command did: the `result` object of product.md.
+/// What one command did: a Job's `result` object (docs/reference/manifest.md, Results).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecResult {

@@ -1,7 +1,7 @@
 //! The containerd backend: one-shot jobs (one task: setup + command) and live containers
 //! (an idle init, commands through Tasks.Exec), both on the hardened spec of `spec::build`.
 //!
-//! Order of operations follows docs/containerd-notes.md: a lease from Snapshots.Prepare to
+//! Order of operations follows docs/design/containerd.md ("What containerd does..."): a lease from Snapshots.Prepare to
 //! Containers.Create; stdio FIFO read ends open before Tasks.Create; Wait issued before Start;
 //! cgroup counters read before Tasks.Delete; teardown kill → wait → Tasks.Delete →
 //! Snapshots.Remove → Containers.Delete, NotFound counting as done.
