@@ -7,6 +7,7 @@ mod jobs;
 mod openapi;
 mod sandbox;
 mod sessions;
+mod state;
 mod swerex;
 pub mod types;
 
@@ -34,6 +35,8 @@ use crate::service::{Connect, Context, ServiceError, daemon, jobs as job_service
 pub const MAX_BODY_BYTES: usize = 64 << 20;
 /// Largest JSON request (everything but uploads and file writes).
 const MAX_JSON_BYTES: usize = 4 << 20;
+/// How often sessions are checked for their `idlePauseSeconds`.
+const IDLE_PAUSE_TICK: Duration = Duration::from_secs(1);
 /// Shortest bearer token accepted.
 const MIN_TOKEN_LEN: usize = 16;
 
@@ -295,6 +298,7 @@ fn routes() -> Vec<Route> {
     ];
     table.extend(sandbox::routes());
     table.extend(swerex::routes());
+    table.extend(state::routes());
     table
 }
 
@@ -315,6 +319,8 @@ pub fn router(state: Arc<AppState>) -> Router {
             private = private.route(r.doc.path, r.handler);
         }
     }
+    // (The last layer runs first: the token is checked before a paused session is looked at.)
+    private = private.route_layer(middleware::from_fn_with_state(state.clone(), state::ensure_running));
     private = private.route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
     public
         .merge(private)
@@ -513,6 +519,15 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
     }
     let state = Arc::new(AppState::new(token, ctx.clone(), serve.session_ttl));
     let app = router(state.clone());
+    let idle_pauses = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(IDLE_PAUSE_TICK).await;
+                state.sessions.pause_idle().await;
+            }
+        })
+    };
     let housekeeping = {
         let state = state.clone();
         let every = (serve.session_ttl / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
@@ -593,6 +608,7 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
         }
     };
     housekeeping.abort();
+    idle_pauses.abort();
     if let Some(task) = metrics_server {
         task.abort();
     }

@@ -31,6 +31,12 @@ pub struct CreateSession {
     pub mounts: Vec<serde_json::Value>,
     /// Run on this backend instead of the Environment's.
     pub backend: Option<Backend>,
+    /// A call to the session while it is paused resumes it first (default: the call is
+    /// answered 409).
+    #[serde(default)]
+    pub auto_resume: bool,
+    /// Pause the session once it has been idle this long (containerd sessions).
+    pub idle_pause_seconds: Option<f64>,
 }
 
 /// How `environment` may be given.
@@ -50,6 +56,10 @@ impl CreateSession {
             static_assets: self.static_assets,
             mounts: self.mounts,
             backend: self.backend,
+            pause: crate::service::sessions::PausePolicy {
+                auto_resume: self.auto_resume,
+                idle_pause: seconds("idlePauseSeconds", self.idle_pause_seconds)?,
+            },
         })
     }
 }

@@ -4,6 +4,8 @@
 mod client;
 mod content;
 pub mod daemon;
+mod state;
 
 pub use client::*;
 pub use content::*;
+pub use state::*;

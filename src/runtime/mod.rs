@@ -225,6 +225,17 @@ pub trait Runtime: Send + Sync {
     async fn set_egress(&self, _egress: crate::net::Egress) -> Result<(), RuntimeError> {
         Err(RuntimeError::Refused("the sandbox is on no bridge network".into()))
     }
+
+    /// Freeze every process of the sandbox: they keep their memory and use no CPU until
+    /// `resume` (containerd's freezer; the host backend has none).
+    async fn pause(&self) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Refused("only containerd sandboxes can be paused".into()))
+    }
+
+    /// Thaw what `pause` froze.
+    async fn resume(&self) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Refused("only containerd sandboxes can be paused".into()))
+    }
 }
 
 /// An isolated sandbox's extras: a directory shared with it, the tools shipped into it,

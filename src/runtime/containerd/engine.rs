@@ -154,6 +154,11 @@ impl Engine {
         } else if let Ok(Some(process)) = c.task_get(id).await {
             // Status 3 is STOPPED (containerd.v1.types.Status); anything else may still run.
             if process.status != STATUS_STOPPED {
+                // A frozen task takes no signal on cgroup v1 until it is thawed: a paused
+                // sandbox is resumed to be killed.
+                if process.status == STATUS_PAUSED {
+                    let _ = c.task_resume(id).await;
+                }
                 let _ = c.task_kill(id, "", SIGKILL, true).await;
                 if tokio::time::timeout(TEARDOWN_WAIT, c.task_wait(id, "")).await.is_err() {
                     tracing::warn!(container = id, "task did not exit within {TEARDOWN_WAIT:?} of SIGKILL");

@@ -746,6 +746,22 @@ impl Runtime for LiveContainer {
         Ok(rx)
     }
 
+    async fn pause(&self) -> Result<(), RuntimeError> {
+        self.check_live()?;
+        let began = Instant::now();
+        self.engine.client.task_pause(&self.id).await?;
+        crate::metrics::observe(OPERATION_SECONDS, &[("op", "pause")], began.elapsed());
+        Ok(())
+    }
+
+    async fn resume(&self) -> Result<(), RuntimeError> {
+        self.check_live()?;
+        let began = Instant::now();
+        self.engine.client.task_resume(&self.id).await?;
+        crate::metrics::observe(OPERATION_SECONDS, &[("op", "resume")], began.elapsed());
+        Ok(())
+    }
+
     fn poll(&self) -> ProcessState {
         let state = self.state.lock().expect("state lock");
         ProcessState::of(state.running.is_some(), state.last)

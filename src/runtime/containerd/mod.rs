@@ -53,6 +53,8 @@ const RECONNECT_LIMIT: Duration = Duration::from_secs(60);
 const TEARDOWN_WAIT: Duration = Duration::from_secs(10);
 /// `containerd.v1.types.Status.STOPPED`.
 const STATUS_STOPPED: i32 = 3;
+/// containerd.v1.types.Status PAUSED: the task's processes are frozen.
+const STATUS_PAUSED: i32 = 4;
 const SIGTERM: u32 = 15;
 const SIGKILL: u32 = 9;
 

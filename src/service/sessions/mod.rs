@@ -4,6 +4,7 @@
 
 mod files;
 mod output;
+mod pause;
 mod python;
 mod resident;
 mod shell;
@@ -24,6 +25,7 @@ use tokio::sync::mpsc;
 
 pub use files::Download;
 pub use output::ShellOutput;
+pub use pause::{Hold, PausePolicy, SessionState};
 pub use shell::{Check, SHELL_GONE, ShellRequest};
 
 use super::{Context, ServiceError};
@@ -215,6 +217,8 @@ pub struct NewSession {
     pub mounts: Vec<Value>,
     /// Run on this backend instead of the Environment's.
     pub backend: Option<Backend>,
+    /// How it pauses and resumes.
+    pub pause: PausePolicy,
 }
 
 impl NewSession {
@@ -225,6 +229,7 @@ impl NewSession {
             static_assets: Vec::new(),
             mounts: Vec::new(),
             backend: None,
+            pause: PausePolicy::default(),
         }
     }
 }
@@ -246,6 +251,16 @@ pub struct SessionView {
     /// Its address and published ports (`network: bridge`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<crate::runtime::NetworkStatus>,
+    /// Running, or paused (its processes frozen).
+    pub state: SessionState,
+    /// When it was paused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_since: Option<String>,
+    /// A call to it while paused resumes it first.
+    pub auto_resume: bool,
+    /// It pauses itself once idle this long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_pause_seconds: Option<u64>,
 }
 
 /// One live sandbox and what lives in it between calls.
@@ -273,6 +288,8 @@ pub struct Session {
     output_limit: usize,
     /// What SWE-ReX's protocol keeps of this session (its bash sessions, its last answer).
     swerex: swerex::Swerex,
+    /// Whether it is paused, and how it pauses and resumes.
+    pause: pause::PauseState,
 }
 
 impl Session {
@@ -283,9 +300,13 @@ impl Session {
             workspace: self.workspace.clone(),
             created: self.created.clone(),
             idle_seconds: self.idle().as_secs(),
-            active_calls: self.in_use.load(Ordering::SeqCst),
+            active_calls: self.in_use.load(Ordering::SeqCst).saturating_sub(self.pause.held()),
             pool: self.runtime.pool().map(String::from),
             network: self.runtime.network().cloned(),
+            state: self.pause.state(),
+            paused_since: self.pause.since(),
+            auto_resume: self.pause.policy.auto_resume,
+            idle_pause_seconds: self.pause.policy.idle_pause.map(|d| d.as_secs()),
         }
     }
 
@@ -497,6 +518,16 @@ impl SessionManager {
             .await?
         };
         let backend = plan.bound.backend;
+        if backend == Backend::Host && request.pause != PausePolicy::default() {
+            return Err(ServiceError::field(
+                if request.pause.auto_resume {
+                    "autoResume"
+                } else {
+                    "idlePauseSeconds"
+                },
+                "host sessions cannot be paused (pausing needs the containerd backend)",
+            ));
+        }
         // Who owns what the file API makes in the workspace. In a user namespace the sandbox
         // sees the workspace through a view that maps only the workspace's owner: the files
         // must be that owner's (anything else would be read-only inside).
@@ -548,6 +579,7 @@ impl SessionManager {
             shells: Mutex::new(HashMap::new()),
             output_limit,
             swerex: swerex::Swerex::default(),
+            pause: pause::PauseState::new(request.pause),
         });
         session.prestart_shell();
         let view = session.view();
@@ -616,7 +648,9 @@ impl SessionManager {
             let mut sessions = self.sessions.lock().expect("sessions lock");
             let ids: Vec<String> = sessions
                 .iter()
-                .filter(|(_, s)| s.in_use.load(Ordering::SeqCst) == 0 && s.idle() > self.idle_ttl)
+                .filter(|(_, s)| {
+                    s.in_use.load(Ordering::SeqCst) == 0 && !s.pause.is_paused() && s.idle() > self.idle_ttl
+                })
                 .map(|(id, _)| id.clone())
                 .collect();
             ids.iter().filter_map(|id| sessions.remove(id)).collect()
