@@ -227,3 +227,219 @@ fn pause_settings_are_checked() {
     let (code, _) = s.call("POST", "/v1/sessions/s-nope/pause", None);
     assert_eq!(code, 404);
 }
+
+/// A manifest with one Environment on `image` and one Job running `command`.
+fn job_manifest(dir: &std::path::Path, job: &str, image: &str, command: &str) -> PathBuf {
+    write_manifest(
+        dir,
+        &format!("{job}.yaml"),
+        &format!(
+            "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: {job}-env}}\nspec: {{image: \"{image}\"}}\n---\n\
+             apiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: {job}}}\nspec:\n  environment: {job}-env\n  command: {command:?}\n"
+        ),
+    )
+}
+
+/// Run a job to its end through the CLI; its stdout.
+fn run_job(state: &std::path::Path, file: &std::path::Path) -> String {
+    let out = runner_ctd(
+        &["apply", "--replace", "-f", file.to_str().unwrap(), "-o", "json"],
+        state,
+    );
+    let v = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{v}");
+    let job = v.get("items").map_or(&v, |items| &items[0]);
+    job["status"]["result"]["stdout"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no stdout in {v}"))
+        .to_string()
+}
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_session_snapshot_is_an_image_jobs_and_sessions_start_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let s = server(dir.path());
+    let name = format!("snap-{}", std::process::id());
+    let id = create(&s, json!({"environment": {"image": "local/busybox:1.35"}}));
+    let (code, v) = exec(
+        &s,
+        &id,
+        "echo made > /etc/made && rm /bin/ls && mkdir -p /opt/d && head -c 2097152 /dev/urandom > /opt/d/blob \
+         && chown 1000:100 /opt/d/blob && ln /opt/d/blob /opt/d/hard && echo secret > in-workspace && pwd",
+    );
+    assert_eq!(code, 200, "{v}");
+    let workdir = v["stdout"].as_str().unwrap().trim().to_string();
+
+    let (code, v) = s.call(
+        "POST",
+        &format!("/v1/sessions/{id}/snapshot"),
+        Some(&json!({"name": name}).to_string()),
+    );
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["image"], format!("snapshot:{name}"), "{v}");
+    assert_eq!(v["base"], "local/busybox:1.35", "{v}");
+    assert!(v["layerBytes"].as_u64().unwrap() > 2 << 20, "{v}");
+    // A name is taken once, unless replaced.
+    let (code, v) = s.call(
+        "POST",
+        &format!("/v1/sessions/{id}/snapshot"),
+        Some(&json!({"name": name}).to_string()),
+    );
+    assert_eq!(code, 409, "{v}");
+    let (code, v) = s.call(
+        "POST",
+        &format!("/v1/sessions/{id}/snapshot"),
+        Some(&json!({"name": name, "replace": true}).to_string()),
+    );
+    assert_eq!(code, 201, "{v}");
+    let (code, v) = s.call(
+        "POST",
+        &format!("/v1/sessions/{id}/snapshot"),
+        Some(&json!({"name": "Bad/Name"}).to_string()),
+    );
+    assert_eq!(code, 400, "{v}");
+    // The session goes on running after it.
+    let (code, v) = exec(&s, &id, "cat /etc/made");
+    assert_eq!((code, v["stdout"].as_str()), (200, Some("made\n")), "{v}");
+
+    // Listed with its disk use, over HTTP and by the CLI.
+    let (code, v) = s.call("GET", "/v1/snapshots", None);
+    assert_eq!(code, 200, "{v}");
+    let listed = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == name.as_str())
+        .cloned();
+    let listed = listed.unwrap_or_else(|| panic!("{name} not in {v}"));
+    assert!(
+        listed["diskBytes"].as_u64().unwrap() >= listed["layerBytes"].as_u64().unwrap(),
+        "{listed}"
+    );
+    let out = runner_ctd(&["snapshot", "ls", "-o", "json"], &state);
+    assert!(
+        json_of(&out)
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["name"] == name.as_str())
+    );
+
+    // A job on it has the changes (ids as the sandbox saw them, the link, the whiteout), and
+    // nothing of the workspace or of runner's directories.
+    let file = job_manifest(
+        dir.path(),
+        "on-snapshot",
+        &format!("snapshot:{name}"),
+        &format!(
+            "cat /etc/made; ls -ln /opt/d/blob | awk '{{print $3, $4, $2}}'; ls /bin/ls 2>&1 || true; \
+             ls {workdir}/in-workspace /.runner /.runner-tools 2>&1 | sed 's/.*\\(No such\\)/\\1/'"
+        ),
+    );
+    let stdout = run_job(&state, &file);
+    assert!(stdout.starts_with("made\n1000 100 2\n"), "{stdout}");
+    assert!(stdout.contains("/bin/ls: No such file"), "{stdout}");
+    assert_eq!(stdout.matches("No such file").count(), 4, "{stdout}");
+    // The base image is untouched.
+    let file = job_manifest(
+        dir.path(),
+        "on-base",
+        "local/busybox:1.35",
+        "ls /bin/ls; cat /etc/made 2>&1 || true",
+    );
+    let stdout = run_job(&state, &file);
+    assert!(
+        stdout.starts_with("/bin/ls\n") && stdout.contains("No such file"),
+        "{stdout}"
+    );
+    // A session on it too.
+    let other = create(&s, json!({"environment": {"image": format!("snapshot:{name}")}}));
+    let (code, v) = exec(&s, &other, "cat /etc/made");
+    assert_eq!((code, v["stdout"].as_str()), (200, Some("made\n")), "{v}");
+    for session in [&id, &other] {
+        let (code, _) = s.call("DELETE", &format!("/v1/sessions/{session}"), None);
+        assert_eq!(code, 204);
+    }
+
+    // Removed, it is gone from the list and from what images resolve.
+    let (code, _) = s.call("DELETE", &format!("/v1/snapshots/{name}"), None);
+    assert_eq!(code, 204);
+    let (code, _) = s.call("DELETE", &format!("/v1/snapshots/{name}"), None);
+    assert_eq!(code, 404);
+    let out = runner_ctd(&["snapshot", "ls", "-o", "json"], &state);
+    assert!(
+        !json_of(&out)
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["name"] == name.as_str())
+    );
+}
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn the_cli_snapshots_a_running_job_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let image = image_dir().join("busybox-oci.tar");
+    let out = runner_ctd(&["image", "import", image.to_str().unwrap()], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let job = format!("snapjob-{}", std::process::id());
+    let name = format!("{job}-img");
+    let file = job_manifest(
+        dir.path(),
+        &job,
+        "local/busybox:1.35",
+        "echo from-job > /etc/from-job; echo ready; sleep 60",
+    );
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "--detach"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // Its attempt 0, once it wrote its file (snapshots of it until one has the file).
+    let probe = job_manifest(dir.path(), "probe", &format!("snapshot:{name}"), "cat /etc/from-job");
+    let mut made = serde_json::Value::Null;
+    let ready = eventually(Duration::from_secs(20), || {
+        let out = runner_ctd(
+            &[
+                "snapshot",
+                "create",
+                &format!("{job}-0"),
+                &name,
+                "--replace",
+                "-o",
+                "json",
+            ],
+            &state,
+        );
+        if out.status.code() != Some(0) {
+            return false;
+        }
+        made = json_of(&out);
+        let out = runner_ctd(
+            &["apply", "--replace", "-f", probe.to_str().unwrap(), "-o", "json"],
+            &state,
+        );
+        json_of(&out)["status"]["result"]["stdout"] == "from-job\n"
+    });
+    assert!(ready, "the running attempt was snapshotted with its file: {made}");
+    assert_eq!(made["source"], format!("{job}-0"), "{made}");
+    // The job's own name finds its one running container too.
+    let out = runner_ctd(&["snapshot", "create", &job, &name, "--replace"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("snapshot {name} made of {job}")),
+        "{out:?}"
+    );
+    // Unknown sources and names are clear errors.
+    let out = runner_ctd(&["snapshot", "create", "no-such-job", "x"], &state);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-job"), "{out:?}");
+    let out = runner_ctd(&["snapshot", "rm", "never-made"], &state);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found"), "{out:?}");
+    let out = runner_ctd(&["delete", "job", &job], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = runner_ctd(&["snapshot", "rm", &name], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -1,21 +1,33 @@
 //! A session's state: pause and resume, and the check every other call of a session goes
 //! through first (a paused session answers 409, or is resumed when it was made with
-//! `autoResume`).
+//! `autoResume`); filesystem snapshots of sessions, listed and removed.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path as UrlPath, Request, State};
-use axum::http::Method;
+use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::{AppResult, AppState, Doc, Route, route};
 use crate::service::sessions::SessionView;
+use crate::service::snapshots::{self, Created, SnapshotView};
 
 /// What follows `/v1/sessions/{id}/` in the routes that act on the session's state rather
 /// than use its sandbox (so they never resume it).
-const STATE_ROUTES: [&str; 2] = ["pause", "resume"];
+const STATE_ROUTES: [&str; 3] = ["pause", "resume", "snapshot"];
+
+/// `POST /v1/sessions/{id}/snapshot`.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TakeSnapshot {
+    /// The snapshot's name: its image is `snapshot:NAME`.
+    pub name: String,
+    /// Replace a snapshot of that name (default: 409 when one exists).
+    #[serde(default)]
+    pub replace: bool,
+}
 
 pub(super) fn routes() -> Vec<Route> {
     vec![
@@ -37,7 +49,44 @@ pub(super) fn routes() -> Vec<Route> {
             .returns::<SessionView>(200),
             resume,
         ),
+        route(
+            Doc::new(
+                Method::POST,
+                "/v1/sessions/{id}/snapshot",
+                "make the session's filesystem changes an image, `snapshot:NAME` (its workspace and mounts are not part of it)",
+            )
+            .takes::<TakeSnapshot>()
+            .returns::<Created>(201),
+            snapshot,
+        ),
+        route(
+            Doc::new(Method::GET, "/v1/snapshots", "list snapshots with their disk use").returns::<Vec<SnapshotView>>(200),
+            list_snapshots,
+        ),
+        route(
+            Doc::new(Method::DELETE, "/v1/snapshots/{name}", "remove a snapshot").returns_nothing(204),
+            remove_snapshot,
+        ),
     ]
+}
+
+async fn snapshot(
+    State(state): State<Arc<AppState>>,
+    UrlPath(id): UrlPath<String>,
+    body: axum::body::Bytes,
+) -> AppResult<(StatusCode, Json<Created>)> {
+    let request: TakeSnapshot = super::parse_json(&body)?;
+    let created = state.sessions.snapshot(&id, &request.name, request.replace).await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+async fn list_snapshots(State(state): State<Arc<AppState>>) -> AppResult<Json<Vec<SnapshotView>>> {
+    Ok(Json(snapshots::list(&state.ctx).await?))
+}
+
+async fn remove_snapshot(State(state): State<Arc<AppState>>, UrlPath(name): UrlPath<String>) -> AppResult<StatusCode> {
+    snapshots::remove(&state.ctx, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn pause(State(state): State<Arc<AppState>>, UrlPath(id): UrlPath<String>) -> AppResult<Json<SessionView>> {
@@ -87,6 +136,7 @@ mod tests {
         assert_eq!(sandbox_call("/v1/sessions/s-1/files/list"), Some("s-1"));
         assert_eq!(sandbox_call("/v1/sessions/s-1/pause"), None);
         assert_eq!(sandbox_call("/v1/sessions/s-1/resume"), None);
+        assert_eq!(sandbox_call("/v1/sessions/s-1/snapshot"), None);
         assert_eq!(sandbox_call("/v1/sessions/s-1"), None);
         assert_eq!(sandbox_call("/v1/sessions"), None);
         assert_eq!(sandbox_call("/v1/jobs/x/logs"), None);

@@ -420,6 +420,11 @@ pub enum Verb {
         #[command(subcommand)]
         verb: PoolVerb,
     },
+    /// Filesystem snapshots of running sandboxes, usable as images (`snapshot:NAME`).
+    Snapshot {
+        #[command(subcommand)]
+        verb: SnapshotVerb,
+    },
     /// Manage runner's private containerd.
     Daemon {
         #[command(subcommand)]
@@ -589,6 +594,32 @@ pub enum PoolVerb {
     /// Bring a pool to its size (what a claim starts in the background).
     #[command(hide = true)]
     Fill { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SnapshotVerb {
+    /// Make a running sandbox's filesystem changes an image, `snapshot:NAME` (its workspace
+    /// and mounts are not part of it; it is frozen while they are read).
+    Create {
+        /// A session id, a Job's name (its running container), or JOB-ATTEMPT.
+        source: String,
+        /// The snapshot's name.
+        name: String,
+        /// Replace a snapshot of that name.
+        #[arg(long)]
+        replace: bool,
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<OutputFormat>,
+    },
+    /// List snapshots: base image, layer size, disk use.
+    #[command(alias = "list")]
+    Ls {
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<OutputFormat>,
+    },
+    /// Remove snapshots (their disk space is freed once no container runs on them).
+    #[command(alias = "remove")]
+    Rm { names: Vec<String> },
 }
 
 #[derive(Subcommand, Debug)]

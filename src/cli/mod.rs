@@ -10,6 +10,7 @@ mod jobs;
 mod kube;
 mod output;
 mod pools;
+mod snapshot;
 
 pub use args::*;
 
@@ -274,6 +275,7 @@ impl Cli {
                 };
                 pools::run(&context(g, env_dir)?, verb).await?
             }
+            Verb::Snapshot { verb } => snapshot::run(&context(g, None)?, verb).await?,
             Verb::Daemon { verb } => daemon::run(&g.config(), verb).await?,
             Verb::Gc => daemon::gc(&context(g, None)?).await?,
         };

@@ -8,4 +8,3 @@ mod state;
 
 pub use client::*;
 pub use content::*;
-pub use state::*;

@@ -1,19 +1,10 @@
 //! A sandbox's state through the facade: freezing and thawing a task (containerd's
 //! Tasks.Pause/Resume, which runc does with the cgroup freezer on v1 and `cgroup.freeze` on
-//! v2: nothing here depends on the hierarchy), and the Diff service's Compare (a snapshot's
-//! changes as a layer blob in the content store).
+//! v2: nothing here depends on the hierarchy), and what a snapshot takes on disk.
 
-use std::collections::HashMap;
+use containerd_client::services::v1::{self as svc, snapshots as snap};
 
-use containerd_client::services::v1 as svc;
-use containerd_client::types::{Descriptor, Mount};
-
-use super::client::{Containerd, CtdError, rpc};
-
-/// Media type of an uncompressed OCI layer.
-pub const LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
-/// Media type of a gzip-compressed OCI layer.
-pub const LAYER_TAR_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+use super::client::{Containerd, CtdError, SNAPSHOTTER, rpc};
 
 impl Containerd {
     /// Freeze every process of a container's task.
@@ -40,46 +31,17 @@ impl Containerd {
         Ok(())
     }
 
-    /// The changes between two mounts (`lower` → `upper`) as a layer blob of `media_type`,
-    /// written to the content store under `lease` with `labels`; its descriptor (digest of
-    /// the blob as stored). The uncompressed digest is in the answer's
-    /// `containerd.io/uncompressed` annotation when the blob is compressed.
-    pub async fn diff_compare(
-        &self,
-        lease: &str,
-        lower: Vec<Mount>,
-        upper: Vec<Mount>,
-        media_type: &str,
-        reference: &str,
-        labels: HashMap<String, String>,
-    ) -> Result<Descriptor, CtdError> {
-        // Like Apply, an incomplete Compare is refused here rather than sent.
-        if lower.is_empty() || upper.is_empty() || media_type.is_empty() {
-            return Err(CtdError::Protocol {
-                op: "diff compare",
-                message: "refusing to send an incomplete request".into(),
-            });
-        }
-        let mut client = svc::diff_client::DiffClient::new(self.channel.clone());
-        client
-            .diff(self.leased(
-                svc::DiffRequest {
-                    left: lower,
-                    right: upper,
-                    media_type: media_type.to_string(),
-                    r#ref: reference.to_string(),
-                    labels,
-                    source_date_epoch: None,
-                },
-                Some(lease),
-            ))
+    /// Bytes a snapshot takes on disk (its own layer, not its parents').
+    pub async fn snapshot_usage(&self, key: &str) -> Result<u64, CtdError> {
+        let mut client = snap::snapshots_client::SnapshotsClient::new(self.channel.clone());
+        let usage = client
+            .usage(self.request(snap::UsageRequest {
+                snapshotter: SNAPSHOTTER.into(),
+                key: key.to_string(),
+            }))
             .await
-            .map_err(rpc("diff compare"))?
-            .into_inner()
-            .diff
-            .ok_or(CtdError::Protocol {
-                op: "diff compare",
-                message: "no descriptor in the answer".into(),
-            })
+            .map_err(rpc("snapshot usage"))?
+            .into_inner();
+        Ok(u64::try_from(usage.size).unwrap_or(0))
     }
 }

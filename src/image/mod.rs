@@ -4,6 +4,7 @@
 //! overlayfs snapshotter. Also: looking an image up for a run.
 
 pub mod archive;
+pub mod commit;
 pub mod mtls;
 pub mod registry;
 pub mod remote;

@@ -9,10 +9,12 @@
 pub mod agent;
 pub mod attach_lock;
 mod io;
+pub mod layer;
 pub mod logger;
 pub mod pool;
 pub mod reclaim;
 pub mod remap;
+pub mod snapshot;
 
 use std::time::Duration;
 

@@ -175,6 +175,25 @@ impl Drop for Hold {
 }
 
 impl SessionManager {
+    /// Snapshot a session's filesystem as `name` (`POST /v1/sessions/{id}/snapshot`): no
+    /// pause or resume runs meanwhile; a paused session stays paused.
+    pub async fn snapshot(
+        &self,
+        id: &str,
+        name: &str,
+        replace: bool,
+    ) -> Result<crate::service::snapshots::Created, ServiceError> {
+        let session = self.find(id)?;
+        if session.backend == crate::manifest::Backend::Host {
+            return Err(ServiceError::field(
+                "id",
+                format!("session {id} runs on the host backend: it has no filesystem of its own to snapshot"),
+            ));
+        }
+        let _transition = session.pause.transition.lock().await;
+        crate::service::snapshots::create(&self.ctx, id, name, replace).await
+    }
+
     /// Hold a session for a call about to use its sandbox (see `Hold`).
     pub fn hold(&self, id: &str) -> Result<Hold, ServiceError> {
         // Under the map's lock, as a lease is taken: the reaper sees it.

@@ -1,0 +1,237 @@
+//! A new image made of a base image and one more layer (a sandbox's snapshot): the layer
+//! blob and a config and manifest that add it to the base's, written to the content store
+//! with the GC labels that keep them (and the unpacked chain) alive, the layer unpacked on
+//! top of the base's chain, and an image record. As `nerdctl commit` and `docker commit` do,
+//! but from a layer tar runner wrote itself (see `runtime::containerd::layer`).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use containerd_client::types::Descriptor;
+
+use super::archive::{self, JsonDescriptor, JsonManifest};
+use super::{
+    GC_REF_CONFIG, GC_REF_LAYER, GC_REF_SNAPSHOT, IMPORT_LEASE_TTL, ImageError, UNCOMPRESSED_LABEL, descriptor,
+    parse_json, pick_platform, read_blob, unique,
+};
+use crate::containerd::{Containerd, LEASE_EXPIRE_LABEL};
+
+/// The layer to add: an uncompressed tar in a file.
+pub struct NewLayer<'a> {
+    pub path: &'a Path,
+    /// `sha256:…` of the tar (its digest and diffID).
+    pub digest: &'a str,
+    pub size: u64,
+    /// What the image history says made it.
+    pub created_by: String,
+}
+
+/// The image `commit` made.
+#[derive(Clone, Debug)]
+pub struct Committed {
+    pub name: String,
+    /// Its manifest's digest.
+    pub digest: String,
+    /// The unpacked snapshot chain a container of it starts from.
+    pub top_chain: String,
+    /// Bytes of the layer blob.
+    pub layer_size: u64,
+}
+
+/// The base image's manifest descriptor for this platform, its manifest and its config as
+/// JSON (kept whole: fields runner does not model are carried over).
+async fn base_parts(
+    client: &Containerd,
+    base: &str,
+) -> Result<(Descriptor, serde_json::Value, serde_json::Value), ImageError> {
+    let image = client
+        .image_get(base)
+        .await?
+        .ok_or_else(|| ImageError::NotFound(base.to_string()))?;
+    let mut target = image
+        .target
+        .ok_or_else(|| ImageError::Format(format!("image {base} has no target")))?;
+    if target.media_type == archive::OCI_INDEX || target.media_type == archive::DOCKER_MANIFEST_LIST {
+        let index: archive::JsonIndex = parse_json("index", &read_blob(client, &target.digest).await?)?;
+        let chosen = pick_platform(&index.manifests)
+            .ok_or_else(|| ImageError::Format(format!("no manifest for linux/{} in {base}", super::go_arch())))?;
+        target = descriptor(chosen);
+    }
+    let manifest_bytes = read_blob(client, &target.digest).await?;
+    let manifest: serde_json::Value = parse_json("manifest", &manifest_bytes)?;
+    let typed: JsonManifest = parse_json("manifest", &manifest_bytes)?;
+    let config: serde_json::Value = parse_json("image config", &read_blob(client, &typed.config.digest).await?)?;
+    Ok((target, manifest, config))
+}
+
+/// Add `layer` on top of image `base` (whose unpacked top chain must be `base_chain`: the
+/// chain the sandbox ran on, so a base re-tagged since is noticed) as image `name`, with
+/// `labels` on its record. Replaces an image of that name.
+pub async fn commit(
+    client: &Containerd,
+    base: &str,
+    base_chain: &str,
+    layer: &NewLayer<'_>,
+    name: &str,
+    labels: HashMap<String, String>,
+) -> Result<Committed, ImageError> {
+    let lease = unique("runner-commit");
+    let expire = std::time::SystemTime::now() + IMPORT_LEASE_TTL;
+    client
+        .lease_create(
+            &lease,
+            HashMap::from([(
+                LEASE_EXPIRE_LABEL.to_string(),
+                humantime::format_rfc3339_seconds(expire).to_string(),
+            )]),
+        )
+        .await?;
+    let result = commit_in(client, &lease, base, base_chain, layer, name, labels).await;
+    if let Err(e) = client.lease_delete(&lease).await {
+        tracing::warn!(lease, error = %e, "could not delete the commit lease (it expires by itself)");
+    }
+    result
+}
+
+async fn commit_in(
+    client: &Containerd,
+    lease: &str,
+    base: &str,
+    base_chain: &str,
+    layer: &NewLayer<'_>,
+    name: &str,
+    labels: HashMap<String, String>,
+) -> Result<Committed, ImageError> {
+    let (base_target, mut manifest, mut config) = base_parts(client, base).await?;
+    let format = |what: &str| ImageError::Format(format!("image {base}: {what}"));
+    let diff_ids = config
+        .pointer_mut("/rootfs/diff_ids")
+        .and_then(|v| v.as_array_mut())
+        .ok_or_else(|| format("its config has no rootfs.diff_ids"))?;
+    let base_ids: Vec<String> = diff_ids.iter().filter_map(|d| d.as_str().map(String::from)).collect();
+    let base_top = archive::chain_ids(&base_ids).last().cloned().unwrap_or_default();
+    if base_top != base_chain {
+        return Err(ImageError::Format(format!(
+            "image {base} changed since the sandbox started (its layers are no longer those the sandbox runs on): the snapshot would not be the sandbox's"
+        )));
+    }
+    diff_ids.push(layer.digest.into());
+    let mut ids = base_ids;
+    ids.push(layer.digest.to_string());
+    let chains = archive::chain_ids(&ids);
+    let top_chain = chains.last().cloned().expect("one layer at least");
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    config["created"] = now.clone().into();
+    let history = serde_json::json!({"created": now, "created_by": layer.created_by, "comment": "runner snapshot"});
+    match config.get_mut("history").and_then(|h| h.as_array_mut()) {
+        Some(h) => h.push(history),
+        None => config["history"] = serde_json::json!([history]),
+    }
+    let docker = base_target.media_type == archive::DOCKER_MANIFEST;
+    let layer_desc = JsonDescriptor {
+        media_type: if docker {
+            archive::DOCKER_LAYER_TAR
+        } else {
+            archive::OCI_LAYER_TAR
+        }
+        .into(),
+        digest: layer.digest.to_string(),
+        size: layer.size as i64,
+        annotations: HashMap::new(),
+        platform: None,
+    };
+    // The layer blob.
+    let file = tokio::fs::File::open(layer.path)
+        .await
+        .map_err(|source| ImageError::Io {
+            what: format!("reading {}", layer.path.display()),
+            source,
+        })?;
+    client
+        .content_write(
+            lease,
+            layer.digest,
+            layer.size,
+            file,
+            HashMap::from([(UNCOMPRESSED_LABEL.to_string(), layer.digest.to_string())]),
+            |_| {},
+        )
+        .await?;
+    // Unpacked on the base's chain (the same chain is content-addressed: another commit of
+    // the same changes may have made it already).
+    if client.snapshot_stat(&top_chain).await?.is_none() {
+        let key = unique("runner-commit-extract");
+        let mounts = client.snapshot_prepare(lease, &key, base_chain, HashMap::new()).await?;
+        let applied = match client.diff_apply(descriptor(&layer_desc), mounts).await {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = client.snapshot_remove(&key).await;
+                return Err(e.into());
+            }
+        };
+        if applied.digest != layer.digest {
+            let _ = client.snapshot_remove(&key).await;
+            return Err(ImageError::DiffIdMismatch {
+                index: ids.len() - 1,
+                got: applied.digest,
+                expected: layer.digest.to_string(),
+            });
+        }
+        match client.snapshot_commit(lease, &top_chain, &key, HashMap::new()).await {
+            Ok(()) => {}
+            Err(e) if e.is_already_exists() => {
+                let _ = client.snapshot_remove(&key).await;
+            }
+            Err(e) => {
+                let _ = client.snapshot_remove(&key).await;
+                return Err(e.into());
+            }
+        }
+    }
+    let config_bytes = serde_json::to_vec(&config).map_err(|e| ImageError::Format(e.to_string()))?;
+    let config_digest = archive::sha256_bytes(&config_bytes);
+    let config_size = config_bytes.len();
+    super::put_bytes(
+        client,
+        lease,
+        &config_digest,
+        config_bytes,
+        HashMap::from([(GC_REF_SNAPSHOT.to_string(), top_chain.clone())]),
+    )
+    .await?;
+    manifest["config"]["digest"] = config_digest.clone().into();
+    manifest["config"]["size"] = config_size.into();
+    let layers = manifest
+        .get_mut("layers")
+        .and_then(|l| l.as_array_mut())
+        .ok_or_else(|| format("its manifest has no layers"))?;
+    layers.push(serde_json::to_value(&layer_desc).map_err(|e| ImageError::Format(e.to_string()))?);
+    let mut manifest_labels = HashMap::from([(GC_REF_CONFIG.to_string(), config_digest)]);
+    for (i, l) in layers.iter().enumerate() {
+        if let Some(d) = l.get("digest").and_then(|d| d.as_str()) {
+            manifest_labels.insert(format!("{GC_REF_LAYER}{i}"), d.to_string());
+        }
+    }
+    let manifest_bytes = serde_json::to_vec(&manifest).map_err(|e| ImageError::Format(e.to_string()))?;
+    let manifest_digest = archive::sha256_bytes(&manifest_bytes);
+    let manifest_size = manifest_bytes.len() as i64;
+    super::put_bytes(client, lease, &manifest_digest, manifest_bytes, manifest_labels).await?;
+    client
+        .image_put(
+            name,
+            Descriptor {
+                media_type: base_target.media_type.clone(),
+                digest: manifest_digest.clone(),
+                size: manifest_size,
+                annotations: HashMap::new(),
+            },
+            labels,
+        )
+        .await?;
+    Ok(Committed {
+        name: name.to_string(),
+        digest: manifest_digest,
+        top_chain,
+        layer_size: layer.size,
+    })
+}

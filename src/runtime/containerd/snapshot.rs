@@ -1,0 +1,167 @@
+//! A sandbox's filesystem snapshot: its writable layer (the overlay upper directory of its
+//! rootfs snapshot) written as one more layer on its base image (`layer`), made an image
+//! (`image::commit`). The sandbox is frozen while its layer is read, so the layer is one
+//! moment of it, and thawed after (a sandbox that was paused stays paused).
+//!
+//! What never goes into a snapshot: everything under the container's mount points (its
+//! workspace, runner's agent directory and tools, /proc, /dev, /sys, late binds: their
+//! contents are other filesystems, and the empty directories runc made for them in the
+//! upper directory are left out too), and nothing runner keeps outside the rootfs (the run
+//! directory, FIFOs, environment and secrets, which live in the spec, not in files).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use containerd_client::services::v1::Container;
+
+use super::layer::{self, IdRange, IdShift, LayerLimits, LayerReport};
+use super::*;
+use crate::image::commit::{self as image_commit, Committed, NewLayer};
+use crate::runtime::RuntimeError;
+
+/// containerd's `Status.RUNNING`.
+const STATUS_RUNNING: i32 = 2;
+
+/// What to make of a sandbox.
+#[derive(Clone, Debug)]
+pub struct CommitRequest {
+    /// The image name to record.
+    pub image: String,
+    /// Labels of the image record.
+    pub labels: HashMap<String, String>,
+    /// What the image history says made it.
+    pub created_by: String,
+    pub limits: LayerLimits,
+}
+
+/// A snapshot made.
+#[derive(Clone, Debug)]
+pub struct CommitOutcome {
+    pub image: Committed,
+    /// The image it was made on.
+    pub base: String,
+    pub layer: LayerReport,
+    /// How long the sandbox was frozen for it (zero when it was paused already).
+    pub frozen_ms: u64,
+    pub took_ms: u64,
+}
+
+impl Engine {
+    /// Snapshot container `c` (a live one, or a running Job attempt's) as `request` says.
+    pub async fn commit(&self, c: &Container, request: &CommitRequest) -> Result<CommitOutcome, RuntimeError> {
+        let began = Instant::now();
+        let spec: oci_spec::runtime::Spec = c
+            .spec
+            .as_ref()
+            .ok_or_else(|| RuntimeError::Internal(format!("container {} has no spec", c.id)))
+            .and_then(|any| {
+                serde_json::from_slice(&any.value)
+                    .map_err(|e| RuntimeError::Internal(format!("the spec of container {}: {e}", c.id)))
+            })?;
+        if c.snapshot_key.is_empty() || c.image.is_empty() {
+            return Err(RuntimeError::Refused(format!(
+                "container {} has no image snapshot to take",
+                c.id
+            )));
+        }
+        let info = self
+            .client
+            .snapshot_stat(&c.snapshot_key)
+            .await?
+            .ok_or_else(|| RuntimeError::Refused(format!("the rootfs of container {} is gone", c.id)))?;
+        let mounts = self.client.snapshot_mounts(&c.snapshot_key).await?;
+        let upper = remap::writable_layer(&mounts)
+            .ok_or_else(|| RuntimeError::Internal(format!("container {}: no writable layer in its mounts", c.id)))?;
+        let exclude: Vec<String> = spec
+            .mounts()
+            .iter()
+            .flatten()
+            .map(|m| m.destination().to_string_lossy().into_owned())
+            .collect();
+        let shift = id_shift(&spec);
+        let file = tempfile::Builder::new()
+            .prefix("snapshot-")
+            .suffix(".tar")
+            .tempfile_in(self.run_dir.parent().unwrap_or(&self.run_dir))
+            .map_err(|source| RuntimeError::Io {
+                what: "creating the snapshot's layer file".into(),
+                source,
+            })?;
+        let out = file.reopen().map_err(|source| RuntimeError::Io {
+            what: "opening the snapshot's layer file".into(),
+            source,
+        })?;
+        // Frozen while its layer is read: one moment of the sandbox, and nothing it does can
+        // race the walk. A paused sandbox stays paused; a stopped task has nothing to freeze.
+        let freeze = matches!(self.client.task_get(&c.id).await?, Some(p) if p.status == STATUS_RUNNING);
+        let frozen_at = Instant::now();
+        if freeze {
+            self.client.task_pause(&c.id).await?;
+        }
+        let limits = request.limits;
+        let walked =
+            tokio::task::spawn_blocking(move || layer::write_layer(&upper, out, &shift, &exclude, limits)).await;
+        let frozen_ms = if freeze {
+            let thawed = self.client.task_resume(&c.id).await;
+            let ms = frozen_at.elapsed().as_millis() as u64;
+            thawed?;
+            ms
+        } else {
+            0
+        };
+        let report = walked
+            .map_err(|e| RuntimeError::Internal(format!("the snapshot task: {e}")))?
+            .map_err(|e| match e {
+                layer::LayerError::TooLarge { .. } | layer::LayerError::Changed { .. } => {
+                    RuntimeError::Refused(format!("snapshot of {}: {e}", c.id))
+                }
+                e => RuntimeError::Internal(format!("snapshot of {}: {e}", c.id)),
+            })?;
+        let new_layer = NewLayer {
+            path: file.path(),
+            digest: &report.digest,
+            size: report.size,
+            created_by: request.created_by.clone(),
+        };
+        let image = image_commit::commit(
+            &self.client,
+            &c.image,
+            &info.parent,
+            &new_layer,
+            &request.image,
+            request.labels.clone(),
+        )
+        .await?;
+        drop(file);
+        let took = began.elapsed();
+        crate::metrics::observe(OPERATION_SECONDS, &[("op", "snapshot")], took);
+        Ok(CommitOutcome {
+            image,
+            base: c.image.clone(),
+            layer: report,
+            frozen_ms,
+            took_ms: took.as_millis() as u64,
+        })
+    }
+}
+
+/// How the host ids in the container's upper directory map back to the sandbox's.
+fn id_shift(spec: &oci_spec::runtime::Spec) -> IdShift {
+    let ranges = |maps: Option<&Vec<oci_spec::runtime::LinuxIdMapping>>| -> Vec<IdRange> {
+        maps.into_iter()
+            .flatten()
+            .map(|m| IdRange {
+                container: m.container_id(),
+                host: m.host_id(),
+                size: m.size(),
+            })
+            .collect()
+    };
+    match spec.linux() {
+        Some(linux) => IdShift {
+            uids: ranges(linux.uid_mappings().as_ref()),
+            gids: ranges(linux.gid_mappings().as_ref()),
+        },
+        None => IdShift::default(),
+    }
+}

@@ -1,0 +1,241 @@
+//! Filesystem snapshots: a running sandbox's rootfs changes made an image on top of its base
+//! (`runner snapshot create SESSION|JOB[-ATTEMPT] NAME`, `POST /v1/sessions/{id}/snapshot`),
+//! named `snapshot:NAME` and usable wherever an image is (`image: snapshot:NAME`, pools);
+//! listed with their disk use, removed (`runner snapshot ls|rm`). containerd's GC takes a
+//! removed snapshot's blobs and unpacked layer once nothing else uses them.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::{Context, ServiceError};
+use crate::runtime::containerd::snapshot::{CommitOutcome, CommitRequest};
+use crate::runtime::containerd::{LABEL_ATTEMPT, LABEL_MANAGED};
+
+/// What a snapshot's image name starts with.
+pub const IMAGE_PREFIX: &str = "snapshot:";
+/// Label of a snapshot's image record: the snapshot's name.
+pub const LABEL_SNAPSHOT: &str = "runner.dev/snapshot";
+/// What it was taken of (a session or a Job attempt's container).
+const LABEL_SOURCE: &str = "runner.dev/snapshot-source";
+/// The image it was made on.
+const LABEL_BASE: &str = "runner.dev/snapshot-base";
+/// When it was made (RFC 3339).
+const LABEL_CREATED: &str = "runner.dev/snapshot-created";
+/// Bytes of its layer blob.
+const LABEL_LAYER_BYTES: &str = "runner.dev/snapshot-layer-bytes";
+/// Longest snapshot name.
+const MAX_NAME: usize = 128;
+
+/// A snapshot as callers see it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotView {
+    pub name: String,
+    /// The image to name it by (`image: snapshot:NAME`).
+    pub image: String,
+    /// The image it was made on.
+    pub base: String,
+    /// What it was taken of.
+    pub source: String,
+    pub created: String,
+    /// Its manifest's digest.
+    pub digest: String,
+    /// Bytes of its layer (the sandbox's changes, uncompressed).
+    pub layer_bytes: u64,
+    /// Bytes it takes on disk: the layer blob and its unpacked copy (`None`: unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+}
+
+/// What `create` did, beyond the snapshot itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Created {
+    #[serde(flatten)]
+    pub snapshot: SnapshotView,
+    /// Entries of its layer (files, directories, links, whiteouts).
+    pub entries: u64,
+    /// How long the sandbox was frozen while its changes were read (0: it was paused).
+    pub frozen_ms: u64,
+    /// How long the whole snapshot took.
+    pub took_ms: u64,
+}
+
+/// The image name of snapshot `name`, which is checked.
+pub fn image_name(name: &str) -> Result<String, ServiceError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+    if !ok {
+        return Err(ServiceError::field(
+            "name",
+            format!(
+                "{name:?} is not a snapshot name (lowercase letters, digits, . _ -, starting with a letter or digit, at most {MAX_NAME})"
+            ),
+        ));
+    }
+    Ok(format!("{IMAGE_PREFIX}{name}"))
+}
+
+/// Snapshot the running container of `source`: a session id, a Job's name (its one running
+/// container), or `JOB-ATTEMPT` (that attempt's). A name that exists is refused unless
+/// `replace`.
+pub async fn create(ctx: &Context, source: &str, name: &str, replace: bool) -> Result<Created, ServiceError> {
+    let image = image_name(name)?;
+    let engine = ctx.engine(ctx.runtime_options()).await?;
+    let client = ctx.containerd().await?;
+    if !replace && client.image_get(&image).await.map_err(ServiceError::from)?.is_some() {
+        return Err(ServiceError::Conflict(format!(
+            "snapshot {name} exists: remove it first (runner snapshot rm {name}) or replace it"
+        )));
+    }
+    let container = find_container(&engine, source).await?;
+    let now = crate::job::rfc3339(std::time::SystemTime::now());
+    let labels = HashMap::from([
+        (LABEL_MANAGED.to_string(), "true".to_string()),
+        (LABEL_SNAPSHOT.to_string(), name.to_string()),
+        (LABEL_SOURCE.to_string(), source.to_string()),
+        (LABEL_BASE.to_string(), container.image.clone()),
+        (LABEL_CREATED.to_string(), now.clone()),
+    ]);
+    let request = CommitRequest {
+        image: image.clone(),
+        labels,
+        created_by: format!("runner snapshot create {source} {name}"),
+        limits: Default::default(),
+    };
+    let outcome: CommitOutcome = engine.commit(&container, &request).await?;
+    // The layer's size is known only now: recorded on the image for `ls`.
+    let mut labels = request.labels;
+    labels.insert(LABEL_LAYER_BYTES.into(), outcome.layer.size.to_string());
+    let target = client
+        .image_get(&image)
+        .await?
+        .and_then(|i| i.target)
+        .ok_or_else(|| ServiceError::internal("a snapshot", format!("image {image} vanished")))?;
+    client.image_put(&image, target, labels).await?;
+    tracing::info!(
+        snapshot = name,
+        source,
+        bytes = outcome.layer.size,
+        ms = outcome.took_ms,
+        "snapshot made"
+    );
+    Ok(Created {
+        snapshot: SnapshotView {
+            name: name.to_string(),
+            image,
+            base: outcome.base,
+            source: source.to_string(),
+            created: now,
+            digest: outcome.image.digest,
+            layer_bytes: outcome.layer.size,
+            disk_bytes: client
+                .snapshot_usage(&outcome.image.top_chain)
+                .await
+                .ok()
+                .map(|u| u + outcome.layer.size),
+        },
+        entries: outcome.layer.entries,
+        frozen_ms: outcome.frozen_ms,
+        took_ms: outcome.took_ms,
+    })
+}
+
+/// The running container of a session, Job or Job attempt.
+async fn find_container(
+    engine: &crate::runtime::containerd::Engine,
+    source: &str,
+) -> Result<containerd_client::services::v1::Container, ServiceError> {
+    let mut found = engine.job_containers(source, None).await?;
+    if found.is_empty()
+        && let Some((job, attempt)) = source.rsplit_once('-')
+        && attempt.parse::<u32>().is_ok()
+    {
+        found = engine
+            .job_containers(job, None)
+            .await?
+            .into_iter()
+            .filter(|c| c.labels.get(LABEL_ATTEMPT).map(String::as_str) == Some(attempt))
+            .collect();
+    }
+    match found.len() {
+        0 => Err(ServiceError::NotFound {
+            kind: "running session or job attempt",
+            name: source.to_string(),
+        }),
+        1 => Ok(found.remove(0)),
+        n => Err(ServiceError::field(
+            "source",
+            format!("{source} has {n} containers: name one attempt (JOB-ATTEMPT) of one index"),
+        )),
+    }
+}
+
+/// Every snapshot, by name.
+pub async fn list(ctx: &Context) -> Result<Vec<SnapshotView>, ServiceError> {
+    let client = ctx.containerd().await?;
+    let mut out = Vec::new();
+    for image in client.images().await? {
+        let Some(name) = image.labels.get(LABEL_SNAPSHOT) else {
+            continue;
+        };
+        let label = |k: &str| image.labels.get(k).cloned().unwrap_or_default();
+        let layer_bytes = label(LABEL_LAYER_BYTES).parse().unwrap_or(0);
+        let disk_bytes = match crate::image::resolve(&client, &image.name).await {
+            Ok(info) => client
+                .snapshot_usage(&info.top_chain)
+                .await
+                .ok()
+                .map(|u| u + layer_bytes),
+            Err(_) => None,
+        };
+        out.push(SnapshotView {
+            name: name.clone(),
+            image: image.name.clone(),
+            base: label(LABEL_BASE),
+            source: label(LABEL_SOURCE),
+            created: label(LABEL_CREATED),
+            digest: image.target.map(|t| t.digest).unwrap_or_default(),
+            layer_bytes,
+            disk_bytes,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Remove a snapshot: its image record now, its blobs and layer with containerd's GC (not
+/// while a container runs on it).
+pub async fn remove(ctx: &Context, name: &str) -> Result<(), ServiceError> {
+    let image = image_name(name)?;
+    let client = ctx.containerd().await?;
+    match client.image_get(&image).await? {
+        Some(i) if i.labels.contains_key(LABEL_SNAPSHOT) => {}
+        _ => {
+            return Err(ServiceError::NotFound {
+                kind: "snapshot",
+                name: name.to_string(),
+            });
+        }
+    }
+    client.image_delete(&image).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_names_are_checked() {
+        assert_eq!(image_name("py-deps.1").unwrap(), "snapshot:py-deps.1");
+        for bad in ["", "-x", "A", "a/b", "a:b", &"x".repeat(129)] {
+            assert!(image_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}
