@@ -443,3 +443,110 @@ fn the_cli_snapshots_a_running_job_attempt() {
     let out = runner_ctd(&["snapshot", "rm", &name], &state);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// An Environment whose setup (`commands`) counts its runs in `count_dir` (a file each: each
+/// sandbox writes as its own range's ids, which may not write another's files) and is
+/// snapshotted, and an indexed Job of `n` at once on it.
+fn setup_manifest(dir: &std::path::Path, env: &str, count_dir: &std::path::Path, commands: &str, n: u32) -> PathBuf {
+    write_manifest(
+        dir,
+        &format!("{env}.yaml"),
+        &format!(
+            "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: {env}}}\nspec:\n  image: local/busybox:1.35\n\
+             \x20 mounts: [{{source: {count}, target: /count}}]\n\
+             \x20 setup:\n    snapshot: true\n    commands: [\"mktemp /count/run.XXXXXX\", {commands:?}]\n---\n\
+             apiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: {env}-job}}\nspec:\n  environment: {env}\n\
+             \x20 completions: {n}\n  parallelism: {n}\n  completionMode: Indexed\n  command: \"cat /etc/prepared; ls /bin/ls 2>&1 | grep -c 'No such'\"\n",
+            count = count_dir.display(),
+        ),
+    )
+}
+
+fn runs(count_dir: &std::path::Path) -> usize {
+    std::fs::read_dir(count_dir).unwrap().count()
+}
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_snapshotted_setup_runs_once_for_many_jobs_and_again_when_it_changes() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let image = image_dir().join("busybox-oci.tar");
+    let out = runner_ctd(&["image", "import", image.to_str().unwrap()], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let count = dir.path().join("count");
+    std::fs::create_dir(&count).unwrap();
+    // The sandbox's root is a range id: it writes here as "others".
+    std::fs::set_permissions(&count, std::fs::Permissions::from_mode(0o777)).unwrap();
+    // A setup unique to this run (the snapshots of other runs have other keys).
+    let tag = format!("{}-{}", std::process::id(), dir.path().display().to_string().len());
+    let commands = format!("echo prepared-{tag} > /etc/prepared && rm /bin/ls");
+    let env = "setup-once";
+    let file = setup_manifest(dir.path(), env, &count, &commands, 4);
+    // Four attempts at once, all first uses: setup runs once, each starts from its snapshot.
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state);
+    let v = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{v}");
+    assert_eq!(runs(&count), 1, "setup ran once for 4 jobs: {v}");
+    let logs = runner_ctd(&["logs", &format!("{env}-job")], &state);
+    let text = String::from_utf8_lossy(&logs.stdout);
+    assert_eq!(text.matches(&format!("prepared-{tag}\n1\n")).count(), 4, "{text}");
+    // Its snapshot is listed, named by its key.
+    let out = runner_ctd(&["snapshot", "ls", "-o", "json"], &state);
+    let listed = json_of(&out);
+    let mine: Vec<_> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["source"] == format!("setup of Environment {env}"))
+        .cloned()
+        .collect();
+    assert!(!mine.is_empty(), "{listed}");
+    // Again: no setup at all.
+    let out = runner_ctd(&["apply", "--replace", "-f", file.to_str().unwrap()], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(runs(&count), 1);
+    // A changed setup is a new key: it runs once more.
+    let changed = setup_manifest(dir.path(), env, &count, &format!("{commands} && true"), 2);
+    let out = runner_ctd(&["apply", "--replace", "-f", changed.to_str().unwrap()], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(runs(&count), 2);
+    // The base image is untouched.
+    let file = job_manifest(
+        dir.path(),
+        "base-after-setup",
+        "local/busybox:1.35",
+        "ls /bin/ls; ls /etc/prepared 2>&1 || true",
+    );
+    let stdout = run_job(&state, &file);
+    assert!(
+        stdout.starts_with("/bin/ls\n") && stdout.contains("No such file"),
+        "{stdout}"
+    );
+    // A session of the Environment starts from the snapshot too.
+    let s = serve_with(runner_ctd_command(&[], &state), dir.path());
+    let id = create(
+        &s,
+        json!({"environment": {"image": "local/busybox:1.35", "mounts": [{"source": count, "target": "/count"}],
+               "setup": {"snapshot": true, "commands": ["mktemp /count/run.XXXXXX", commands]}}}),
+    );
+    let (code, v) = exec(&s, &id, "cat /etc/prepared");
+    assert_eq!(
+        (code, v["stdout"].as_str()),
+        (200, Some(format!("prepared-{tag}\n").as_str())),
+        "{v}"
+    );
+    assert_eq!(runs(&count), 2, "the session ran no setup");
+    let (code, _) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(code, 204);
+    drop(s);
+    let out = runner_ctd(&["snapshot", "ls", "-o", "json"], &state);
+    for snapshot in json_of(&out).as_array().unwrap() {
+        if snapshot["source"] == format!("setup of Environment {env}") {
+            let name = snapshot["name"].as_str().unwrap();
+            let out = runner_ctd(&["snapshot", "rm", name], &state);
+            assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+}

@@ -150,6 +150,9 @@ pub struct Egress {
 pub struct Setup {
     #[serde(default)]
     pub commands: Vec<String>,
+    /// Run the commands once, snapshot the result and start later jobs and sessions from it.
+    #[serde(default)]
+    pub snapshot: bool,
 }
 
 #[derive(Deserialize)]

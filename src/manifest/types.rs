@@ -444,6 +444,9 @@ pub struct Environment {
     /// `imagePullPolicy`; `None`: Kubernetes' default for the image's tag.
     pub image_pull_policy: Option<PullPolicy>,
     pub setup: Vec<String>,
+    /// `setup.snapshot: true`: the setup runs once (per image and setup text) on the
+    /// containerd backend; jobs and sessions start from a snapshot of what it made.
+    pub setup_snapshot: bool,
     pub mounts: Vec<MountSpec>,
     /// `None` when the manifest does not say: the backend picks (containerd: none, host: host).
     pub network: Option<NetworkMode>,

@@ -557,6 +557,7 @@ pub(super) fn validate_environment(
         egress_allow,
         egress_domains,
         ports,
+        setup_snapshot: spec.setup.as_ref().is_some_and(|s| s.snapshot),
         setup: spec.setup.map(|s| s.commands).unwrap_or_default(),
         mounts,
         network: network.as_ref().map(|(mode, _)| *mode),

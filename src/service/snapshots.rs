@@ -9,19 +9,14 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::{Context, ServiceError};
-use crate::runtime::containerd::snapshot::{CommitOutcome, CommitRequest};
+use crate::runtime::containerd::snapshot::{
+    CommitOutcome, CommitRequest, LABEL_SNAPSHOT, LABEL_SNAPSHOT_BASE as LABEL_BASE,
+    LABEL_SNAPSHOT_CREATED as LABEL_CREATED, LABEL_SNAPSHOT_SOURCE as LABEL_SOURCE,
+};
 use crate::runtime::containerd::{LABEL_ATTEMPT, LABEL_MANAGED};
 
 /// What a snapshot's image name starts with.
 pub const IMAGE_PREFIX: &str = "snapshot:";
-/// Label of a snapshot's image record: the snapshot's name.
-pub const LABEL_SNAPSHOT: &str = "runner.dev/snapshot";
-/// What it was taken of (a session or a Job attempt's container).
-const LABEL_SOURCE: &str = "runner.dev/snapshot-source";
-/// The image it was made on.
-const LABEL_BASE: &str = "runner.dev/snapshot-base";
-/// When it was made (RFC 3339).
-const LABEL_CREATED: &str = "runner.dev/snapshot-created";
 /// Bytes of its layer blob.
 const LABEL_LAYER_BYTES: &str = "runner.dev/snapshot-layer-bytes";
 /// Longest snapshot name.

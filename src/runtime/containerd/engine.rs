@@ -293,6 +293,8 @@ impl Engine {
 
     /// Run one job to completion in a fresh container: setup + command in one task.
     pub async fn run_oneshot(&self, plan: &RunPlan, cancel: &CancellationToken) -> Result<ExecResult, RuntimeError> {
+        let prepared = self.on_setup_snapshot(plan).await;
+        let plan = prepared.as_ref().unwrap_or(plan);
         let result = self.run_oneshot_inner(plan, cancel).await;
         // Every process of the sandbox is dead by now (its task exited or was killed).
         sweep_setid(plan.workspace.as_deref()).await;

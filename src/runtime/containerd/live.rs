@@ -23,6 +23,8 @@ use crate::spec::{self, RunPlan};
 impl Engine {
     /// Start a live container: setup runs once in its init, which then idles.
     pub async fn spawn_live(&self, plan: &RunPlan) -> Result<LiveContainer, RuntimeError> {
+        let prepared = self.on_setup_snapshot(plan).await;
+        let plan = prepared.as_ref().unwrap_or(plan);
         let mut image = None;
         if self.options.use_pools && self.options.exec_via_agent {
             match self.claim(plan, "live").await {

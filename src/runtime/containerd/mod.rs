@@ -14,6 +14,7 @@ pub mod logger;
 pub mod pool;
 pub mod reclaim;
 pub mod remap;
+mod setup_snapshot;
 pub mod snapshot;
 
 use std::time::Duration;

@@ -19,6 +19,15 @@ use super::*;
 use crate::image::commit::{self as image_commit, Committed, NewLayer};
 use crate::runtime::RuntimeError;
 
+/// Label of a snapshot's image record: the snapshot's name.
+pub const LABEL_SNAPSHOT: &str = "runner.dev/snapshot";
+/// What it was taken of (a session, a Job attempt's container, an Environment's setup).
+pub const LABEL_SNAPSHOT_SOURCE: &str = "runner.dev/snapshot-source";
+/// The image it was made on.
+pub const LABEL_SNAPSHOT_BASE: &str = "runner.dev/snapshot-base";
+/// When it was made (RFC 3339).
+pub const LABEL_SNAPSHOT_CREATED: &str = "runner.dev/snapshot-created";
+
 /// containerd's `Status.RUNNING`.
 const STATUS_RUNNING: i32 = 2;
 
