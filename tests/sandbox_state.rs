@@ -550,3 +550,40 @@ fn a_snapshotted_setup_runs_once_for_many_jobs_and_again_when_it_changes() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_pool_of_a_snapshotted_setup_holds_prepared_members() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let image = image_dir().join("busybox-oci.tar");
+    let out = runner_ctd(&["image", "import", image.to_str().unwrap()], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let count = dir.path().join("count");
+    std::fs::create_dir(&count).unwrap();
+    std::fs::set_permissions(&count, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let tag = format!("pool-{}", std::process::id());
+    let env = "setup-pool";
+    let file = setup_manifest(dir.path(), env, &count, &format!("echo prepared-{tag} > /etc/prepared && rm /bin/ls"), 1);
+    let out = runner_ctd(&["pool", "create", env, "-f", file.to_str().unwrap(), "--size", "1"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(runs(&count), 1, "the pool's members start from the setup's snapshot");
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state);
+    let v = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{v}");
+    let result = &v["status"]["result"];
+    assert_eq!(result["pool"], env, "a member served it: {v}");
+    assert_eq!(result["stdout"], format!("prepared-{tag}\n1\n"), "{v}");
+    assert!(result.get("setup").is_none(), "no setup at the claim: {v}");
+    assert_eq!(runs(&count), 1);
+    let out = runner_ctd(&["pool", "rm", env], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = runner_ctd(&["snapshot", "ls", "-o", "json"], &state);
+    for snapshot in json_of(&out).as_array().unwrap() {
+        if snapshot["source"] == format!("setup of Environment {env}") {
+            let out = runner_ctd(&["snapshot", "rm", snapshot["name"].as_str().unwrap()], &state);
+            assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+}

@@ -292,6 +292,10 @@ impl Engine {
     /// The key of the pool that can serve this plan, with its layout and the image it
     /// resolved (a cold start goes on with that, instead of resolving it again).
     pub async fn pool_key(&self, plan: &RunPlan) -> Result<(String, Layout, ImageInfo), RuntimeError> {
+        // An Environment that snapshots its setup: members start from that snapshot (a claim
+        // gets a sandbox warm and prepared), as its cold jobs do.
+        let prepared = self.on_setup_snapshot(plan).await;
+        let plan = prepared.as_ref().unwrap_or(plan);
         let image_name = plan
             .env()
             .image
