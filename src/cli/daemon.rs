@@ -59,6 +59,16 @@ pub async fn gc(ctx: &Context) -> Result<i32, ServiceError> {
     for j in &report.adopted {
         outln!("job/{j}: its supervisor died; a new one re-adopts it");
     }
+    let snapshots = crate::service::snapshots::collect(ctx).await?;
+    outln!(
+        "snapshots: {} kept ({} MiB on disk; runner snapshot ls, runner snapshot rm NAME), {} superseded setup snapshots removed",
+        snapshots.kept,
+        snapshots.kept_disk_bytes >> 20,
+        snapshots.removed.len()
+    );
+    for s in &snapshots.removed {
+        outln!("snapshot/{} ({})", s.name, s.source);
+    }
     Ok(0)
 }
 

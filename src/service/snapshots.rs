@@ -222,6 +222,45 @@ pub async fn remove(ctx: &Context, name: &str) -> Result<(), ServiceError> {
     Ok(())
 }
 
+/// What `collect` (part of `runner gc`) did.
+#[derive(Clone, Debug, Default)]
+pub struct Collected {
+    /// Setup snapshots an Environment's newer one replaced, removed.
+    pub removed: Vec<SnapshotView>,
+    /// Snapshots left, and what they take on disk (those whose use is known).
+    pub kept: usize,
+    pub kept_disk_bytes: u64,
+}
+
+/// What a setup snapshot's source says (`runtime::containerd::setup_snapshot`).
+const SETUP_SOURCE: &str = "setup of Environment ";
+
+/// Remove the setup snapshots a newer one of the same Environment superseded (its setup or
+/// image changed since): no job starts from them any more, unless the old Environment comes
+/// back (then its next use builds again). Named snapshots are the user's: kept.
+pub async fn collect(ctx: &Context) -> Result<Collected, ServiceError> {
+    let all = list(ctx).await?;
+    let mut newest: HashMap<&str, &str> = HashMap::new();
+    for s in all.iter().filter(|s| s.source.starts_with(SETUP_SOURCE)) {
+        let entry = newest.entry(s.source.as_str()).or_insert(s.created.as_str());
+        if s.created.as_str() > *entry {
+            *entry = s.created.as_str();
+        }
+    }
+    let mut out = Collected::default();
+    for s in &all {
+        let superseded = newest.get(s.source.as_str()).is_some_and(|n| s.created.as_str() < *n);
+        if superseded {
+            remove(ctx, &s.name).await?;
+            out.removed.push(s.clone());
+        } else {
+            out.kept += 1;
+            out.kept_disk_bytes += s.disk_bytes.unwrap_or(0);
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
