@@ -19,3 +19,33 @@ pause_rows() {
   cpm=$(printf '%s\n' "${cp[@]}" | median); crm=$(printf '%s\n' "${cr[@]}" | median)
   echo "pause      session pause over HTTP: ${pm} ms   resume: ${rm} ms   ctr task pause: ${cpm} ms   resume: ${crm} ms   ratios $(awk "BEGIN{printf \"%.2f / %.2f\", $pm/$cpm, $rm/$crm}")  (median of $runs; target <= 10 ms each)"
 }
+#   snapshot_rows URL TOKEN  a snapshot of a 100 MiB change (a fresh busybox session each run,
+#                          new random data: nothing is shared between runs) over HTTP; then
+#                          `runner apply` of a `true` job on that snapshot vs on its base image
+#                          (alternating)
+snapshot_rows() {
+  local url=$1 token=$2 i id t=() took=() frozen=() base=() snap=() answer
+  local n=$(( runs < 5 ? runs : 5 ))
+  for i in $(seq 1 "$n"); do
+    id=$(curl -sf -H "Authorization: Bearer $token" -d '{"environment": {"image": "local/busybox:1.35"}}' "$url/v1/sessions" |
+      sed -n 's/.*"id":"\([^"]*\)".*/\1/p')
+    curl -sf -o /dev/null -H "Authorization: Bearer $token" -d '{"command": "mkdir -p /opt && head -c 104857600 /dev/urandom > /opt/big", "timeoutSeconds": 60}' "$url/v1/sessions/$id/exec"
+    answer=$(curl -sf -w '\n%{time_total}\n' -H "Authorization: Bearer $token" -d '{"name": "bench-100m", "replace": true}' "$url/v1/sessions/$id/snapshot")
+    t+=("$(echo "$answer" | tail -1 | awk '{printf "%d\n", $1 * 1e6}')")
+    took+=("$(echo "$answer" | sed -n 's/.*"tookMs":\([0-9]*\).*/\1/p' | awk '{print $1 * 1000}')")
+    frozen+=("$(echo "$answer" | sed -n 's/.*"frozenMs":\([0-9]*\).*/\1/p' | awk '{print $1 * 1000}')")
+    curl -sf -o /dev/null -X DELETE -H "Authorization: Bearer $token" "$url/v1/sessions/$id"
+  done
+  echo "snapshot   100 MiB change over HTTP: $(printf '%s\n' "${t[@]}" | median) ms (runner's own: $(printf '%s\n' "${took[@]}" | median) ms, sandbox frozen $(printf '%s\n' "${frozen[@]}" | median) ms)  (median of $n; target <= 1000 ms)"
+  printf 'apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: on-base}\nspec: {image: local/busybox:1.35}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: on-base}\nspec: {environment: on-base, command: "true"}\n' > "$work/on-base.yaml"
+  sed 's/on-base/on-snap/g; s|local/busybox:1.35|"snapshot:bench-100m"|' "$work/on-base.yaml" > "$work/on-snap.yaml"
+  "$runner" apply --replace -f "$work/on-snap.yaml" >/dev/null 2>&1
+  for i in $(seq 1 "$runs"); do
+    base+=("$(ms_of "$runner" apply --replace -f "$work/on-base.yaml")")
+    snap+=("$(ms_of "$runner" apply --replace -f "$work/on-snap.yaml")")
+  done
+  local bm sm
+  bm=$(printf '%s\n' "${base[@]}" | median); sm=$(printf '%s\n' "${snap[@]}" | median)
+  echo "snapshot   job start (runner apply, true) from the 100 MiB snapshot: ${sm} ms   from its base image: ${bm} ms   ratio $(awk "BEGIN{printf \"%.2f\", $sm/$bm}")  (median of $runs)"
+  "$runner" snapshot rm bench-100m >/dev/null
+}

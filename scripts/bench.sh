@@ -6,6 +6,7 @@
 #   pooled:   `runner apply` of the same job from a warm pool  vs  `ctr run --rm`
 #   throughput: N concurrent one-shot jobs (library), cold and from a warm pool
 #   pause:    pause and resume of a live session over HTTP  vs  `ctr task pause/resume`
+#   snapshot: a snapshot of a 100 MiB change; a job from the snapshot vs from its base image
 #   http:     runner serve on loopback: session create → first shell answer, shell and exec
 #             round trips, on busybox (sh) and on the Python image (bash), cold and from
 #             warm pools (`serve --pool`)
@@ -217,6 +218,7 @@ url=$(sed -n 's/^listening on //p' "$work/serve.out")
 http=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" "$bench" http "$runs")
 http_py=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" BENCH_IMAGE=local/python:3.11 "$bench" http "$runs")
 pause=$(pause_rows "$url" "$(cat "$work/token")")
+snapshot=$(snapshot_rows "$url" "$(cat "$work/token")")
 # What keeping the kernel's cgroup attach lock warm saves a cold session (a second server with
 # it off, --warm-cgroup-attach off; the two alternate, three rounds of BENCH_SESSIONS each).
 # On a host whose cgroup2 is mounted with favordynmods the two are the same.
@@ -233,6 +235,7 @@ h_exec=$(echo "$http" | sed -n 's/.*"exec_ms_median": \([0-9.]*\).*/\1/p')
 echo "http       busybox: $http"
 echo "http       python (bash resident shell): $http_py"
 echo "$pause"
+echo "$snapshot"
 echo "http       cold session create, cgroup attach lock kept warm: ${won_med} ms   not: ${woff_med} ms  (median of 3 rounds)"
 # The same from warm pools `serve --pool` keeps (sessions claim a member; the pool refills).
 mkdir -p "$work/envs"

@@ -503,6 +503,7 @@ fn a_snapshotted_setup_runs_once_for_many_jobs_and_again_when_it_changes() {
         .cloned()
         .collect();
     assert!(!mine.is_empty(), "{listed}");
+    assert!(mine.iter().all(|s| s["layerBytes"].as_u64() > Some(0)), "{listed}");
     // Again: no setup at all.
     let out = runner_ctd(&["apply", "--replace", "-f", file.to_str().unwrap()], &state);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));

@@ -11,14 +11,13 @@ use serde::Serialize;
 use super::{Context, ServiceError};
 use crate::runtime::containerd::snapshot::{
     CommitOutcome, CommitRequest, LABEL_SNAPSHOT, LABEL_SNAPSHOT_BASE as LABEL_BASE,
-    LABEL_SNAPSHOT_CREATED as LABEL_CREATED, LABEL_SNAPSHOT_SOURCE as LABEL_SOURCE,
+    LABEL_SNAPSHOT_CREATED as LABEL_CREATED, LABEL_SNAPSHOT_LAYER_BYTES as LABEL_LAYER_BYTES,
+    LABEL_SNAPSHOT_SOURCE as LABEL_SOURCE,
 };
 use crate::runtime::containerd::{LABEL_ATTEMPT, LABEL_MANAGED};
 
 /// What a snapshot's image name starts with.
 pub const IMAGE_PREFIX: &str = "snapshot:";
-/// Bytes of its layer blob.
-const LABEL_LAYER_BYTES: &str = "runner.dev/snapshot-layer-bytes";
 /// Longest snapshot name.
 const MAX_NAME: usize = 128;
 
@@ -104,15 +103,6 @@ pub async fn create(ctx: &Context, source: &str, name: &str, replace: bool) -> R
         limits: Default::default(),
     };
     let outcome: CommitOutcome = engine.commit(&container, &request).await?;
-    // The layer's size is known only now: recorded on the image for `ls`.
-    let mut labels = request.labels;
-    labels.insert(LABEL_LAYER_BYTES.into(), outcome.layer.size.to_string());
-    let target = client
-        .image_get(&image)
-        .await?
-        .and_then(|i| i.target)
-        .ok_or_else(|| ServiceError::internal("a snapshot", format!("image {image} vanished")))?;
-    client.image_put(&image, target, labels).await?;
     tracing::info!(
         snapshot = name,
         source,

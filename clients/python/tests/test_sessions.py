@@ -56,6 +56,23 @@ def test_set_egress_is_checked_and_needs_a_bridge_network(client: Client) -> Non
         assert "no bridge network" in str(info.value)
 
 
+def test_pause_and_snapshot_need_a_containerd_sandbox(client: Client) -> None:
+    # The containerd suite (tests/sandbox_state.rs) pauses, resumes and snapshots real
+    # sandboxes; a host session has no freezer and no filesystem of its own.
+    with pytest.raises(BadRequest) as info:
+        client.session(HOST_ENV, auto_resume=True)
+    assert "autoResume" in str(info.value)
+    with client.session(HOST_ENV) as s:
+        assert s.info.state == "running"
+        with pytest.raises(BadRequest) as info:
+            s.pause()
+        assert "paused" in str(info.value)
+        with pytest.raises(BadRequest) as info:
+            s.snapshot("x")
+        assert "host backend" in str(info.value)
+        assert s.refresh().state == "running"
+
+
 def test_exec(client: Client) -> None:
     with client.session(HOST_ENV) as s:
         r = s.exec(["sh", "-c", "echo out; echo err >&2; exit 5"])

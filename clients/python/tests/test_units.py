@@ -206,6 +206,21 @@ def test_session_body(tmp_path: Path) -> None:
         _core.session_body({"backend": "host"}, None, "name", None, None, None, None)
 
 
+def test_pause_and_snapshot_requests() -> None:
+    body = _core.pause_options({"environment": "e"}, True, 30)
+    assert body == {"environment": "e", "autoResume": True, "idlePauseSeconds": 30.0}
+    assert _core.pause_options({}, False, None) == {}
+    with pytest.raises(TypeError):
+        _core.pause_options({}, False, "soon")  # type: ignore[arg-type]
+    assert (_core.pause_session("s-1").request.method, _core.pause_session("s-1").request.path) == (
+        "POST",
+        "/v1/sessions/s-1/pause",
+    )
+    assert _core.resume_session("s-1").request.path == "/v1/sessions/s-1/resume"
+    snap = _core.snapshot_session("s-1", "deps", True).request
+    assert (snap.path, json.loads(snap.body)) == ("/v1/sessions/s-1/snapshot", {"name": "deps", "replace": True})
+
+
 def test_public_names() -> None:
     for name in runner_client.__all__:
         assert hasattr(runner_client, name), name

@@ -27,6 +27,8 @@ pub const LABEL_SNAPSHOT_SOURCE: &str = "runner.dev/snapshot-source";
 pub const LABEL_SNAPSHOT_BASE: &str = "runner.dev/snapshot-base";
 /// When it was made (RFC 3339).
 pub const LABEL_SNAPSHOT_CREATED: &str = "runner.dev/snapshot-created";
+/// Bytes of its layer blob.
+pub const LABEL_SNAPSHOT_LAYER_BYTES: &str = "runner.dev/snapshot-layer-bytes";
 
 /// containerd's `Status.RUNNING`.
 const STATUS_RUNNING: i32 = 2;
@@ -132,15 +134,10 @@ impl Engine {
             size: report.size,
             created_by: request.created_by.clone(),
         };
-        let image = image_commit::commit(
-            &self.client,
-            &c.image,
-            &info.parent,
-            &new_layer,
-            &request.image,
-            request.labels.clone(),
-        )
-        .await?;
+        let mut labels = request.labels.clone();
+        labels.insert(LABEL_SNAPSHOT_LAYER_BYTES.into(), report.size.to_string());
+        let image =
+            image_commit::commit(&self.client, &c.image, &info.parent, &new_layer, &request.image, labels).await?;
         drop(file);
         let took = began.elapsed();
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "snapshot")], took);

@@ -610,6 +610,20 @@ class AsyncSession:
         self.info = await self._t.call(_core.set_egress(self.id, allow))
         return self.info
 
+    async def pause(self) -> SessionInfo:
+        """See `Session.pause`."""
+        self.info = await self._t.call(_core.pause_session(self.id))
+        return self.info
+
+    async def resume(self) -> SessionInfo:
+        """See `Session.resume`."""
+        self.info = await self._t.call(_core.resume_session(self.id))
+        return self.info
+
+    async def snapshot(self, name: str, *, replace: bool = False) -> Dict[str, Any]:
+        """See `Session.snapshot`."""
+        return await self._t.call(_core.snapshot_session(self.id, name, replace))
+
     async def exec(
         self,
         command: Command,
@@ -731,8 +745,12 @@ class AsyncSessions:
         static_assets: Optional[Sequence[Mapping[str, Any]]] = None,
         mounts: Optional[Sequence[Mapping[str, Any]]] = None,
         backend: Optional[str] = None,
+        auto_resume: bool = False,
+        idle_pause_seconds: Optional[float] = None,
     ) -> AsyncSession:
         body = _core.session_body(environment, manifest, environment_name, workspace, static_assets, mounts, backend)
+        # See `Sessions.create` of the synchronous client.
+        _core.pause_options(body, auto_resume, idle_pause_seconds)
         return AsyncSession(self._t, await self._t.call(_core.create_session(body)))
 
     async def get(self, session_id: str) -> AsyncSession:
@@ -813,6 +831,8 @@ class AsyncClient:
         static_assets: Optional[Sequence[Mapping[str, Any]]] = None,
         mounts: Optional[Sequence[Mapping[str, Any]]] = None,
         backend: Optional[str] = None,
+        auto_resume: bool = False,
+        idle_pause_seconds: Optional[float] = None,
     ) -> _SessionStart:
         """`async with client.session({...}) as s:` (deleted at the end), or
         `s = await client.session({...})`."""
@@ -826,6 +846,8 @@ class AsyncClient:
                 static_assets=static_assets,
                 mounts=mounts,
                 backend=backend,
+                auto_resume=auto_resume,
+                idle_pause_seconds=idle_pause_seconds,
             ),
         )
 

@@ -266,6 +266,28 @@ def delete_session(session_id: str) -> Op[None]:
     return Op(Request("DELETE", _session_path(session_id)), _nothing)
 
 
+def pause_options(body: Dict[str, Any], auto_resume: bool, idle_pause_seconds: Optional[float]) -> Dict[str, Any]:
+    """`autoResume` and `idlePauseSeconds` of a session's body."""
+    if auto_resume:
+        body["autoResume"] = True
+    if idle_pause_seconds is not None:
+        body["idlePauseSeconds"] = _seconds(idle_pause_seconds)
+    return body
+
+
+def pause_session(session_id: str) -> Op[SessionInfo]:
+    return Op(Request("POST", _session_path(session_id, "pause")), lambda r: SessionInfo.from_json(json_of(r)))
+
+
+def resume_session(session_id: str) -> Op[SessionInfo]:
+    return Op(Request("POST", _session_path(session_id, "resume")), lambda r: SessionInfo.from_json(json_of(r)))
+
+
+def snapshot_session(session_id: str, name: str, replace: bool) -> Op[Dict[str, Any]]:
+    body = {"name": name, "replace": bool(replace)}
+    return Op(_json_request("POST", _session_path(session_id, "snapshot"), body), json_of)
+
+
 def _command(command: Command) -> Union[str, List[str]]:
     if isinstance(command, str):
         return command

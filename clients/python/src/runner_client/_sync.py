@@ -303,6 +303,22 @@ class Session:
         self.info = self._t.call(_core.set_egress(self.id, allow))
         return self.info
 
+    def pause(self) -> SessionInfo:
+        """Freeze the sandbox's processes (they keep their memory, use no CPU). Calls to a
+        paused session raise Conflict unless it was created with `auto_resume=True`."""
+        self.info = self._t.call(_core.pause_session(self.id))
+        return self.info
+
+    def resume(self) -> SessionInfo:
+        """Thaw a paused session: its processes go on where they were."""
+        self.info = self._t.call(_core.resume_session(self.id))
+        return self.info
+
+    def snapshot(self, name: str, *, replace: bool = False) -> Dict[str, Any]:
+        """Make the sandbox's filesystem changes the image `snapshot:NAME` (not its workspace
+        or mounts); a name that exists raises Conflict unless `replace`."""
+        return self._t.call(_core.snapshot_session(self.id, name, replace))
+
     def exec(
         self,
         command: Command,
@@ -413,12 +429,17 @@ class Sessions:
         static_assets: Optional[Sequence[Mapping[str, Any]]] = None,
         mounts: Optional[Sequence[Mapping[str, Any]]] = None,
         backend: Optional[str] = None,
+        auto_resume: bool = False,
+        idle_pause_seconds: Optional[float] = None,
     ) -> Session:
         """Start a session in `environment` (a whole Environment document, its spec, e.g.
         `{"backend": "host"}`, or the name of one in the server's env dir), or in the
         Environment of the manifest file `manifest` (`environment_name` picks one of several).
         Its setup must succeed."""
         body = _core.session_body(environment, manifest, environment_name, workspace, static_assets, mounts, backend)
+        # autoResume: a call to the paused session resumes it; idlePauseSeconds: it pauses
+        # itself once idle that long (containerd sessions).
+        _core.pause_options(body, auto_resume, idle_pause_seconds)
         return Session(self._t, self._t.call(_core.create_session(body)))
 
     def get(self, session_id: str) -> Session:
@@ -521,6 +542,8 @@ class Client:
         static_assets: Optional[Sequence[Mapping[str, Any]]] = None,
         mounts: Optional[Sequence[Mapping[str, Any]]] = None,
         backend: Optional[str] = None,
+        auto_resume: bool = False,
+        idle_pause_seconds: Optional[float] = None,
     ) -> Session:
         """`sessions.create`: `with client.session({...}) as s:` deletes it at the end."""
         return self.sessions.create(
@@ -531,6 +554,8 @@ class Client:
             static_assets=static_assets,
             mounts=mounts,
             backend=backend,
+            auto_resume=auto_resume,
+            idle_pause_seconds=idle_pause_seconds,
         )
 
     def close(self) -> None:

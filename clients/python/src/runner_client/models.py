@@ -49,6 +49,8 @@ class SessionInfo:
     created: str
     idle_seconds: int
     active_calls: int
+    state: str = "running"
+    """`running`, or `paused` (its processes frozen: `Session.pause`)."""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -60,6 +62,7 @@ class SessionInfo:
             created=_str(d.get("created")),
             idle_seconds=_int(d.get("idleSeconds")) or 0,
             active_calls=_int(d.get("activeCalls")) or 0,
+            state=_str(d.get("state")) or "running",
             raw=dict(d),
         )
 
