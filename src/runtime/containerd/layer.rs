@@ -46,7 +46,9 @@ pub struct LayerLimits {
 impl Default for LayerLimits {
     fn default() -> Self {
         LayerLimits {
-            max_bytes: 64 << 30,
+            // Apparent sizes: a sparse file counts whole (the layer holds its zeros), so a
+            // sandbox cannot make the host write more than this however little it stores.
+            max_bytes: 10 << 30,
             max_entries: 2_000_000,
             max_depth: crate::confined::MAX_PACK_DEPTH as usize,
         }
