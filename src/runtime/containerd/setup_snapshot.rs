@@ -148,7 +148,7 @@ impl Engine {
                 (LABEL_SETUP_KEY.to_string(), key.to_string()),
                 (
                     super::snapshot::LABEL_SNAPSHOT_CREATED.to_string(),
-                    crate::job::rfc3339(std::time::SystemTime::now()),
+                    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
                 ),
             ]);
             let request = CommitRequest {
