@@ -597,6 +597,14 @@ fn a_pool_of_a_snapshotted_setup_holds_prepared_members() {
         &state,
     );
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // The pool goes however the test ends (its members outlive this process otherwise).
+    struct Pool<'a>(&'a std::path::Path, &'a str);
+    impl Drop for Pool<'_> {
+        fn drop(&mut self) {
+            let _ = runner_ctd(&["pool", "rm", self.1], self.0);
+        }
+    }
+    let pool = Pool(&state, env);
     assert_eq!(runs(&count), 1, "the pool's members start from the setup's snapshot");
     let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state);
     let v = json_of(&out);
@@ -606,8 +614,7 @@ fn a_pool_of_a_snapshotted_setup_holds_prepared_members() {
     assert_eq!(result["stdout"], format!("prepared-{tag}\n1\n"), "{v}");
     assert!(result.get("setup").is_none(), "no setup at the claim: {v}");
     assert_eq!(runs(&count), 1);
-    let out = runner_ctd(&["pool", "rm", env], &state);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    drop(pool);
     let out = runner_ctd(&["snapshot", "ls", "-o", "json"], &state);
     for snapshot in json_of(&out).as_array().unwrap() {
         if snapshot["source"] == format!("setup of Environment {env}") {

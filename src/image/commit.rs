@@ -157,6 +157,7 @@ async fn commit_in(
             |_| {},
         )
         .await?;
+    tracing::debug!(bytes = layer.size, "snapshot layer in the content store");
     // Unpacked on the base's chain (the same chain is content-addressed: another commit of
     // the same changes may have made it already).
     if client.snapshot_stat(&top_chain).await?.is_none() {
@@ -188,6 +189,7 @@ async fn commit_in(
             }
         }
     }
+    tracing::debug!("snapshot layer unpacked");
     let config_bytes = serde_json::to_vec(&config).map_err(|e| ImageError::Format(e.to_string()))?;
     let config_digest = archive::sha256_bytes(&config_bytes);
     let config_size = config_bytes.len();

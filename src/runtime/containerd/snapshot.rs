@@ -128,6 +128,7 @@ impl Engine {
                 }
                 e => RuntimeError::Internal(format!("snapshot of {}: {e}", c.id)),
             })?;
+        tracing::debug!(frozen_ms, bytes = report.size, "snapshot layer written");
         let new_layer = NewLayer {
             path: file.path(),
             digest: &report.digest,
