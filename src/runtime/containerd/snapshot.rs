@@ -30,6 +30,10 @@ pub const LABEL_SNAPSHOT_CREATED: &str = "runner.dev/snapshot-created";
 /// Bytes of its layer blob.
 pub const LABEL_SNAPSHOT_LAYER_BYTES: &str = "runner.dev/snapshot-layer-bytes";
 
+/// How often a failed thaw after the walk is tried again, and how long apart.
+const THAW_RETRIES: u32 = 5;
+const THAW_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// containerd's `Status.RUNNING`.
 const STATUS_RUNNING: i32 = 2;
 
@@ -113,7 +117,16 @@ impl Engine {
         let walked =
             tokio::task::spawn_blocking(move || layer::write_layer(&upper, out, &shift, &exclude, limits)).await;
         let frozen_ms = if freeze {
-            let thawed = self.client.task_resume(&c.id).await;
+            // A sandbox left frozen would hold every later call: a failed thaw (containerd
+            // restarting) is tried again before the snapshot gives up.
+            let mut thawed = self.client.task_resume(&c.id).await;
+            for _ in 0..THAW_RETRIES {
+                if thawed.is_ok() {
+                    break;
+                }
+                tokio::time::sleep(THAW_RETRY_DELAY).await;
+                thawed = self.client.task_resume(&c.id).await;
+            }
             let ms = frozen_at.elapsed().as_millis() as u64;
             thawed?;
             ms
