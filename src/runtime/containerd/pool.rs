@@ -87,11 +87,37 @@ pub struct Member {
     /// The relabelling as the claimant's container, done beside the job's start (the
     /// `claimed-<owner>` file already says who holds it); awaited before it is retired.
     relabel: tokio::task::JoinHandle<Result<(), crate::containerd::CtdError>>,
+    /// Its init, pinned (a PID could be reused; this cannot), when it is the init of a PID
+    /// namespace of its own: killing it kills every process of the member.
+    init: Option<std::os::fd::OwnedFd>,
 }
 
 impl Member {
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Kill every process of the member. Through its pinned init when it has one: the kernel
+    /// kills a PID namespace with its init, and no `runc kill --all` process (a Go runtime
+    /// started by the shim for every job) is spent on it; else through the shim.
+    async fn kill_all(&self, client: &crate::containerd::Containerd) {
+        if let Some(fd) = &self.init {
+            // SAFETY: pidfd_send_signal on a pidfd we own; no siginfo.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    std::os::fd::AsRawFd::as_raw_fd(fd),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+            // ESRCH: it is dead already (so is its namespace).
+            if r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+                return;
+            }
+        }
+        let _ = client.task_kill(&self.id, "", SIGKILL, true).await;
     }
 
     /// Its range and its process's user (container ids), when it has a user namespace.
@@ -253,6 +279,29 @@ fn set_hostname(init_pid: u32, cgroup: &str, name: &str) -> Result<(), RuntimeEr
     })
     .join()
     .map_err(|_| RuntimeError::Internal("the hostname thread panicked".into()))?
+}
+
+/// Whether a spec gives its container a PID namespace of its own (then its init's death is
+/// every process's).
+fn own_pid_namespace(spec: &Spec) -> bool {
+    spec.linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().as_ref())
+        .is_some_and(|ns| {
+            ns.iter()
+                .any(|n| n.typ() == oci_spec::runtime::LinuxNamespaceType::Pid && n.path().is_none())
+        })
+}
+
+/// A pidfd for `pid` (None where the kernel has none: before 5.3).
+fn pin(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    // SAFETY: pidfd_open returns a new descriptor we then own, or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a fresh descriptor owned by nobody else.
+    Some(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd as i32) })
 }
 
 /// Whether a process has a handler for a signal (`SigCgt` of /proc/PID/status).
@@ -476,6 +525,9 @@ impl Engine {
                     None => (uid, gid),
                 };
                 let agent = Agent::open(&dir.join("agent"), uid, gid)?;
+                // Pinned before `set_hostname` checks that the PID is the member's init (in
+                // its cgroup), so what is pinned is what was checked.
+                let init = own_pid_namespace(&spec).then(|| pin(init_pid)).flatten();
                 let hostname: String = plan.job().name.chars().take(63).collect();
                 set_hostname(init_pid, &self.cgroup_path(&c.id), &hostname)?;
                 Ok::<_, RuntimeError>(Member {
@@ -488,6 +540,7 @@ impl Engine {
                     process,
                     range,
                     relabel,
+                    init,
                 })
             }
             .await;
@@ -719,7 +772,7 @@ impl Engine {
             status
         };
         // The command's end is the container's, as when it is PID 1.
-        let _ = self.client.task_kill(&member.id, "", SIGKILL, true).await;
+        member.kill_all(&self.client).await;
         let duration = started.elapsed();
         let (out, err) = pumps.finish(super::DRAIN_LIMIT, false).await;
         let stats = cgroupfs::read(&member.cgroup);
@@ -790,7 +843,7 @@ impl Engine {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let _ = self.client.task_kill(&member.id, "", SIGKILL, true).await;
+        member.kill_all(&self.client).await;
         true
     }
 
