@@ -1114,4 +1114,21 @@ fn a_burst_of_claims_queues_one_filler() {
         "the pool was not refilled: {}",
         ls()
     );
+    // Claims read the ready index, an entry per ready member; what `pool rm` tears down
+    // leaves entries that `gc` prunes.
+    let indexed = |state: &Path| -> usize {
+        std::fs::read_dir(state.join("ready"))
+            .map(|keys| {
+                keys.flatten()
+                    .map(|k| std::fs::read_dir(k.path()).unwrap().count())
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(indexed(&state), 4);
+    let out = runner_ctd(&["pool", "rm", "burst"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = runner_ctd(&["gc"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(indexed(&state), 0);
 }

@@ -333,6 +333,12 @@ fn pooled_script(name: &str, argv: &[String], env: &[(String, String)], cwd: &st
 }
 
 impl Engine {
+    /// Where the ready members of pool key `key` are listed, an empty file per member (beside
+    /// the run directories): what a claim reads.
+    fn ready_index(&self, key: &str) -> PathBuf {
+        self.run_dir.with_file_name("ready").join(key)
+    }
+
     /// Where a member's late places live (beside the run directories).
     pub fn late_dir(&self, id: &str) -> PathBuf {
         self.run_dir.with_file_name("late").join(id)
@@ -376,6 +382,7 @@ impl Engine {
         let (key, layout, image) = self.pool_key(plan).await?;
         let mut member = member_plan(plan);
         member.bound.job.name = format!("pool-{pool}");
+        let shape_key = key.clone();
         let shape = Shape {
             layout,
             pool: pool.to_string(),
@@ -400,7 +407,14 @@ impl Engine {
             std::fs::write(self.run_dir.join(&id).join(READY_FILE), pool).map_err(|source| RuntimeError::Io {
                 what: "marking the member ready".into(),
                 source,
-            })
+            })?;
+            let index = self.ready_index(&shape_key);
+            std::fs::create_dir_all(&index)
+                .and_then(|()| std::fs::write(index.join(&id), b""))
+                .map_err(|source| RuntimeError::Io {
+                    what: "listing the member as ready".into(),
+                    source,
+                })
         }
         .await;
         if let Err(e) = started {
@@ -469,23 +483,52 @@ impl Engine {
         }
         let t0 = Instant::now();
         let (key, layout, image) = self.pool_key(plan).await?;
-        let mut candidates = self.members(Some(&key)).await?;
-        if candidates.is_empty() {
+        // The ready index names the candidates without reading every member's record from
+        // containerd (which made concurrent claims quadratic in the pool's size); members an
+        // older runner made are not in it, and are found by their labels.
+        let index = self.ready_index(&key);
+        let mut ids: Vec<String> = std::fs::read_dir(&index)
+            .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).collect())
+            .unwrap_or_default();
+        let mut listed: HashMap<String, containerd_client::services::v1::Container> = HashMap::new();
+        if ids.is_empty() {
+            listed = self
+                .members(Some(&key))
+                .await?
+                .into_iter()
+                .map(|c| (c.id.clone(), c))
+                .collect();
+            ids = listed.keys().cloned().collect();
+            ids.sort();
+        }
+        if ids.is_empty() {
             return Ok(Claim::Cold(Some(image), self.no_pool_fits(plan, &key)));
         }
-        tracing::debug!(key, candidates = candidates.len(), "looking for a pool member");
+        tracing::debug!(key, candidates = ids.len(), "looking for a pool member");
         // Claimants start at different places, so concurrent claims rarely collide.
         let shift = std::process::id() as usize + t0.elapsed().subsec_nanos() as usize;
-        if !candidates.is_empty() {
-            let n = candidates.len();
-            candidates.rotate_left(shift % n);
-        }
+        let n = ids.len();
+        ids.rotate_left(shift % n);
         let me = owner_id();
-        for c in candidates {
-            let dir = self.run_dir.join(&c.id);
-            if std::fs::rename(dir.join(READY_FILE), dir.join(format!("{CLAIMED_PREFIX}{me}"))).is_err() {
+        for id in ids {
+            let dir = self.run_dir.join(&id);
+            let won = std::fs::rename(dir.join(READY_FILE), dir.join(format!("{CLAIMED_PREFIX}{me}"))).is_ok();
+            // Claimed (by this process or another) or gone: either way no longer ready.
+            let _ = std::fs::remove_file(index.join(&id));
+            if !won {
                 continue;
             }
+            let c = match listed.remove(&id) {
+                Some(c) => c,
+                None => match self.client.container(&id).await {
+                    Ok(Some(c)) => c,
+                    other => {
+                        tracing::warn!(member = id, result = ?other.map(|_| ()), "a ready pool member has no record; removing it");
+                        let _ = self.teardown(&id).await;
+                        continue;
+                    }
+                },
+            };
             let task = self.client.task_get(&c.id).await;
             let init_pid = match task {
                 Ok(Some(p)) if p.status == STATUS_RUNNING => p.pid,
