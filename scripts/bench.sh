@@ -263,6 +263,16 @@ sleep 1
 http_pool_py=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" BENCH_ENV=py BENCH_PAUSE_MS=800 "$bench" http "$runs")
 kill "$serve_pid"; wait "$serve_pid" 2>/dev/null || true
 "$runner" pool rm bb py >/dev/null
+# A burst: 100 sessions at once over HTTP from a pool of 100 (issue 36's target: 300/s).
+"$runner" serve --listen 127.0.0.1:0 --token-file "$work/token" --env-dir "$work/envs" --pool bb=100 > "$work/serve3.out" 2>"$work/serve3.err" &
+serve_pid=$!
+for _ in $(seq 1 200); do grep -q listening "$work/serve3.out" 2>/dev/null && break; sleep 0.05; done
+url=$(sed -n 's/^listening on //p' "$work/serve3.out")
+for _ in $(seq 1 600); do "$runner" pool ls -o json | grep -q '"ready": *100' && break; sleep 0.5; done
+http_burst=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" BENCH_ENV=bb "$bench" http-burst 100)
+kill "$serve_pid"; wait "$serve_pid" 2>/dev/null || true
+"$runner" pool rm bb >/dev/null
+echo "http burst 100 sessions at once from a pool of 100 (target 300/s): $http_burst"
 echo "http pool  busybox: $http_pool"
 echo "http pool  python: $http_pool_py"
 echo "http exec  session exec over HTTP: ${h_exec} ms   ctr task exec: ${e_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $h_exec/$e_med}")"
