@@ -113,8 +113,10 @@ def load_manifest(path: str) -> Plan:
                 raise ConfigError("%s: Environment %r has no spec" % (where, name))
             services.append(Service(name=name, spec=_absolute_mounts(dict(spec), base)))
         elif kind == "WarmPool":
-            spec = doc.get("spec") if isinstance(doc.get("spec"), Mapping) else {}
-            env_name, size = spec.get("environment"), spec.get("size")
+            pool_spec = doc.get("spec")
+            if not isinstance(pool_spec, Mapping):
+                pool_spec = {}
+            env_name, size = pool_spec.get("environment"), pool_spec.get("size")
             if not isinstance(env_name, str) or isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise ConfigError("%s: a WarmPool needs spec.environment (a name) and spec.size" % where)
             pools[env_name] = size

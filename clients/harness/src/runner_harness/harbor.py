@@ -26,10 +26,14 @@ import sys
 from pathlib import Path, PurePosixPath
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from harbor.environments.base import BaseEnvironment, ExecResult
-from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
-from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
-from harbor.models.trial.paths import TrialPaths
+# Harbor ships no type information (no py.typed): its classes are Any to a type checker.
+from harbor.environments.base import BaseEnvironment, ExecResult  # type: ignore[import-untyped]
+from harbor.environments.capabilities import (  # type: ignore[import-untyped]
+    EnvironmentCapabilities,
+    EnvironmentResourceCapabilities,
+)
+from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy  # type: ignore[import-untyped]
+from harbor.models.trial.paths import TrialPaths  # type: ignore[import-untyped]
 
 from runner_client import AsyncClient, RunnerError
 
@@ -39,7 +43,7 @@ from .sandbox import Sandbox, SandboxGone
 ENVIRONMENT_TYPE = "runner"
 
 
-class RunnerEnvironment(BaseEnvironment):
+class RunnerEnvironment(BaseEnvironment):  # type: ignore[misc]
     """A Harbor environment whose container is a runner session."""
 
     def __init__(
@@ -137,7 +141,7 @@ class RunnerEnvironment(BaseEnvironment):
         if self._workdir_override:
             return self._workdir_override
         if self.task_env_config.workdir:
-            return self.task_env_config.workdir
+            return str(self.task_env_config.workdir)
         return dockerfile_workdir(self.environment_dir / "Dockerfile") or "/workspace"
 
     def environment_spec(self) -> Dict[str, Any]:

@@ -42,6 +42,9 @@ from . import _commands as cmd
 _READ_BLOCKS = (4 << 20) // cmd.READ_BLOCK
 # Writes go as base64 stdin inside a JSON body, which the server caps at 4 MiB.
 _WRITE_CHUNK = 2 << 20
+# Larger stdin is written to a file in the sandbox first (the JSON body is capped at 4 MiB, and
+# bytes that are not UTF-8 travel as base64).
+_STDIN_INLINE = 2 << 20
 # How long one chunk of a transfer may take in the sandbox.
 _TRANSFER_TIMEOUT = 600.0
 # Where directory transfers stage their tar in the sandbox.
@@ -149,9 +152,15 @@ class Sandbox:
             argv = cmd.as_user(argv, user, await self._user_switch(), keep_home="HOME" in env)
         stdin: Optional[str] = None
         if input is not None:
-            stdin, encoded = cmd.stdin_text(input)
-            if encoded:
-                argv = cmd.decoding_stdin(argv)
+            raw = input.encode("utf-8") if isinstance(input, str) else input
+            if len(raw) > _STDIN_INLINE:
+                staged = posixpath.join(_STAGING_DIR, ".runner-harness-stdin-%s" % uuid.uuid4().hex)
+                await self.write_file(staged, raw)
+                argv = cmd.stdin_from_file(staged, argv)
+            else:
+                stdin, encoded = cmd.stdin_text(input)
+                if encoded:
+                    argv = cmd.decoding_stdin(argv)
         call = self._session.exec(
             argv,
             stdin=stdin,
@@ -159,7 +168,7 @@ class Sandbox:
             env=env or None,
             cwd=cmd.sandbox_path(cwd, self.workdir) if cwd is not None else None,
         )
-        result = await self._call(call if host_timeout is None else asyncio.wait_for(call, host_timeout))
+        result: ExecResult = await self._call(call if host_timeout is None else asyncio.wait_for(call, host_timeout))
         if user is not None and result.exit_code == 126:
             refused = cmd.failure(result.stderr)
             if refused is not None and refused.errno_name == "EUSERS":
