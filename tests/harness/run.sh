@@ -304,4 +304,14 @@ hardened "mini" 1
 nothing_left "mini"
 echo "mini: $(($(date +%s) - t)) s"
 
+# What gc leaves must be nothing: no cgroup of the namespace, no user-namespace range taken
+# (as scripts/test.sh checks for the main suite's namespace).
+kill -TERM "$watcher_pid" && wait "$watcher_pid" || true
+watcher_pid=
+"$runner" gc >/dev/null
+cgroups=$(find /sys/fs/cgroup -maxdepth 4 -type d -path "*/runner/$CONTAINERD_NAMESPACE*" 2>/dev/null | wc -l)
+ranges=$({ grep -l "\"containerd\":\"$CONTAINERD_ADDRESS#$CONTAINERD_NAMESPACE\"" "${RUNNER_USERNS_DIR:-/run/runner/userns}"/* 2>/dev/null || true; } | wc -l)
+echo "after gc: cgroups=$cgroups user-namespace-ranges=$ranges"
+[ "$cgroups$ranges" = "00" ] || die "cgroups or user-namespace ranges of $CONTAINERD_NAMESPACE left behind"
+
 echo "PASS: the harness suite in $(($(date +%s) - began)) s"
