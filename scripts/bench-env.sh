@@ -1,16 +1,23 @@
 # Sourced by the benchmark scripts (bench.sh, load-profile.sh): the release build they
 # measure, and a private state dir and containerd namespace of their own.
-#   bench_env NAME          builds; sets runner, bench, work; exports RUNNER_STATE_DIR and
+#   bench_env NAME          builds (unless BENCH_RUNNER names a binary: then its directory's
+#                           `bench` is the library's); sets runner, bench, work; exports RUNNER_STATE_DIR and
 #                           CONTAINERD_NAMESPACE (runner-NAME-PID)
 #   bench_containerd        starts the private containerd; exports CONTAINERD_ADDRESS
 #   bench_busybox           builds the busybox test image and imports it
 #   bench_stop              removes what runner left in containerd, stops it, removes $work
 bench_env() {
   scripts/deps.sh
-  cargo build --release --locked --bin runner --example bench >/dev/null 2>&1 ||
-    cargo build --release --locked --bin runner --example bench
-  runner="$PWD/target/release/runner"
-  bench="$PWD/target/release/examples/bench"
+  if [ -n "${BENCH_RUNNER:-}" ]; then
+    # A given binary (a before/after pair): nothing is built; the library rows need this tree's.
+    runner=$BENCH_RUNNER
+    bench="$(dirname "$BENCH_RUNNER")/bench"
+  else
+    cargo build --release --locked --bin runner --example bench >/dev/null 2>&1 ||
+      cargo build --release --locked --bin runner --example bench
+    runner="$PWD/target/release/runner"
+    bench="$PWD/target/release/examples/bench"
+  fi
   work=$(mktemp -d "/tmp/runner-$1.XXXXXX")
   export RUNNER_STATE_DIR="$work/state" CONTAINERD_NAMESPACE="runner-$1-$$"
 }

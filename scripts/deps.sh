@@ -3,7 +3,7 @@
 # apt-get entirely when everything is already there.
 set -euo pipefail
 
-PACKAGES=(containerd runc gcc protobuf-compiler containernetworking-plugins busybox-static iproute2 debootstrap procps python3 python3-venv docker-registry skopeo apache2-utils openssl curl nftables iptables dnsmasq-base)
+PACKAGES=(containerd runc gcc protobuf-compiler containernetworking-plugins busybox-static iproute2 debootstrap procps python3 python3-venv docker-registry skopeo apache2-utils openssl curl nftables iptables dnsmasq-base jq mkdocs)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -80,6 +80,9 @@ if [ -z "${KUBECONFIG:-}" ]; then
 fi
 cargo test --locked --all-targets -- --include-ignored
 
+echo "== the README's and the book's examples (tests/docs/run.sh), the book (mkdocs --strict)"
+tests/docs/run.sh "$runner"
+
 echo "== nothing left behind in $CONTAINERD_NAMESPACE"
 ctr_() { ctr --address "$CONTAINERD_ADDRESS" --namespace "$CONTAINERD_NAMESPACE" "$@"; }
 containers=$(ctr_ containers ls -q | wc -l)
@@ -124,21 +127,26 @@ pins=$({ grep -F "${RUNNER_ROOTFS_DIR:-/run/runner/rootfs}" /proc/self/mountinfo
 # Nor a firewall or port-mapping rule of a container (iptables: the firewall and portmap
 # plugins; nft: egress rules), nor a host port still recorded as published.
 fwd=$({ iptables-save 2>/dev/null || true; } | { grep -cE '10\.89\.|CNI-DN-|runner bridge network' || true; })
-# Nor a container's nft rule or set, resolver policy, or the resolver itself (gc above
-# stopped it once idle).
-nftrules=$({ nft list table inet runner 2>/dev/null || true; } | { grep -cE 'comment "runner:|set [dp][0-9a-f]{16} ' || true; })
-published=$({ cat /run/runner/net/ports 2>/dev/null || true; } | wc -l)
-policies=$({ find /run/runner/net/dns -type f 2>/dev/null || true; } | wc -l)
+# Nor a container's element in the wall's sets (its CIDR entries, what its domains resolved
+# to: `container . destination`), resolver policy, or the resolver itself (gc above stopped it
+# once idle: no PID alive, no control socket).
+net_dir=${RUNNER_NET_DIR:-/run/runner/net}
+nftrules=$(for set in allow_net allow_port dom dom_port; do
+  { nft list set inet runner "$set" 2>/dev/null || true; } | { grep -cE '[0-9] \. [0-9]' || true; }
+done | awk '{n += $1} END {print n + 0}')
+published=$({ cat "$net_dir/ports" 2>/dev/null || true; } | wc -l)
+policies=$({ find "$net_dir/dns" -type f 2>/dev/null || true; } | wc -l)
 resolver=0
-if [ -f /run/runner/net/resolver.pid ] && kill -0 "$(cat /run/runner/net/resolver.pid)" 2>/dev/null; then resolver=1; fi
+if [ -f "$net_dir/resolver.pid" ] && kill -0 "$(cat "$net_dir/resolver.pid")" 2>/dev/null; then resolver=1; fi
+if [ -S "$net_dir/resolver.sock" ]; then resolver=1; fi
 # With nothing on it, gc took the network itself down: no bridge without users, no wall.
 bridge=$({ ip -o link show type bridge 2>/dev/null || true; } | { grep -cE '^[0-9]+: (runner0|rn-)' || true; })
 wall=$({ nft list table inet runner 2>/dev/null || true; } | wc -l)
-echo "bridge network after the suite: interfaces=$veths ipam-leases=$leases pinned-namespaces=$pins iptables-rules=$fwd nft-rules=$nftrules published-ports=$published dns-policies=$policies resolver=$resolver bridge=$bridge wall-lines=$wall"
+echo "bridge network after the suite: interfaces=$veths ipam-leases=$leases pinned-namespaces=$pins iptables-rules=$fwd nft-elements=$nftrules published-ports=$published dns-policies=$policies resolver=$resolver bridge=$bridge wall-lines=$wall"
 if [ "$veths$leases$pins$fwd$nftrules$published$policies$resolver$bridge$wall" != "0000000000" ]; then
   { ip -o link show type bridge; ip -o link show type veth; ls -R /var/lib/cni/networks; grep nsfs /proc/self/mountinfo
-    iptables-save | grep -E '10\.89\.|CNI-DN-|runner bridge network'; nft list table inet runner; cat /run/runner/net/ports
-    ls /run/runner/net/dns; } || true
+    iptables-save | grep -E '10\.89\.|CNI-DN-|runner bridge network'; nft list table inet runner; cat "$net_dir/ports"
+    ls -la "$net_dir" "$net_dir/dns"; } || true
   echo "FAIL: bridge network state left behind" >&2
   exit 1
 fi

@@ -21,6 +21,15 @@ pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(30 * 60);
 /// After SIGTERM or Ctrl-C, how long `serve` and a foreground `apply` take at most to stop
 /// (in-flight calls finish or are cut, sandboxes are stopped), whatever their sandboxes do.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// The job store's file in a state dir (a state dir holding one judges its own attempts).
+pub const STORE_FILE: &str = "runner.db";
+/// Host-wide network state: per network its names and registration, the resolver's files,
+/// the published ports, the network lock.
+pub const DEFAULT_NET_DIR: &str = "/run/runner/net";
+/// Where Debian (and most distributions) install the CNI plugins.
+pub const DEFAULT_CNI_PATH: &str = "/usr/lib/cni:/opt/cni/bin";
+/// Where host-local keeps its leases (CNI's default data directory), per network name.
+pub const DEFAULT_IPAM_DIR: &str = "/var/lib/cni/networks";
 /// The first retry delay of a failed attempt (Kubernetes' pod backoff).
 pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(10);
 /// The longest namespace containerd accepts.
@@ -86,6 +95,10 @@ pub struct Config {
     pub dns_upstream: Vec<std::net::SocketAddr>,
     /// After SIGTERM or Ctrl-C, how long `serve` and a foreground `apply` may take to stop.
     pub shutdown_grace: Duration,
+    /// Where the network layer keeps and finds host state.
+    pub net: NetPaths,
+    /// The bounds of runner's resolver (used by `runner resolver`).
+    pub resolver: ResolverLimits,
     /// Keep the cgroup attach lock warm while containers are created.
     pub warm_cgroup_attach: WarmMode,
     /// Remapped containers' rootfs directories (host-wide, per containerd).
@@ -95,6 +108,85 @@ pub struct Config {
     /// The first retry delay of a failed attempt (`backoffLimit`), doubling after: 10 s as in
     /// Kubernetes; tests shorten it.
     pub backoff_base: Duration,
+}
+
+/// The host paths of the network layer (`net`), in one place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetPaths {
+    /// Host-wide network state (`/run/runner/net`, a tmpfs).
+    pub dir: PathBuf,
+    /// Where the CNI plugins are looked for, in order.
+    pub cni_path: Vec<PathBuf>,
+    /// host-local's data directory.
+    pub ipam_dir: PathBuf,
+    /// The host's resolv.conf (its `options` go to the networks'; its nameservers are the
+    /// resolver's default upstreams).
+    pub host_resolv_conf: PathBuf,
+    /// Where the host's interfaces are listed (a bridge's ports: whether a network is in use).
+    pub sys_class_net: PathBuf,
+}
+
+impl Default for NetPaths {
+    fn default() -> Self {
+        NetPaths {
+            dir: PathBuf::from(DEFAULT_NET_DIR),
+            cni_path: std::env::split_paths(DEFAULT_CNI_PATH).collect(),
+            ipam_dir: PathBuf::from(DEFAULT_IPAM_DIR),
+            host_resolv_conf: PathBuf::from("/etc/resolv.conf"),
+            sys_class_net: PathBuf::from("/sys/class/net"),
+        }
+    }
+}
+
+/// What runner's resolver allows each container, and itself (see `net::resolver`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolverLimits {
+    /// Queries per second per source container (a token bucket's rate); over it, REFUSED.
+    pub queries_per_second: u32,
+    /// The bucket's size (a burst).
+    pub query_burst: u32,
+    /// Upstream queries in flight per source container.
+    pub upstream_per_source: usize,
+    /// Open TCP connections per source container.
+    pub tcp_per_source: usize,
+    /// A TCP connection with no complete query for this long is closed.
+    pub tcp_idle: Duration,
+    /// Queries being answered at once, for every container together.
+    pub max_tasks: usize,
+    /// TCP connections open at once, for every container together.
+    pub max_tcp: usize,
+    /// Answers kept for their TTL (names . types).
+    pub cache_entries: usize,
+    /// Addresses a container's domains may have in the wall at once.
+    pub elements_per_container: usize,
+    /// Above this resident size the resolver sheds work (no upstream query, cache emptied).
+    pub memory_bytes: u64,
+    /// How long an upstream resolver may take.
+    pub upstream_timeout: Duration,
+    /// The log file's size before it is rotated (one old file is kept).
+    pub log_bytes: u64,
+    /// Log lines per second (more are counted and dropped).
+    pub log_lines_per_second: u32,
+}
+
+impl Default for ResolverLimits {
+    fn default() -> Self {
+        ResolverLimits {
+            queries_per_second: 50,
+            query_burst: 100,
+            upstream_per_source: 8,
+            tcp_per_source: 8,
+            tcp_idle: Duration::from_secs(3),
+            max_tasks: 256,
+            max_tcp: 128,
+            cache_entries: 4096,
+            elements_per_container: 4096,
+            memory_bytes: 48 << 20,
+            upstream_timeout: Duration::from_secs(2),
+            log_bytes: 1 << 20,
+            log_lines_per_second: 20,
+        }
+    }
 }
 
 impl Config {
@@ -112,6 +204,8 @@ impl Config {
             log: "warn".to_string(),
             dns_upstream: Vec::new(),
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            net: NetPaths::default(),
+            resolver: ResolverLimits::default(),
             warm_cgroup_attach: WarmMode::default(),
             rootfs_dir: PathBuf::from(DEFAULT_ROOTFS_DIR),
             userns_dir: PathBuf::from(DEFAULT_USERNS_DIR),
@@ -141,6 +235,17 @@ impl Config {
         for server in &self.dns_upstream {
             args.push("--dns-upstream".into());
             args.push(server.to_string().into());
+        }
+        let net = NetPaths::default();
+        if self.net.dir != net.dir {
+            args.push("--net-dir".into());
+            args.push(self.net.dir.clone().into_os_string());
+        }
+        if self.net.cni_path != net.cni_path
+            && let Ok(path) = std::env::join_paths(&self.net.cni_path)
+        {
+            args.push("--cni-path".into());
+            args.push(path);
         }
         for dir in &self.registry.hosts_dirs {
             args.push("--hosts-dir".into());
@@ -250,6 +355,22 @@ impl RegistryConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn processes_runner_starts_get_its_network_paths() {
+        let mut c = Config::new("/tmp/x");
+        assert!(!c.inherited_args().iter().any(|a| a == "--net-dir" || a == "--cni-path"));
+        c.net.dir = "/tmp/net".into();
+        c.net.cni_path = vec!["/opt/a".into(), "/opt/b".into()];
+        let args: Vec<String> = c
+            .inherited_args()
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let after = |flag: &str| args.iter().position(|a| a == flag).map(|i| args[i + 1].clone());
+        assert_eq!(after("--net-dir").as_deref(), Some("/tmp/net"));
+        assert_eq!(after("--cni-path").as_deref(), Some("/opt/a:/opt/b"));
+    }
 
     #[test]
     fn namespaces_are_checked_like_containerd_does() {

@@ -11,6 +11,7 @@ pub mod image;
 pub mod job;
 pub mod manifest;
 pub mod metrics;
+pub mod net;
 pub mod owner;
 pub mod runtime;
 pub mod service;

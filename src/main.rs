@@ -1,9 +1,7 @@
 //! `runner`: parse the command line, set up logging, run the verb (or serve the HTTP API),
 //! exit with the code the CLI picked.
 
-use clap::Parser;
-
-use runner::cli::{self, Cli, Outcome};
+use runner::cli::{self, Outcome};
 
 fn main() {
     // The shim runs us as a task's output logger with its own argument convention.
@@ -14,7 +12,7 @@ fn main() {
     {
         std::process::exit(runner::runtime::containerd::logger::run(&args));
     }
-    let cli = Cli::parse();
+    let cli = cli::parse();
     cli.init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,

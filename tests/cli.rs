@@ -580,7 +580,7 @@ fn re_applying_a_finished_job_is_refused_unless_replace() {
     assert_eq!(String::from_utf8_lossy(&logs.stdout), "second\n");
 }
 
-/// The host backend stops a timed-out command as the README says: SIGTERM, the Job's
+/// The host backend stops a timed-out command as docs/security.md says: SIGTERM, the Job's
 /// `terminationGracePeriodSeconds`, then SIGKILL (a command deaf to SIGTERM ends after both).
 #[test]
 fn a_timeout_waits_the_jobs_grace_period_before_sigkill() {
@@ -961,4 +961,46 @@ fn tables_name_watch_delete_many_version_and_completion() {
     for shell in ["zsh", "fish"] {
         assert!(!text(&runner(&["completion", shell], &state)).is_empty());
     }
+}
+
+/// A verb's help shows its own flags, the global ones once under `runner options` (issue 37,
+/// item 8: every verb's help listed eight global flags).
+#[test]
+fn help_shows_a_verbs_own_flags_and_options_the_global_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let help = |args: &[&str]| {
+        let out = runner(args, dir.path());
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    for verb in ["validate", "export", "logs", "apply", "get jobs"] {
+        let mut args: Vec<&str> = verb.split(' ').collect();
+        args.push("--help");
+        let text = help(&args);
+        assert!(text.trim_end().ends_with("runner options"), "{verb}:\n{text}");
+        // The footer names a few; the flags themselves are not listed.
+        let text = text.trim_end().rsplit_once('\n').unwrap().0;
+        for global in [
+            "--address",
+            "--dns-upstream",
+            "--hosts-dir",
+            "--warm-cgroup-attach",
+            "--state-dir",
+        ] {
+            assert!(!text.contains(global), "{verb} --help shows {global}:\n{text}");
+        }
+    }
+    assert!(help(&["logs", "--help"]).starts_with("Print a job's output"));
+    let options = help(&["options"]);
+    for (heading, flag) in [
+        ("Containerd:", "--address"),
+        ("Registries:", "--hosts-dir"),
+        ("Networks:", "--dns-upstream"),
+        ("State and logging:", "--state-dir"),
+        ("Jobs and servers:", "--shutdown-grace"),
+    ] {
+        let at = options.find(heading).unwrap_or_else(|| panic!("{heading}:\n{options}"));
+        assert!(options[at..].contains(flag), "{flag} under {heading}:\n{options}");
+    }
+    assert!(!options.contains("--runner-exe"));
 }

@@ -789,8 +789,10 @@ async fn an_exec_timeout_kills_the_command_but_not_the_sandbox() {
 async fn exec_timeout_case(via_agent: bool) {
     let dir = tempfile::tempdir().unwrap();
     let p = plan(dir.path(), "", "", r#""true""#);
-    let mut e = engine(&dir.path().join("state")).await;
-    e.options.exec_via_agent = via_agent;
+    let e = engine(&dir.path().join("state")).await;
+    let mut options = e.options().clone();
+    options.exec_via_agent = via_agent;
+    let e = e.with_options(options);
     let live = e.spawn_live(&p).await.unwrap();
     let start = Instant::now();
     let r = live
@@ -907,8 +909,10 @@ async fn parity_of_the_runtime_interface_on_both_backends() {
     let live = engine(&state).await.spawn_live(&p).await.unwrap();
     parity_cases(&live).await;
     // The same through Tasks.Exec instead of the agent.
-    let mut e = engine(&state).await;
-    e.options.exec_via_agent = false;
+    let e = engine(&state).await;
+    let mut options = e.options().clone();
+    options.exec_via_agent = false;
+    let e = e.with_options(options);
     let live = e.spawn_live(&p).await.unwrap();
     parity_cases(&live).await;
     let mut hp = p.clone();
@@ -1042,9 +1046,11 @@ async fn durable_output_goes_through_the_logger_and_a_broken_logger_is_an_error_
     let dir = tempfile::tempdir().unwrap();
     let env = "  setup:\n    commands: [\"echo set\"]\n";
     let p = plan(dir.path(), env, "", r#"["sh", "-c", "echo out; echo err >&2; exit 2"]"#);
-    let mut e = engine(&dir.path().join("state")).await;
-    e.options.durable_output = true;
-    e.options.logger_binary = Some(runner_bin());
+    let e = engine(&dir.path().join("state")).await;
+    let mut options = e.options().clone();
+    options.durable_output = true;
+    options.logger_binary = Some(runner_bin());
+    let e = e.with_options(options.clone());
     let r = e.run_oneshot(&p, &CancellationToken::new()).await.unwrap();
     assert_eq!(
         (r.exit_code, r.stdout.as_str(), r.stderr.as_str()),
@@ -1052,7 +1058,8 @@ async fn durable_output_goes_through_the_logger_and_a_broken_logger_is_an_error_
     );
     assert_eq!(r.setup.unwrap().stdout, "set\n");
     // A logger that writes nothing must fail the run, never report empty output.
-    e.options.logger_binary = Some(PathBuf::from("/bin/true"));
+    options.logger_binary = Some(PathBuf::from("/bin/true"));
+    let e = e.with_options(options);
     let err = e.run_oneshot(&p, &CancellationToken::new()).await.unwrap_err();
     assert!(err.to_string().contains("output logger"), "{err}");
     assert_eq!(leftovers(&client().await, &p.job().name).await, 0);

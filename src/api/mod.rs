@@ -29,7 +29,7 @@ pub(crate) use openapi::Doc;
 
 use crate::config::{ServeConfig, ServeEvent};
 use crate::service::sessions::{SessionManager, SessionView, ShellOutput};
-use crate::service::{Connect, Context, ServiceError, daemon, gc, jobs as job_service};
+use crate::service::{Connect, Context, ServiceError, daemon, jobs as job_service};
 
 /// Largest request body (manifests, code, uploads).
 pub const MAX_BODY_BYTES: usize = 64 << 20;
@@ -113,6 +113,16 @@ fn routes() -> Vec<Route> {
         route(
             Doc::new(get.clone(), "/v1/sessions/{id}", "one session").returns::<SessionView>(200),
             sessions::get,
+        ),
+        route(
+            Doc::new(
+                Method::PATCH,
+                "/v1/sessions/{id}",
+                "change a live session: its egress (network: bridge), replaced at once; what is no longer allowed is cut",
+            )
+            .takes::<PatchSession>()
+            .returns::<SessionView>(200),
+            sessions::patch,
         ),
         route(
             Doc::new(
@@ -519,7 +529,7 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
                     }
                 }
                 // Jobs whose supervisor died get a new one here, explicitly: reads never adopt.
-                match job_service::adopt_orphans(&state.ctx).await {
+                match crate::service::reconcile::adopt_orphans(&state.ctx).await {
                     Ok(adopted) if !adopted.is_empty() => tracing::info!(?adopted, "re-adopted jobs"),
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "re-adopting orphaned jobs"),
@@ -529,7 +539,7 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
     };
     if ctx.containerd().await.is_ok() {
         let ctx = ctx.clone();
-        tokio::spawn(async move { gc::reconcile(&ctx).await });
+        tokio::spawn(async move { crate::service::reconcile::reconcile(&ctx).await });
     }
     let metrics_server = match serve.metrics_listen {
         Some(addr) => Some(serve_metrics(addr, state.clone(), &on_event).await?),

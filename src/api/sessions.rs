@@ -9,7 +9,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tokio_stream::StreamExt;
 
-use super::types::{CreateSession, Exec, PathQuery, Python, PythonOutput, PythonValue, Shell};
+use super::types::{CreateSession, Exec, PatchSession, PathQuery, Python, PythonOutput, PythonValue, Shell};
 use super::{AppResult, AppState, parse_json};
 use crate::confined::{ListEntry, UnpackReport};
 use crate::runtime::ExecResult;
@@ -30,6 +30,13 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Json<Vec<SessionView>> 
 
 pub async fn get(State(state): State<Arc<AppState>>, UrlPath(id): Id) -> AppResult<Json<SessionView>> {
     Ok(Json(state.sessions.get(&id)?))
+}
+
+/// Change a live session: its egress, replaced at once.
+pub async fn patch(State(state): State<Arc<AppState>>, UrlPath(id): Id, body: Bytes) -> AppResult<Json<SessionView>> {
+    let request = parse_json::<PatchSession>(&body)?;
+    let session = state.sessions.lease(&id)?;
+    Ok(Json(session.set_egress(&request.egress.allow).await?))
 }
 
 pub async fn delete(State(state): State<Arc<AppState>>, UrlPath(id): Id) -> AppResult<StatusCode> {

@@ -76,6 +76,21 @@ pub struct Exec {
     pub cwd: Option<String>,
 }
 
+/// `PATCH /v1/sessions/{id}`: what may change on a live session.
+#[derive(Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PatchSession {
+    /// Its new egress, replacing the old one whole (as an Environment's `egress`).
+    pub egress: PatchEgress,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PatchEgress {
+    /// `egress.allow` entries: `10.0.0.0/8`, `203.0.113.7:443`, `pypi.org:443`, `*.example.com`.
+    pub allow: Vec<String>,
+}
+
 /// A time limit in seconds as a request gives it (`field` names it in the error).
 pub(super) fn seconds(field: &str, v: Option<f64>) -> Result<Option<Duration>, ServiceError> {
     match v {

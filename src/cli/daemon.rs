@@ -3,7 +3,7 @@
 use super::output::{outln, print_value};
 use super::{DaemonVerb, OutputFormat};
 use crate::config::Config;
-use crate::service::{Context, ServiceError, daemon, gc};
+use crate::service::{Context, ServiceError, daemon, reconcile};
 
 pub async fn run(config: &Config, verb: DaemonVerb) -> Result<i32, ServiceError> {
     match verb {
@@ -37,7 +37,7 @@ pub async fn run(config: &Config, verb: DaemonVerb) -> Result<i32, ServiceError>
 }
 
 pub async fn gc(ctx: &Context) -> Result<i32, ServiceError> {
-    let report = gc::collect(ctx, true).await?;
+    let report = reconcile::collect(ctx, true).await?;
     outln!(
         "removed {} containers, {} snapshots, {} leases, {} run directories, {} cgroups, {} user-namespace ranges",
         report.containers.len(),

@@ -2,6 +2,8 @@
 //! tonic codes) and runner's private containerd process (`daemon`).
 
 mod client;
+mod content;
 pub mod daemon;
 
 pub use client::*;
+pub use content::*;

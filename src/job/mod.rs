@@ -27,7 +27,7 @@ pub enum Phase {
     Failed,
 }
 
-/// Why a job ended as it did (product.md's closed set).
+/// Why a job ended as it did: a closed set (docs/reference/manifest.md, Results).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum Reason {
     Completed,

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::{JobObject, JobSpecView, JobStatus, ObjectMeta};
 
 /// The database file inside the state dir.
-pub const DB_FILE: &str = "runner.db";
+pub const DB_FILE: &str = crate::config::STORE_FILE;
 /// How long a writer waits for another process's transaction.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// `PRAGMA user_version` of the current record layout. 1: status as untyped JSON and no

@@ -15,7 +15,7 @@ use super::{AttemptStatus, AttemptView, Condition, JobStatus, Phase, Reason, rfc
 use crate::manifest::Job;
 use crate::owner::owner_id;
 use crate::runtime::containerd::pool::KIND_POOLED;
-use crate::runtime::containerd::{Engine, LABEL_ATTEMPT, LABEL_INDEX, LABEL_JOB, LABEL_KIND};
+use crate::runtime::containerd::{Engine, LABEL_ATTEMPT, LABEL_INDEX, LABEL_KIND};
 use crate::runtime::{ExecResult, NetworkHook, NetworkStatus, RuntimeOptions};
 use crate::spec::{HostEnv, RunPlan};
 
@@ -390,10 +390,7 @@ fn launch(
         number,
         "live",
     ));
-    let engine = ctx.engine.clone().map(|mut e| {
-        e.options = options.clone();
-        e
-    });
+    let engine = ctx.engine.clone().map(|e| e.with_options(options.clone()));
     tokio::spawn(async move {
         let status = super::run_once(&plan, &host, &options, engine.as_ref(), &token).await;
         let _ = tx.send((index, number, status));
@@ -419,12 +416,8 @@ async fn readopt(
         ));
         return;
     };
-    let filters = vec![format!(
-        "labels.\"{LABEL_JOB}\"=={job},labels.\"{LABEL_INDEX}\"=={index},labels.\"{LABEL_ATTEMPT}\"=={number}"
-    )];
     let found = engine
-        .client
-        .containers(filters)
+        .job_containers(job, Some((index, number)))
         .await
         .ok()
         .and_then(|c| c.into_iter().next());
@@ -447,8 +440,9 @@ async fn readopt(
         let elapsed = view.start_time.as_deref().and_then(ms_since).unwrap_or(0);
         t.saturating_sub(Duration::from_millis(elapsed))
     });
-    let mut engine = engine;
-    engine.options.kill_grace = ctx.plan.job().termination_grace;
+    let mut options = engine.options().clone();
+    options.kill_grace = ctx.plan.job().termination_grace;
+    let engine = engine.with_options(options);
     let memory = ctx.plan.env().resources.memory;
     tokio::spawn(async move {
         let status = match engine.adopt(&container.id, expect_marker, limit, &token).await {

@@ -1,6 +1,6 @@
 //! Manifests: multi-document YAML → validated `Environment` and `Job` values.
 //!
-//! This module is the only caller of the YAML crate (`serde-saphyr`; see the README's design
+//! This module is the only caller of the YAML crate (`serde-saphyr`; see docs/design/layout.md's design
 //! notes). Raw structs (`raw`) never leave it: once code holds a `Job`, the job is valid.
 
 pub mod error;

@@ -52,7 +52,7 @@ impl SetupResult {
     }
 }
 
-/// What one command did: the `result` object of product.md.
+/// What one command did: a Job's `result` object (docs/reference/manifest.md, Results).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecResult {
@@ -220,6 +220,11 @@ pub trait Runtime: Send + Sync {
     fn network(&self) -> Option<&NetworkStatus> {
         None
     }
+    /// Replace what the sandbox may reach off its bridge network (a live session's PATCH):
+    /// at once, and what is no longer allowed is cut, established connections included.
+    async fn set_egress(&self, _egress: crate::net::Egress) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Refused("the sandbox is on no bridge network".into()))
+    }
 }
 
 /// An isolated sandbox's extras: a directory shared with it, the tools shipped into it,
@@ -318,6 +323,8 @@ pub struct RuntimeOptions {
     /// Where runner's resolver asks for a bridge container's allowed domains (empty: the
     /// host's resolvers).
     pub dns_upstream: Vec<std::net::SocketAddr>,
+    /// The network layer's host paths.
+    pub net: crate::config::NetPaths,
     /// Remapped containers' rootfs directories (`Config::rootfs_dir`).
     pub rootfs_dir: std::path::PathBuf,
     /// User-namespace range leases (`Config::userns_dir`).
@@ -345,32 +352,8 @@ pub struct NetworkStatus {
     pub ports: Vec<PortStatus>,
 }
 
-/// A published port as it was bound (`hostPort` is the one picked when none was asked for).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PortStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    pub container_port: u16,
-    pub protocol: crate::manifest::Protocol,
-    #[serde(rename = "hostIP")]
-    pub host_ip: String,
-    pub host_port: u16,
-}
-
-impl std::fmt::Display for PortStatus {
-    /// Docker's `docker port` form: `8080/tcp -> 127.0.0.1:34567`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}/{} -> {}:{}",
-            self.container_port,
-            self.protocol.lower(),
-            self.host_ip,
-            self.host_port
-        )
-    }
-}
+/// A published port as it was bound (the network layer's).
+pub use crate::net::PortStatus;
 
 /// What runs when a container is attached to a bridge network.
 #[derive(Clone)]
@@ -409,6 +392,7 @@ impl Default for RuntimeOptions {
             registry: crate::image::registry::RegistryConfig::default(),
             on_network: None,
             dns_upstream: Vec::new(),
+            net: crate::config::NetPaths::default(),
             rootfs_dir: crate::config::DEFAULT_ROOTFS_DIR.into(),
             userns_dir: crate::config::DEFAULT_USERNS_DIR.into(),
         }

@@ -2,28 +2,24 @@
 //! logs, wait, delete, adopt jobs whose supervisor died, purge expired ones. Every store call
 //! runs on the blocking pool.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
+use super::reconcile::{self, adopt_if_orphaned, spawn_supervisor};
 use super::{Context, ServiceError};
 use crate::job::store::{EventRecord, JobRecord, SharedStore, StoreError};
 use crate::job::supervisor::{self, JobContext};
 use crate::job::{self, JobObject, JobSpecView, JobStatus, ObjectMeta};
 use crate::manifest::{self, Backend, ManifestSet};
-use crate::owner::{owner_alive, owner_id, process_start_time};
-use crate::runtime::containerd::LABEL_JOB;
+use crate::owner::owner_alive;
 use crate::spec::{self, HostEnv, RunPlan};
 
 /// How often `wait` and `logs -f` look at the store.
 pub(super) const POLL: Duration = Duration::from_millis(100);
 /// How long `delete` waits for a job's supervisor to stop what runs.
 const DELETE_LIMIT: Duration = Duration::from_secs(60);
-/// The prefix of a record's owner while a process claims the job to re-adopt it.
-const ADOPTING: &str = "adopting:";
 
 /// A manifest read, validated and planned: every job bound to its Environment, host paths
 /// resolved, containerd specs built and checked against the hardened default.
@@ -375,7 +371,7 @@ pub async fn run_foreground(
         // job's path: it only removes what dead runner processes left, idempotently.
         ctx.containerd().await?;
         let ctx = ctx.clone();
-        tokio::spawn(async move { super::gc::reconcile(&ctx).await });
+        tokio::spawn(async move { reconcile::reconcile(&ctx).await });
     }
     let mut objects = Vec::new();
     for plan in &sub.plans {
@@ -456,101 +452,6 @@ fn plan_of(record: &JobRecord, host: &HostEnv) -> Result<RunPlan, ServiceError> 
     })?;
     let bound = set.bind(job, record.backend)?;
     Ok(spec::resolve(&bound, host)?)
-}
-
-/// Start `runner supervise NAME` detached (its own session, output to the job's log dir) and
-/// record it as the job's owner at once: until it runs, the job would look unsupervised.
-async fn spawn_supervisor(ctx: &Context, store: &SharedStore, name: &str, adopt: bool) -> Result<(), ServiceError> {
-    let config = ctx.config.clone();
-    let job = name.to_string();
-    let pid = Context::blocking(move || {
-        let exe = config
-            .runner_exe()
-            .map_err(|e| ServiceError::internal("finding the runner binary", e))?;
-        let dir = config.logs_dir().join(&job);
-        std::fs::create_dir_all(&dir).map_err(|e| ServiceError::internal("creating the log directory", e))?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("supervisor.log"))
-            .map_err(|e| ServiceError::internal("creating the supervisor log", e))?;
-        let log2 = log
-            .try_clone()
-            .map_err(|e| ServiceError::internal("creating the supervisor log", e))?;
-        let mut cmd = std::process::Command::new(exe);
-        cmd.arg("supervise")
-            .arg(&job)
-            .arg("--state-dir")
-            .arg(&config.state_dir)
-            .arg("--namespace")
-            .arg(&config.namespace)
-            .arg("--log")
-            .arg(&config.log)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2);
-        if let Some(address) = &config.address {
-            cmd.arg("--address").arg(address);
-        }
-        if let Some(exe) = &config.runner_exe {
-            cmd.arg("--runner-exe").arg(exe);
-        }
-        if adopt {
-            cmd.arg("--adopt");
-        }
-        cmd.args(config.inherited_args());
-        // Reaped by this process when it lives on: a zombie would look like a live
-        // supervisor (same PID and start time), so its job would never be re-adopted.
-        super::spawn_detached(cmd, "supervisor")
-    })
-    .await?;
-    if let Some(start) = process_start_time(pid) {
-        let owner = format!("{pid}:{start}");
-        let name = name.to_string();
-        store
-            .call(move |s| {
-                s.update(&name, |r| {
-                    if r.owner.as_deref().is_none_or(|o| o.starts_with(ADOPTING)) {
-                        r.owner = Some(owner);
-                    }
-                })
-            })
-            .await?;
-    }
-    Ok(())
-}
-
-/// Give a job whose supervisor is gone a new one, which re-adopts its running containers.
-/// Several processes may race: the store transaction that claims the job lets one of them
-/// spawn. Whether this call adopted it.
-pub async fn adopt_if_orphaned(ctx: &Context, name: &str) -> Result<bool, ServiceError> {
-    let store = store(ctx).await?;
-    let claim = format!("{ADOPTING}{}", owner_id());
-    let claimed = {
-        let (name, claim) = (name.to_string(), claim.clone());
-        store
-            .call(move |s| {
-                let record = s.require(&name)?;
-                let orphaned = !record.status.is_terminal()
-                    && !record.delete_requested
-                    && record.owner.as_deref().is_some_and(|o| !owner_alive(o));
-                if !orphaned {
-                    return Ok(false);
-                }
-                let updated = s.update(&name, |r| {
-                    if r.owner == record.owner {
-                        r.owner = Some(claim.clone());
-                    }
-                })?;
-                Ok(updated.owner.as_deref() == Some(claim.as_str()))
-            })
-            .await?
-    };
-    if claimed {
-        tracing::warn!("job {name:?} lost its supervisor; re-adopting it");
-        spawn_supervisor(ctx, &store, name, true).await?;
-    }
-    Ok(claimed)
 }
 
 /// Drop finished jobs whose ttlSecondsAfterFinished has passed (records and logs). Failing to
@@ -717,8 +618,7 @@ pub async fn delete(ctx: &Context, name: &str) -> Result<(), ServiceError> {
             }
             Err(e) => return Err(e),
         };
-        let filter = format!("labels.\"{LABEL_JOB}\"=={name}");
-        for c in engine.client.containers(vec![filter]).await? {
+        for c in engine.job_containers(name, None).await? {
             if let Err(e) = engine.teardown(&c.id).await {
                 tracing::warn!(container = c.id, error = %e, "removing a container of the deleted job");
             }
@@ -739,26 +639,4 @@ async fn remove_record(store: &SharedStore, ctx: &Context, name: &str) -> Result
         })
         .await?;
     Ok(())
-}
-
-/// The jobs of this store that are not finished and not being deleted, by name (gc).
-pub(super) async fn adoptable(ctx: &Context) -> Result<HashSet<String>, ServiceError> {
-    let records = store(ctx).await?.call(|s| s.list()).await?;
-    Ok(records
-        .into_iter()
-        .filter(|r| !r.status.is_terminal() && !r.delete_requested)
-        .map(|r| r.metadata.name)
-        .collect())
-}
-
-/// Give every job of this store whose supervisor died a new one (a long-lived server calls
-/// this now and then; reads never do). The jobs adopted.
-pub async fn adopt_orphans(ctx: &Context) -> Result<Vec<String>, ServiceError> {
-    let mut adopted = Vec::new();
-    for name in adoptable(ctx).await? {
-        if adopt_if_orphaned(ctx, &name).await? {
-            adopted.push(name);
-        }
-    }
-    Ok(adopted)
 }

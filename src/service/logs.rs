@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
-use super::jobs::{POLL, adopt_if_orphaned, record};
+use super::jobs::{POLL, record};
+use super::reconcile::adopt_if_orphaned;
 use super::{Context, ServiceError};
 use crate::job::JobStatus;
 use crate::job::supervisor::attempt_file;

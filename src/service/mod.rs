@@ -4,12 +4,12 @@
 
 pub mod daemon;
 pub mod export;
-pub mod gc;
 pub mod images;
 pub mod jobs;
 pub mod kube;
 pub mod logs;
 pub mod pools;
+pub mod reconcile;
 pub mod sessions;
 
 use std::sync::Arc;
@@ -320,6 +320,7 @@ impl Context {
                 logger_binary: self.config.runner_exe.clone(),
                 registry: self.config.registry.clone(),
                 dns_upstream: self.config.dns_upstream.clone(),
+                net: self.config.net.clone(),
                 rootfs_dir: self.config.rootfs_dir.clone(),
                 userns_dir: self.config.userns_dir.clone(),
                 ..RuntimeOptions::default()

@@ -3,7 +3,7 @@
 //! from an Environment to an agent-sandbox `Sandbox` (`export_sandbox`). What the host must
 //! provide (files shipped in ConfigMaps) is read at the edge into a `Payload` first.
 //!
-//! Choices (README, "Running on Kubernetes"):
+//! Choices (docs/guide/kubernetes.md):
 //! - One `batch/v1` Job per runner Job, `restartPolicy: Never`, the runner Job's retry,
 //!   deadline, completion and failure-policy fields as Kubernetes spells them. The per-attempt
 //!   `timeoutSeconds` is the pod's `activeDeadlineSeconds` (each attempt is one pod).

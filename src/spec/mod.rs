@@ -379,7 +379,7 @@ fn check_beneath(ws: &Path, rel: &str, origin: &str) -> Result<(), SpecError> {
         .map_err(|e| refused(format!("mount source {rel:?} in the workspace: {e}")))
 }
 
-/// The bind mounts in product.md's merge order — workspace → environment mounts → spawn
+/// The bind mounts in the manifest's merge order (docs/reference/manifest.md) — workspace → environment mounts → spawn
 /// mounts → static assets — where a later source replaces an earlier one at the same target,
 /// ordered parents first (runc mounts in list order).
 pub fn merged_binds(plan: &RunPlan) -> Vec<BindMount> {

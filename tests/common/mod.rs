@@ -216,3 +216,30 @@ impl Served {
         )
     }
 }
+
+/// The text between `<!-- generated: NAME -->` and `<!-- end: NAME -->` of `file` is
+/// `content` (rewritten when UPDATE_DOCS is set).
+pub fn check_generated(file: &Path, name: &str, content: &str) {
+    let text = std::fs::read_to_string(file).unwrap();
+    let (start, end) = (format!("<!-- generated: {name} -->\n"), format!("<!-- end: {name} -->"));
+    let a = text
+        .find(&start)
+        .unwrap_or_else(|| panic!("{}: no {start:?}", file.display()))
+        + start.len();
+    let b = text[a..]
+        .find(&end)
+        .unwrap_or_else(|| panic!("{}: no {end:?}", file.display()))
+        + a;
+    if text[a..b] == *content {
+        return;
+    }
+    if std::env::var_os("UPDATE_DOCS").is_some() {
+        std::fs::write(file, format!("{}{content}{}", &text[..a], &text[b..])).unwrap();
+        return;
+    }
+    panic!(
+        "{} ({name}) does not match the code; UPDATE_DOCS=1 cargo test --test docs --test module_graph rewrites it.\nexpected:\n{content}\nfound:\n{}",
+        file.display(),
+        &text[a..b]
+    );
+}

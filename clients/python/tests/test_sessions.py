@@ -15,6 +15,7 @@ from runner_client import (
     BadRequest,
     Client,
     CommandFailed,
+    Conflict,
     NotFound,
     NotSupported,
     RunnerError,
@@ -39,6 +40,20 @@ def test_create_and_describe(client: Client) -> None:
         assert s.refresh().id == s.id
         assert s.id in [i.id for i in client.sessions.list()]
         assert client.sessions.get(s.id).id == s.id
+
+
+def test_set_egress_is_checked_and_needs_a_bridge_network(client: Client) -> None:
+    with client.session(HOST_ENV) as s:
+        # Checked as a manifest's entries, with the entry's place.
+        with pytest.raises(BadRequest) as info:
+            s.set_egress(["10.0.0.0/8", "not a host!"])
+        assert "egress.allow[1]" in str(info.value)
+        with pytest.raises(TypeError):
+            s.set_egress("10.0.0.0/8")  # type: ignore[arg-type]
+        # A host session is on no bridge network (the containerd suite changes a real one).
+        with pytest.raises(Conflict) as info:
+            s.set_egress(["pypi.org:443"])
+        assert "no bridge network" in str(info.value)
 
 
 def test_exec(client: Client) -> None:

@@ -343,6 +343,37 @@ impl Session {
     }
 }
 
+impl Session {
+    /// Replace the session's egress (`egress.allow`, checked as a manifest's is): at once,
+    /// and what is no longer allowed is cut, established connections included. Only for a
+    /// session on a bridge network.
+    pub async fn set_egress(&self, allow: &[String]) -> Result<SessionView, ServiceError> {
+        let egress = parse_egress(allow)?;
+        if self.runtime.network().is_none() {
+            return Err(ServiceError::Conflict(format!(
+                "session {} is on no bridge network: egress is for Environments with network: bridge or a named network",
+                self.id
+            )));
+        }
+        self.runtime.set_egress(egress).await?;
+        Ok(self.view())
+    }
+}
+
+/// `egress.allow` entries as the manifest reads them (addresses or CIDRs with an optional port,
+/// domains), each error with its place.
+pub fn parse_egress(allow: &[String]) -> Result<crate::net::Egress, ServiceError> {
+    let mut egress = crate::net::Egress::default();
+    for (i, text) in allow.iter().enumerate() {
+        match crate::manifest::EgressEntry::parse(text) {
+            Ok(crate::manifest::EgressEntry::Cidr(rule)) => egress.cidrs.push(rule),
+            Ok(crate::manifest::EgressEntry::Domain(domain)) => egress.domains.push(domain),
+            Err(message) => return Err(ServiceError::field(format!("egress.allow[{i}]"), message)),
+        }
+    }
+    Ok(egress)
+}
+
 fn check_request(request: &ExecRequest) -> Result<(), ServiceError> {
     if request.argv.is_empty() || request.argv[0].is_empty() {
         return Err(ServiceError::field("command", "must not be empty"));

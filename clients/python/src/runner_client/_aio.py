@@ -606,6 +606,11 @@ class AsyncSession:
         self.info = await self._t.call(_core.get_session(self.id))
         return self.info
 
+    async def set_egress(self, allow: Sequence[str]) -> SessionInfo:
+        """See `Session.set_egress`."""
+        self.info = await self._t.call(_core.set_egress(self.id, allow))
+        return self.info
+
     async def exec(
         self,
         command: Command,

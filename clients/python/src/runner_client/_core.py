@@ -256,6 +256,13 @@ def get_session(session_id: str) -> Op[SessionInfo]:
     return Op(Request("GET", _session_path(session_id)), lambda r: SessionInfo.from_json(json_of(r)))
 
 
+def set_egress(session_id: str, allow: Sequence[str]) -> Op[SessionInfo]:
+    if isinstance(allow, str):
+        raise TypeError("allow: a list of egress.allow entries, not one string")
+    body = {"egress": {"allow": [str(a) for a in allow]}}
+    return Op(_json_request("PATCH", _session_path(session_id), body), lambda r: SessionInfo.from_json(json_of(r)))
+
+
 def delete_session(session_id: str) -> Op[None]:
     return Op(Request("DELETE", _session_path(session_id)), _nothing)
 

@@ -297,6 +297,13 @@ class Session:
         self.info = self._t.call(_core.get_session(self.id))
         return self.info
 
+    def set_egress(self, allow: Sequence[str]) -> SessionInfo:
+        """Replace what the sandbox may reach off its bridge network (`egress.allow` entries:
+        addresses, CIDRs, domains, each optionally with `:port`). At once; connections to what
+        is no longer allowed are cut. A session on no bridge network raises Conflict."""
+        self.info = self._t.call(_core.set_egress(self.id, allow))
+        return self.info
+
     def exec(
         self,
         command: Command,
