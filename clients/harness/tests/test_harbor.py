@@ -4,8 +4,10 @@ to egress), and a trial's container lifecycle against runner serve."""
 from __future__ import annotations
 
 import logging
+import shlex
+import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from harbor.models.task.config import EnvironmentConfig, NetworkMode, NetworkPolicy
@@ -98,5 +100,65 @@ def test_a_trial_container_lives_and_goes(server: Server, tmp_path: Path) -> Non
             await env.stop(delete=True)
         with server.client() as c:
             assert sid not in [s.id for s in c.sessions.list()]
+
+    run(body())
+
+
+def test_phase_policies_switch_the_sandboxs_egress(server: Server, tmp_path: Path) -> None:
+    """Harbor's per-phase network policies (an agent without network, a verifier that may
+    reach one host): the sandbox starts on runner's bridge with no way out, and each
+    set_network_policy (what Harbor's trial calls between phases) replaces its egress."""
+    assert network_spec(NetworkPolicy(network_mode=NetworkMode.NO_NETWORK), None) == {"network": "none"}
+    listener = socket.socket()
+    listener.bind(("0.0.0.0", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    no_network = NetworkPolicy(network_mode=NetworkMode.NO_NETWORK)
+
+    async def body(gateway_policy: Callable[[str], NetworkPolicy]) -> None:
+        env = make(tmp_path, no_network, phase_network_policies=[no_network, gateway_policy("10.89.0.1")])
+        assert env.capabilities.dynamic_network_policy
+        assert env.environment_spec()["network"] == "bridge" and env.environment_spec()["egress"] == {"allow": []}
+        await env.start(force_build=False)
+        try:
+            # The host, through the bridge's gateway (runner's resolver's address).
+            probe = (
+                "import socket\ngw = [l.split()[1] for l in open('/etc/resolv.conf') if l.startswith('nameserver')][0]\n"
+                "try:\n    socket.create_connection((gw, %d), timeout=3).close(); print(gw, 'open')\n"
+                "except OSError as e:\n    print(gw, 'refused', e.errno)\n" % port
+            )
+
+            async def reach() -> str:
+                r = await env.exec("python3 -c %s" % shlex.quote(probe))
+                assert r.return_code == 0, r
+                return str(r.stdout).strip()
+
+            closed = await reach()
+            assert closed.split()[1] == "refused", closed
+            gateway = closed.split()[0]
+            await env.set_network_policy(gateway_policy(gateway))
+            assert await reach() == "%s open" % gateway
+            await env.set_network_policy(no_network)
+            assert (await reach()).split()[1] == "refused"
+        finally:
+            await env.stop(delete=True)
+
+    try:
+        run(body(lambda host: NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=[host])))
+    finally:
+        listener.close()
+
+
+def test_a_no_network_sandbox_is_not_put_on_a_network(server: Server, tmp_path: Path) -> None:
+    env = make(tmp_path, NetworkPolicy(network_mode=NetworkMode.NO_NETWORK))
+
+    async def body() -> None:
+        await env.start(force_build=False)
+        try:
+            with pytest.raises(ValueError, match="without a network"):
+                await env.set_network_policy(NetworkPolicy(network_mode=NetworkMode.ALLOWLIST, allowed_hosts=["pypi.org"]))
+            await env.set_network_policy(NetworkPolicy(network_mode=NetworkMode.NO_NETWORK))
+        finally:
+            await env.stop(delete=True)
 
     run(body())

@@ -15,6 +15,13 @@ whose `egress.allow` is the allowed hosts (names, `*.` wildcards, IPv4 addresses
 runner's resolver enforces names); `public` (Harbor's default) has no faithful runner
 equivalent, since runner never gives a sandbox the whole network, so it is refused unless
 `--ek public_egress='[...]'` says which egress entries stand for it on this node.
+
+The policy can change while the trial runs (Harbor's per-phase policies: an agent phase without
+network, a verifier with pypi.org): a sandbox that some phase lets out starts on runner's bridge,
+and each switch is a `PATCH` of its egress, which cuts connections to what it no longer allows.
+A no-network phase there has no way out, though the bridge's other containers stay reachable
+by address (runner cannot take a live sandbox off its network); a trial whose every phase is
+no-network gets `network: none`.
 """
 
 from __future__ import annotations
@@ -91,9 +98,10 @@ class RunnerEnvironment(BaseEnvironment):  # type: ignore[misc]
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        # IPv6 entries are refused (runner's bridge networks are IPv4); the policy is fixed at
-        # start (a sandbox's egress rules are made with it).
+        # IPv6 entries are refused (runner's bridge networks are IPv4). The policy may change
+        # after start: runner replaces a live sandbox's egress (PATCH /v1/sessions/{id}).
         return EnvironmentCapabilities(
+            dynamic_network_policy=True,
             disable_internet=True,
             network_allowlist=True,
             network_allowlist_hostnames=True,
@@ -126,13 +134,18 @@ class RunnerEnvironment(BaseEnvironment):  # type: ignore[misc]
                 "`runner image import` (or push) it, and set [environment] docker_image in task.toml or pass "
                 "--ek image=NAME" % self.environment_name
             )
-        if self._network_policy.network_mode == NetworkMode.PUBLIC and self._public_egress is None:
+        public = any(p.network_mode == NetworkMode.PUBLIC for p in self._policies())
+        if public and self._public_egress is None:
             raise ValueError(
                 "task %s asks for network_mode 'public' (Harbor's default), which runner does not give a sandbox: "
                 "set network_mode = \"no-network\" or \"allowlist\" (with allowed_hosts) in task.toml, or pass "
                 "--ek public_egress='[\"pypi.org:443\", \"*.pythonhosted.org:443\", ...]' to say which runner "
                 "egress entries stand for the internet on this node" % self.environment_name
             )
+
+    def _policies(self) -> List[NetworkPolicy]:
+        """The baseline policy and every phase's (Harbor switches between them)."""
+        return [self._network_policy, *getattr(self, "_phase_network_policies", [])]
 
     def _image(self) -> Optional[str]:
         return self._image_override or self.task_env_config.docker_image
@@ -166,8 +179,33 @@ class RunnerEnvironment(BaseEnvironment):  # type: ignore[misc]
             resources["ephemeralStorage"] = "%dMi" % storage
         if resources:
             spec["resources"] = resources
-        spec.update(network_spec(self._network_policy, self._public_egress))
+        if all(p.network_mode == NetworkMode.NO_NETWORK for p in self._policies()):
+            spec["network"] = "none"
+        else:
+            # Some phase goes out: on the bridge from the start, with the current policy's way
+            # out (none for a no-network one); a switch replaces it.
+            spec["network"] = "bridge"
+            spec["egress"] = {"allow": egress_of(self._network_policy, self._public_egress)}
         return spec
+
+    async def _apply_network_policy(self, network_policy: NetworkPolicy) -> None:
+        """Harbor's switch between phase policies: the sandbox's egress replaced at once."""
+        if self._sandbox is None:
+            # Not started: start() makes the sandbox with the policy Harbor records now.
+            return
+        if self.environment_spec_network() == "none":
+            if network_policy.network_mode == NetworkMode.NO_NETWORK:
+                return
+            raise ValueError(
+                "the runner sandbox of %s was started without a network (every policy it was given was no-network) "
+                "and cannot be put on one" % self.session_id
+            )
+        await self._sandbox.set_egress(egress_of(network_policy, self._public_egress))
+
+    def environment_spec_network(self) -> str:
+        """The network the sandbox was (or will be) started on: `none` or `bridge`."""
+        started = self._sandbox.environment if self._sandbox is not None else self.environment_spec()
+        return str(started.get("network", "none"))
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -252,15 +290,23 @@ class RunnerEnvironment(BaseEnvironment):  # type: ignore[misc]
 
 
 def network_spec(policy: NetworkPolicy, public_egress: Optional[List[str]]) -> Dict[str, Any]:
-    """Harbor's network policy as runner Environment fields."""
+    """Harbor's network policy as runner Environment fields (for a sandbox of one policy)."""
     if policy.network_mode == NetworkMode.NO_NETWORK:
         return {"network": "none"}
+    allow = egress_of(policy, public_egress)
+    return {"network": "bridge", "egress": {"allow": allow}} if allow else {"network": "bridge"}
+
+
+def egress_of(policy: NetworkPolicy, public_egress: Optional[List[str]]) -> List[str]:
+    """The `egress.allow` entries of a policy on runner's bridge: none for no-network, the
+    allowed hosts of an allowlist, what `public_egress` says public means on this node."""
+    if policy.network_mode == NetworkMode.NO_NETWORK:
+        return []
     if policy.network_mode == NetworkMode.ALLOWLIST:
-        allow = [h for h in policy.allowed_hosts]
-        return {"network": "bridge", "egress": {"allow": allow}} if allow else {"network": "bridge"}
+        return list(policy.allowed_hosts)
     if public_egress is None:
         raise ValueError("network_mode 'public' needs public_egress (see the module's documentation)")
-    return {"network": "bridge", "egress": {"allow": list(public_egress)}}
+    return list(public_egress)
 
 
 def _entries(value: Union[Sequence[str], str, None], what: str) -> Optional[List[str]]:

@@ -301,6 +301,19 @@ class Sandbox:
                 pass
         await asyncio.to_thread(_unpack_local, tarball, Path(local))
 
+    # --- the network ----------------------------------------------------------------------
+
+    async def set_egress(self, allow: Sequence[str]) -> None:
+        """Replace the sandbox's egress (`PATCH /v1/sessions/{id}`): at once, connections to
+        what is no longer allowed cut. Only for a sandbox on a bridge network (runner answers
+        409 otherwise, said here as ValueError)."""
+        try:
+            await self._session.set_egress(list(allow))
+        except Conflict as e:
+            raise ValueError("sandbox %s: %s" % (self.id, e.message)) from e
+        except (NotFound, Unavailable, TransportError) as e:
+            raise SandboxGone("sandbox %s: changing its egress: %s" % (self.id, e)) from e
+
     # --- the end --------------------------------------------------------------------------
 
     async def delete(self) -> None:
