@@ -15,7 +15,8 @@
 #      services, one with a warm pool): one sample passes, one fails;
 #   3. the same eval interrupted (SIGINT) while its sample runs: nothing is left;
 #   4. `harbor run` of tests/harness/harbor_task/hello with Harbor's oracle agent: reward 1;
-#   5. `mini` with a scripted model: the run submits, its actions' output is right.
+#   5. `mini` with a scripted model: the run submits, its actions' output is right. The server
+#      is restarted on a unix socket first, so the harnesses' RUNNER_SOCKET path runs too.
 # A watcher records every session the harnesses make while it lives (its OCI spec through ctr,
 # and /proc as the sandbox sees it): each must have runner's hardening. After each harness no
 # session, pool or container of the namespace may be left. It stops exactly the PIDs it
@@ -130,17 +131,29 @@ done
 "$py" -c 'import secrets; print(secrets.token_hex(24))' >"$work/token"
 chmod 600 "$work/token"
 mkdir -p "$work/cwd"
-# (Warnings and errors only: the watcher's polling would fill the access log.)
-(cd "$work/cwd" && RUNNER_LOG=warn exec "$runner" serve --listen 127.0.0.1:0 --token-file "$work/token") >"$work/serve.out" 2>"$work/serve.err" &
-server_pid=$!
-url=
-for _ in $(seq 300); do
-  line=$(head -n 1 "$work/serve.out" 2>/dev/null || true)
-  case $line in "listening on "*) url=${line#listening on }; break ;; esac
-  kill -0 "$server_pid" 2>/dev/null || die "runner serve exited: $(cat "$work/serve.err")"
-  sleep 0.1
-done
-[ -n "$url" ] || die "runner serve did not say where it listens within 30 s"
+# start_server --listen 127.0.0.1:0 | --socket PATH: runner serve in the background; $url is
+# where it listens, as it says (http://... or unix:...).
+start_server() {
+  : >"$work/serve.out"
+  # (Warnings and errors only: the watcher's polling would fill the access log.)
+  (cd "$work/cwd" && RUNNER_LOG=warn exec "$runner" serve "$@" --token-file "$work/token") >"$work/serve.out" 2>>"$work/serve.err" &
+  server_pid=$!
+  url=
+  for _ in $(seq 300); do
+    line=$(head -n 1 "$work/serve.out" 2>/dev/null || true)
+    case $line in "listening on "*) url=${line#listening on }; break ;; esac
+    kill -0 "$server_pid" 2>/dev/null || die "runner serve exited: $(cat "$work/serve.err")"
+    sleep 0.1
+  done
+  [ -n "$url" ] || die "runner serve did not say where it listens within 30 s"
+}
+# stop_server: SIGTERM, as a node's service manager stops it (it ends every session).
+stop_server() {
+  kill -TERM "$server_pid"
+  wait "$server_pid" || die "runner serve did not stop cleanly: $(tail -n 5 "$work/serve.err")"
+  server_pid=
+}
+start_server --listen 127.0.0.1:0
 export RUNNER_URL=$url RUNNER_TOKEN_FILE=$work/token
 unset RUNNER_TOKEN RUNNER_SOCKET
 # Offline: LiteLLM (under Harbor and mini) would fetch its model price list; Inspect's data
@@ -284,9 +297,17 @@ hardened "harbor run" 1
 nothing_left "harbor run"
 echo "harbor run: $(($(date +%s) - t)) s"
 
-# --- 5. mini-swe-agent ---------------------------------------------------------------------
-echo "== mini (scripted model, runner_harness.mini_swe_agent.RunnerEnvironment)"
+# --- 5. mini-swe-agent, through a unix socket ---------------------------------------------
+echo "== mini (scripted model, runner_harness.mini_swe_agent.RunnerEnvironment; runner serve on a unix socket)"
 t=$(date +%s)
+kill -TERM "$watcher_pid" && wait "$watcher_pid" || true
+stop_server
+start_server --socket "$work/runner.sock"
+[ "$url" = "unix:$work/runner.sock" ] || die "runner serve --socket says it listens on $url"
+export RUNNER_SOCKET=$work/runner.sock
+unset RUNNER_URL
+"$py" "$here/watch.py" watch "$url" "$work/token" "$work/observed.jsonl" &
+watcher_pid=$!
 (cd "$work" && run_child "$work/mini.log" mini -c mini.yaml -c "$here/mini/run.yaml" -t "add two numbers" -y \
   --exit-immediately -o "$work/mini.traj.json") || { cat "$work/mini.log"; die "mini"; }
 "$py" - "$work/mini.traj.json" <<'EOF' || { cat "$work/mini.log"; die "the mini run's trajectory"; }
