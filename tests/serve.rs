@@ -1052,6 +1052,72 @@ fn sessions_start_from_the_warm_pool_serve_keeps() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// A harness's pool over HTTP (Inspect's task_init / task_cleanup): made from an inline
+/// Environment, claimed by a session of the same Environment, refilled, and gone with every
+/// member after DELETE; a request the pool cannot serve is refused naming its field.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn pools_over_http_are_made_claimed_and_removed() {
+    let s = server();
+    let env =
+        r#"{"image": "local/busybox:1.35", "resources": {"memory": "128Mi", "cpu": "1"}, "env": {"WHO": "pool"}}"#;
+    let made = ok_json(
+        "POST",
+        &format!("{}/v1/pools", s.url),
+        Some(&format!(r#"{{"name": "http-pool", "environment": {env}, "size": 1}}"#)),
+    );
+    assert_eq!(
+        (made["ready"].as_u64(), made["workspace"].as_bool()),
+        (Some(1), Some(true)),
+        "{made}"
+    );
+    let session = ok_json(
+        "POST",
+        &format!("{}/v1/sessions", s.url),
+        Some(&format!(r#"{{"environment": {env}}}"#)),
+    );
+    assert_eq!(session["pool"], "http-pool", "{session}");
+    let base = format!("{}/v1/sessions/{}", s.url, session["id"].as_str().unwrap());
+    let r = ok_json(
+        "POST",
+        &format!("{base}/exec"),
+        Some(r#"{"command": ["sh", "-c", "echo $WHO"]}"#),
+    );
+    assert_eq!(r["stdout"], "pool\n", "{r}");
+    assert_eq!(call("DELETE", &base, Some(TOKEN), None).0, 204);
+    let list = || ok_json("GET", &format!("{}/v1/pools", s.url), None);
+    assert!(
+        eventually(Duration::from_secs(60), || list()[0]["ready"] == 1),
+        "the pool was not refilled: {}",
+        list()
+    );
+    // What a pool cannot hold is refused before anything is made.
+    let (status, body) = call(
+        "POST",
+        &format!("{}/v1/pools", s.url),
+        Some(TOKEN),
+        Some(r#"{"name": "bridged", "environment": {"image": "local/busybox:1.35", "network": "bridge"}}"#),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("environment: ") && body.contains("bridge"), "{body}");
+    let removed = ok_json("DELETE", &format!("{}/v1/pools/http-pool", s.url), None);
+    assert_eq!(removed["removed"].as_array().map(Vec::len), Some(1), "{removed}");
+    assert_eq!(list(), serde_json::json!([]));
+    assert_eq!(
+        call("DELETE", &format!("{}/v1/pools/http-pool", s.url), Some(TOKEN), None).0,
+        404
+    );
+    // Nothing of the pool is left in containerd.
+    let (address, namespace) = containerd_env();
+    let out = std::process::Command::new("ctr")
+        .args(["--address", address.to_str().unwrap(), "--namespace", &namespace])
+        .args(["containers", "ls", "-q"])
+        .output()
+        .unwrap();
+    let left = String::from_utf8_lossy(&out.stdout);
+    assert!(!left.contains("pool-http-pool"), "{left}");
+}
+
 /// SIGTERM stops the server within `--shutdown-grace` whatever its sandboxes do: a call whose
 /// command never ends, and a streamed one whose client never reads, are cut at the end of the
 /// grace period, and their sessions' containers are gone after the server exits.

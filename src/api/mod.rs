@@ -5,6 +5,7 @@
 pub mod error;
 mod jobs;
 mod openapi;
+mod pools;
 mod sandbox;
 mod sessions;
 mod swerex;
@@ -293,6 +294,7 @@ fn routes() -> Vec<Route> {
             jobs::logs,
         ),
     ];
+    table.extend(pools::routes());
     table.extend(sandbox::routes());
     table.extend(swerex::routes());
     table

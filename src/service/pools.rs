@@ -347,6 +347,20 @@ pub async fn create(
     workspace: bool,
     static_assets: bool,
 ) -> Result<(PoolDef, FillReport), ServiceError> {
+    check_request(name, size)?;
+    let text =
+        std::fs::read_to_string(file).map_err(|e| ServiceError::field("file", format!("{}: {e}", file.display())))?;
+    let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    let source = ManifestSource {
+        text,
+        base_dir: manifest::base_dir_of(&file),
+        file: Some(file),
+    };
+    create_from(ctx, name, environment, source, size, workspace, static_assets).await
+}
+
+/// A pool's name and size, checked before anything is read or made.
+fn check_request(name: &str, size: u32) -> Result<(), ServiceError> {
     check_name(name)?;
     if size > MAX_SIZE {
         return Err(ServiceError::field(
@@ -354,18 +368,38 @@ pub async fn create(
             format!("{size} is above the limit of {MAX_SIZE}"),
         ));
     }
-    let text =
-        std::fs::read_to_string(file).map_err(|e| ServiceError::field("file", format!("{}: {e}", file.display())))?;
-    let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    Ok(())
+}
+
+/// Where a pool's Environment is read from: a manifest's text, where its relative paths
+/// resolve, and its file when it has one (`runner pool create -f`; the HTTP API sends text).
+pub struct ManifestSource {
+    pub text: String,
+    pub base_dir: PathBuf,
+    pub file: Option<PathBuf>,
+}
+
+/// Create (or resize) a pool from an Environment of a manifest's text, and fill it.
+#[allow(clippy::too_many_arguments)]
+pub async fn create_from(
+    ctx: &Context,
+    name: &str,
+    environment: &str,
+    source: ManifestSource,
+    size: u32,
+    workspace: bool,
+    static_assets: bool,
+) -> Result<(PoolDef, FillReport), ServiceError> {
+    check_request(name, size)?;
     let mut def = PoolDef {
         name: name.to_string(),
         environment: environment.to_string(),
         size,
         workspace,
         static_assets,
-        manifest: text,
-        base_dir: manifest::base_dir_of(&file),
-        file: Some(file),
+        manifest: source.text,
+        base_dir: source.base_dir,
+        file: source.file,
         env_dir: ctx.config.env_dir.clone(),
         key: String::new(),
         created: crate::job::rfc3339(std::time::SystemTime::now()),
@@ -384,6 +418,90 @@ pub async fn create(
     write_def(ctx, &def)?;
     let report = fill(ctx, name).await?;
     Ok((def, report))
+}
+
+/// A pool's Environment as the HTTP API names it: the name of one in the server's env dir,
+/// a whole Environment document, or its `spec` object (named after the pool). Its name and
+/// where it is read from; relative paths resolve against `base_dir` (the server's).
+pub fn api_source(
+    ctx: &Context,
+    pool: &str,
+    environment: serde_json::Value,
+    base_dir: &Path,
+) -> Result<(String, ManifestSource), ServiceError> {
+    let document = match environment {
+        serde_json::Value::String(name) => {
+            let dir = ctx.config.env_dir.as_deref().ok_or_else(|| {
+                ServiceError::field(
+                    "environment",
+                    format!("{name:?} names an Environment of the server's --env-dir, and this server has none"),
+                )
+            })?;
+            let file = manifest::load_env_dir(dir)?
+                .into_iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.origins_file())
+                .ok_or_else(|| {
+                    ServiceError::field("environment", format!("no Environment {name:?} in {}", dir.display()))
+                })?;
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| ServiceError::internal(format!("reading {}", file.display()), e))?;
+            let source = ManifestSource {
+                text,
+                base_dir: manifest::base_dir_of(&file),
+                file: Some(file),
+            };
+            return Ok((name, source));
+        }
+        serde_json::Value::Object(doc) if doc.contains_key("kind") || doc.contains_key("apiVersion") => doc,
+        serde_json::Value::Object(spec) => {
+            let mut doc = serde_json::Map::new();
+            doc.insert("apiVersion".into(), manifest::API_VERSION.into());
+            doc.insert("kind".into(), "Environment".into());
+            doc.insert("metadata".into(), serde_json::json!({ "name": pool }));
+            doc.insert("spec".into(), serde_json::Value::Object(spec));
+            doc
+        }
+        _ => {
+            return Err(ServiceError::field(
+                "environment",
+                "an Environment (a whole document, or its spec object) or the name of one",
+            ));
+        }
+    };
+    let mut doc = document;
+    let metadata = match doc.remove("metadata") {
+        None => serde_json::Map::new(),
+        Some(serde_json::Value::Object(m)) => m,
+        Some(other) => {
+            return Err(ServiceError::field(
+                "environment.metadata",
+                format!("an object is required, got {other}"),
+            ));
+        }
+    };
+    let name = match metadata.get("name") {
+        Some(serde_json::Value::String(n)) => n.clone(),
+        Some(other) => {
+            return Err(ServiceError::field(
+                "environment.metadata.name",
+                format!("a string is required, got {other}"),
+            ));
+        }
+        None => pool.to_string(),
+    };
+    let mut metadata = metadata;
+    metadata.insert("name".into(), name.clone().into());
+    doc.insert("metadata".into(), serde_json::Value::Object(metadata));
+    let doc = serde_json::Value::Object(doc);
+    // JSON is YAML: the manifest parser reads the document as it reads a file's, so every
+    // check (kind, version, unknown fields) and error is the same.
+    let source = ManifestSource {
+        text: format!("{doc}\n"),
+        base_dir: base_dir.to_path_buf(),
+        file: None,
+    };
+    Ok((name, source))
 }
 
 /// The manifest file of the env dir that defines an Environment.
