@@ -804,7 +804,7 @@ impl Engine {
             None
         } else if timed_out || interrupted {
             // After a SIGKILL to all the agent is dead too: `done` ends at once, without a status.
-            let killed = self.stop_member(member, req.sent).await;
+            let killed = self.stop_member(member, &req.dir_fd, req.sent).await;
             let wait = if killed {
                 Duration::from_millis(200)
             } else {
@@ -868,8 +868,8 @@ impl Engine {
     /// A timeout or an interrupt: SIGTERM to every process of the member but its agent,
     /// and to the command's main process only when it handles SIGTERM (a cold container's
     /// init, PID 1, ignores signals it has no handler for), then SIGKILL after the grace.
-    async fn stop_member(&self, member: &Member, sent: u64) -> bool {
-        let main = agent::request_process(member.init_pid, sent);
+    async fn stop_member(&self, member: &Member, dir: &std::os::fd::OwnedFd, sent: u64) -> bool {
+        let main = agent::request_pid(dir, sent, member.init_pid, &member.cgroup);
         let spare_main = main.is_some_and(|pid| !catches(pid, Signal::SIGTERM));
         for pid in cgroupfs::procs(&member.cgroup) {
             if pid as u32 == member.init_pid || (spare_main && Some(pid) == main) {
