@@ -5,6 +5,7 @@
 pub mod error;
 mod jobs;
 mod openapi;
+mod pools;
 mod sandbox;
 mod sessions;
 mod state;
@@ -296,6 +297,7 @@ fn routes() -> Vec<Route> {
             jobs::logs,
         ),
     ];
+    table.extend(pools::routes());
     table.extend(sandbox::routes());
     table.extend(swerex::routes());
     table.extend(state::routes());
