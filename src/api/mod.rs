@@ -8,6 +8,7 @@ mod openapi;
 mod sandbox;
 mod sessions;
 mod swerex;
+mod terminals;
 pub mod types;
 
 use std::path::Path;
@@ -295,6 +296,7 @@ fn routes() -> Vec<Route> {
     ];
     table.extend(sandbox::routes());
     table.extend(swerex::routes());
+    table.extend(terminals::routes());
     table
 }
 

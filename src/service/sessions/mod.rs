@@ -8,6 +8,7 @@ mod python;
 mod resident;
 mod shell;
 pub mod swerex;
+pub mod terminal;
 
 /// The host's `nobody` (and `nogroup`): owner of session scratch workspaces.
 const NOBODY: u32 = 65_534;
@@ -273,6 +274,8 @@ pub struct Session {
     output_limit: usize,
     /// What SWE-ReX's protocol keeps of this session (its bash sessions, its last answer).
     swerex: swerex::Swerex,
+    /// Terminals open now (see `terminal`).
+    terminals: Arc<AtomicUsize>,
 }
 
 impl Session {
@@ -548,6 +551,7 @@ impl SessionManager {
             shells: Mutex::new(HashMap::new()),
             output_limit,
             swerex: swerex::Swerex::default(),
+            terminals: Arc::default(),
         });
         session.prestart_shell();
         let view = session.view();
