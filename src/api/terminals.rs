@@ -199,6 +199,11 @@ async fn serve(socket: WebSocket, terminal: Arc<Terminal>, lease: Lease) {
                     },
                 };
                 let Some(message) = next else { break };
+                if matches!(message, Message::Close(_)) {
+                    // Answers the client's close (a send would be refused after it).
+                    let _ = sink.close().await;
+                    return;
+                }
                 if sink.send(message).await.is_err() {
                     return;
                 }
@@ -208,7 +213,7 @@ async fn serve(socket: WebSocket, terminal: Arc<Terminal>, lease: Lease) {
                 None => terminal.pty.wait().await,
             };
             let _ = sink.send(exit_message(exit)).await;
-            let _ = sink.send(Message::Close(None)).await;
+            let _ = sink.close().await;
         })
     };
     let input = async {
@@ -227,7 +232,13 @@ async fn serve(socket: WebSocket, terminal: Arc<Terminal>, lease: Lease) {
                     }
                 }
                 Ok(Message::Ping(_) | Message::Pong(_)) => {}
-                Ok(Message::Close(_)) | Err(_) => break,
+                Ok(Message::Close(_)) => {
+                    // The client ends it: our close answers its close at once (the
+                    // terminal's end is not waited for, nor reported).
+                    let _ = reply_tx.send(Message::Close(None)).await;
+                    break;
+                }
+                Err(_) => break,
             }
         }
     };

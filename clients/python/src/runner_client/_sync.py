@@ -16,6 +16,7 @@ from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, T
 from . import _core, _tar
 from ._core import Command, Endpoint, Environment, ManifestInput, Op, PathLike, Request, Response
 from .errors import NotFound, RunnerError, TransportError, WaitTimeout
+from .terminal import Terminal, open_terminal
 from .models import (
     ExecResult,
     FileEntry,
@@ -371,6 +372,11 @@ class Session:
     def download(self, path: str = "") -> bytes:
         """A tar of a workspace directory or file."""
         return self._t.call(_core.download(self.id, path))
+
+    def terminal(self, command: Optional[Command] = None, **options: Any) -> "Terminal":
+        """A command (default: the image's shell) on a terminal in the sandbox; see
+        `runner_client.terminal` (rows, cols, env, cwd)."""
+        return open_terminal(self._t.endpoint, self._t._token, self.id, command, **options)
 
     def delete(self) -> None:
         """End the session and remove everything it owned."""
