@@ -4,6 +4,7 @@
 
 pub mod error;
 mod jobs;
+mod observe;
 mod openapi;
 mod sandbox;
 mod sessions;
@@ -297,6 +298,7 @@ fn routes() -> Vec<Route> {
     table.extend(sandbox::routes());
     table.extend(swerex::routes());
     table.extend(terminals::routes());
+    table.extend(observe::routes());
     table
 }
 

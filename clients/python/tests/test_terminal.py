@@ -62,3 +62,25 @@ def test_terminal_errors(client: Client) -> None:
     gone.delete()
     with pytest.raises(NotFound):
         gone.terminal(["sh"])
+
+
+def test_watching_the_workspace(client: Client) -> None:
+    with client.session(HOST_ENV) as s:
+        events = s.watch()
+        assert next(events)["type"] == "ready"
+        s.exec(["sh", "-c", "mkdir d && echo hi > d/a.txt"])
+        seen = []
+        for event in events:
+            seen.append(event)
+            # Created (or found when d was watched, if the write came first).
+            if event.get("path") == "d/a.txt":
+                break
+        assert {"type": "create", "path": "d", "dir": True} in seen
+        s.exec(["mv", "d/a.txt", "d/b.txt"])
+        for event in events:
+            if event["type"] == "move":
+                assert event == {"type": "move", "from": "d/a.txt", "to": "d/b.txt", "dir": False}
+                break
+        events.close()
+        with pytest.raises(NotFound):
+            next(s.watch("missing"))

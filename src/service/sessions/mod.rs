@@ -9,6 +9,7 @@ mod resident;
 mod shell;
 pub mod swerex;
 pub mod terminal;
+pub mod watch;
 
 /// The host's `nobody` (and `nogroup`): owner of session scratch workspaces.
 const NOBODY: u32 = 65_534;
@@ -276,6 +277,8 @@ pub struct Session {
     swerex: swerex::Swerex,
     /// Terminals open now (see `terminal`).
     terminals: Arc<AtomicUsize>,
+    /// Watches of the workspace open now (see `watch`).
+    watchers: Arc<AtomicUsize>,
 }
 
 impl Session {
@@ -552,6 +555,7 @@ impl SessionManager {
             output_limit,
             swerex: swerex::Swerex::default(),
             terminals: Arc::default(),
+            watchers: Arc::default(),
         });
         session.prestart_shell();
         let view = session.view();

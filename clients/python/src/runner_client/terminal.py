@@ -1,4 +1,4 @@
-"""Terminals: a command on a pseudo-terminal in a session (`Session.terminal(...)`), over the
+"""Terminals and watches. Terminals: a command on a pseudo-terminal in a session (`Session.terminal(...)`), over the
 server's WebSocket `GET /v1/sessions/{id}/pty` (a small RFC 6455 client on the standard library;
 TCP, TLS or a unix socket, as the client's other calls).
 
@@ -24,12 +24,12 @@ import ssl
 import struct
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional, Pattern, Sequence, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Pattern, Sequence, Union
 
 from . import _core
 from .errors import TransportError, WaitTimeout
 
-__all__ = ["Terminal", "open_terminal"]
+__all__ = ["Terminal", "open_terminal", "watch_events"]
 
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 _MAX_HEAD = 64 << 10
@@ -330,3 +330,20 @@ def open_terminal(
     except BaseException:
         sock.close()
         raise
+
+
+def watch_events(opened: Any) -> Iterator[Dict[str, Any]]:
+    """The events of an open watch response (NDJSON), one dict each, as they come."""
+    pending = b""
+    try:
+        while True:
+            data = opened.read1()
+            if not data:
+                return
+            pending += data
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                if line.strip():
+                    yield json.loads(line.decode("utf-8"))
+    finally:
+        opened.close()
