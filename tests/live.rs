@@ -266,3 +266,130 @@ fn a_watch_that_is_not_read_overflows_and_says_so() {
     sh(&s, &sid, "touch flood/after");
     events.wait_for(&json!({"type": "create", "path": "flood/after"}));
 }
+
+fn metrics(s: &Server, sid: &str) -> Value {
+    let (status, v) = s.served.call("GET", &format!("/v1/sessions/{sid}/metrics"), None);
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+#[test]
+#[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
+fn metrics_move_when_the_sandbox_burns_cpu_and_allocates() {
+    let s = server();
+    let sid = session(
+        &s,
+        json!({"image": "local/python:3.11", "resources": {"memory": "512Mi"}}),
+    );
+    let before = metrics(&s, &sid);
+    for field in [
+        "cpuSeconds",
+        "memoryBytes",
+        "memoryPeakBytes",
+        "pids",
+        "ioReadBytes",
+        "ioWriteBytes",
+        "cpuCores",
+    ] {
+        assert!(before[field].is_number(), "{field}: {before}");
+    }
+    // Its own network namespace (network: none): only loopback, which is not counted.
+    assert_eq!(
+        (before["netRxBytes"].clone(), before["netTxBytes"].clone()),
+        (json!(0), json!(0))
+    );
+    // 200 MiB touched and a second of CPU.
+    sh(
+        &s,
+        &sid,
+        "python3 -c 'import time\nx = bytearray(200 << 20)\nt = time.time()\nwhile time.time() - t < 1.5: pass'",
+    );
+    let after = metrics(&s, &sid);
+    let cpu = |v: &Value| v["cpuSeconds"].as_f64().unwrap();
+    assert!(cpu(&after) - cpu(&before) > 0.5, "{before} {after}");
+    assert!(after["memoryPeakBytes"].as_u64().unwrap() > 200 << 20, "{after}");
+    // The current rate while something burns: a terminal runs a busy loop meanwhile.
+    let (tx, rx) = mpsc::channel::<()>();
+    let addr = s.served.url.trim_start_matches("http://").to_string();
+    let url = format!("ws://{addr}/v1/sessions/{sid}/pty?arg=python3&arg=-c&arg=while+True%3A+pass");
+    let busy = std::thread::spawn(move || {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut request = url.into_client_request().unwrap();
+        request
+            .headers_mut()
+            .insert("authorization", format!("Bearer {SERVE_TOKEN}").parse().unwrap());
+        let stream = std::net::TcpStream::connect(&addr).unwrap();
+        let (mut ws, _) = tokio_tungstenite::tungstenite::client::client(request, stream).unwrap();
+        let _ = rx.recv();
+        let _ = ws.close(None);
+        let _ = ws.read();
+    });
+    let burning = (0..20)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(200));
+            metrics(&s, &sid)["cpuCores"].as_f64().unwrap()
+        })
+        .fold(0.0, f64::max);
+    tx.send(()).unwrap();
+    busy.join().unwrap();
+    assert!(burning > 0.3, "the rate while a busy loop ran: {burning}");
+    // The same on /metrics, labelled by session, for live sandboxes only.
+    let (_, text) = s.served.call("GET", "/metrics", None);
+    let text = text.as_str().unwrap().to_string();
+    let line = format!("runner_sandbox_memory_peak_bytes{{session=\"{sid}\"}}");
+    assert!(text.contains(&line), "{text}");
+    assert!(text.contains(&format!("runner_sandbox_cpu_seconds{{session=\"{sid}\"}}")));
+    // `runner top` sees it too.
+    let out = runner_ctd_command(&["top", &sid, "-o", "json"], &s._dir.path().join("state"))
+        .output()
+        .unwrap();
+    let rows = json_of(&out);
+    assert_eq!(rows[0]["job"], sid.as_str(), "{rows}");
+    assert!(rows[0]["memoryPeakBytes"].as_u64().unwrap() > 200 << 20);
+    let (status, _) = s.served.call("DELETE", &format!("/v1/sessions/{sid}"), None);
+    assert_eq!(status, 204);
+    let (_, text) = s.served.call("GET", "/metrics", None);
+    assert!(
+        !text.as_str().unwrap().contains(&sid),
+        "an ended session's series stays"
+    );
+    // A host session has no cgroup of its own to read: a clear error.
+    let host = session(&s, json!({"backend": "host"}));
+    let (status, v) = s.served.call("GET", &format!("/v1/sessions/{host}/metrics"), None);
+    assert_eq!(status, 501, "{v}");
+}
+
+#[test]
+#[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
+fn a_running_job_shows_its_use_in_describe_and_top() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let out = runner_ctd(
+        &["image", "import", image_dir().join("busybox-oci.tar").to_str().unwrap()],
+        &state,
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let yaml = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nspec:\n  image: local/busybox:1.35\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: burner}\nspec:\n  environment: bb\n  command: [\"sh\", \"-c\", \"i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; sleep 60\"]\n";
+    let file = write_manifest(dir.path(), "burner.yaml", yaml);
+    let out = runner_ctd(&["apply", "-d", "-f", file.to_str().unwrap()], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut text = String::new();
+    let found = eventually(Duration::from_secs(30), || {
+        let out = runner_ctd(&["describe", "job", "burner"], &state);
+        text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.contains("Usage (running containers):")
+    });
+    assert!(found, "{text}");
+    let rows = json_of(&runner_ctd(&["top", "-o", "json"], &state));
+    let row = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["job"] == "burner")
+        .unwrap_or_else(|| panic!("{rows}"));
+    assert_eq!(row["index"], 0);
+    assert!(row["pids"].as_u64().unwrap() >= 1, "{row}");
+    assert!(row["cpuCores"].is_number(), "{row}");
+    let out = runner_ctd(&["delete", "job", "burner"], &state);
+    assert_eq!(out.status.code(), Some(0));
+}

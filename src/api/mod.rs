@@ -382,7 +382,7 @@ async fn render_metrics(state: &AppState) -> Result<String, ServiceError> {
     for job in job_service::list(&state.ctx, &[]).await? {
         *phases.entry(format!("{:?}", job.object.status.phase)).or_default() += 1.0;
     }
-    Ok(crate::metrics::render(&[
+    let mut gauges = vec![
         crate::metrics::Gauge {
             name: "runner_sessions_live",
             help: "sessions open now, by backend",
@@ -396,7 +396,9 @@ async fn render_metrics(state: &AppState) -> Result<String, ServiceError> {
             help: "jobs in the store, by phase",
             values: phases.into_iter().map(|(p, n)| (vec![("phase", p)], n)).collect(),
         },
-    ]))
+    ];
+    gauges.extend(observe::sandbox_gauges(state).await);
+    Ok(crate::metrics::render(&gauges))
 }
 
 async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {

@@ -436,6 +436,14 @@ pub enum Verb {
         /// The session's id.
         session: String,
     },
+    /// What running containers use now: CPU (rate and time), memory (now and peak), pids, block
+    /// I/O and network bytes, from their cgroups (jobs' attempts, sessions, pool members).
+    Top {
+        /// Only this job's (or session's) containers.
+        job: Option<String>,
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<OutputFormat>,
+    },
     /// Manage images in containerd.
     Image {
         #[command(subcommand)]

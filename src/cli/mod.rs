@@ -11,6 +11,7 @@ mod kube;
 mod output;
 mod pools;
 mod terminal;
+mod top;
 
 pub use args::*;
 
@@ -238,6 +239,7 @@ impl Cli {
                 };
                 terminal::run(&server, open).await?
             }
+            Verb::Top { job, output } => top::top(&context(g, None)?, job.as_deref(), output).await?,
             Verb::Attach { server, session } => {
                 let open = terminal::Open {
                     session,

@@ -11,6 +11,7 @@ pub mod output;
 pub mod pty;
 pub mod storage;
 pub mod tree;
+pub mod usage;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

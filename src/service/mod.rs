@@ -11,6 +11,7 @@ pub mod logs;
 pub mod pools;
 pub mod reconcile;
 pub mod sessions;
+pub mod usage;
 
 use std::sync::Arc;
 

@@ -9,6 +9,7 @@ mod resident;
 mod shell;
 pub mod swerex;
 pub mod terminal;
+pub mod usage;
 pub mod watch;
 
 /// The host's `nobody` (and `nogroup`): owner of session scratch workspaces.
