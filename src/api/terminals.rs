@@ -243,14 +243,16 @@ async fn serve(socket: WebSocket, terminal: Arc<Terminal>, lease: Lease) {
         }
     };
     let mut output = output;
-    tokio::select! {
-        () = input => {}
-        _ = &mut output => {}
-    }
+    let output_done = tokio::select! {
+        () = input => false,
+        _ = &mut output => true,
+    };
     drop(input_tx);
     let _ = writer.await;
     // The output side ends at the terminal's EOF (at the latest after the hang-up's grace).
-    let _ = output.await;
+    if !output_done {
+        let _ = output.await;
+    }
 }
 
 #[cfg(test)]
