@@ -379,3 +379,48 @@ fn runner_exec_it_connects_a_real_terminal() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("s-nope"), "{out:?}");
 }
+
+#[test]
+#[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
+fn swerex_interactive_commands_run_on_a_terminal_in_the_container() {
+    let s = server();
+    let sid = session(&s, "local/python:3.11");
+    let run = |body: serde_json::Value| {
+        let (status, v) = s.served.call(
+            "POST",
+            &format!("/v1/sessions/{sid}/swerex/run_in_session"),
+            Some(&body.to_string()),
+        );
+        (status, v)
+    };
+    let (status, v) = s
+        .served
+        .call("POST", &format!("/v1/sessions/{sid}/swerex/create_session"), Some("{}"));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        run(serde_json::json!({"action_type": "bash", "command": "cd /tmp && export FOO='a b'"})).0,
+        200
+    );
+    let interactive = |command: &str, expect: &str| serde_json::json!({"action_type": "bash", "command": command, "is_interactive_command": true, "expect": [expect], "timeout": 20});
+    let (_, v) = run(interactive("python3 -q", ">>> "));
+    assert_eq!(v["expect_string"], ">>> ", "{v}");
+    // The terminal's bash started where the session's shell was, with its exports.
+    let (_, v) = run(interactive("import os; print(os.getcwd(), os.environ['FOO'])", ">>> "));
+    assert_eq!(v["output"], "/tmp a b", "{v}");
+    let (status, v) = run(
+        serde_json::json!({"action_type": "bash", "command": "import time; time.sleep(60)", "is_interactive_command": true, "expect": [">>> "], "timeout": 1}),
+    );
+    assert_eq!(status, 511, "{v}");
+    assert_eq!(
+        v["swerexception"]["class_path"],
+        "swerex.exceptions.CommandTimeoutError"
+    );
+    let (_, v) = run(serde_json::json!({"action_type": "bash_interrupt", "expect": [">>> "]}));
+    assert!(v["output"].as_str().unwrap().contains("KeyboardInterrupt"), "{v}");
+    let (_, v) = run(
+        serde_json::json!({"action_type": "bash", "command": "exit()", "is_interactive_quit": true, "timeout": 20}),
+    );
+    assert_eq!(v["expect_string"], "SHELLPS1PREFIX", "{v}");
+    let (_, v) = run(serde_json::json!({"action_type": "bash", "command": "echo $FOO; pwd"}));
+    assert_eq!(v["output"], "a b\n/tmp\n", "{v}");
+}

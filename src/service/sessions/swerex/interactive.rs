@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::bash::observation_with;
 use super::models::{BashAction, BashInterruptAction, BashObservation};
-use super::python::{py_float, py_repr, strip_ansi};
+use super::python::{py_float, py_repr, sh_quote, strip_ansi};
 use super::{COMMAND_TIMEOUT, Shell, SwerexError};
 use crate::runtime::pty::PtySize;
 use crate::service::sessions::terminal::{Terminal, TerminalRequest};
@@ -128,22 +128,24 @@ impl Session {
         if let Some(t) = self.swerex.with(|s| s.terminals.get(session).cloned()) {
             return Ok(t);
         }
-        // The resident shell's directory and exported variables, for the terminal's bash.
-        let rc = format!("{}/{}.tty", self.shell_dir(), shell.name);
+        // The resident shell's directory and exported variables, for the terminal's bash: they
+        // go in its environment (nothing is written in the sandbox, nothing typed but one line).
         let saved = self
             .shell(ShellRequest {
-                command: format!("pwd >'{rc}.pwd' && export -p >'{rc}'"),
+                command: "pwd && export -p".into(),
                 timeout: Some(Duration::from_secs(10)),
                 check: Check::Ignore,
                 name: Some(shell.name.clone()),
             })
             .await?;
-        if saved.exit_code != Some(0) {
+        let (pwd, exports) = saved.output.split_once('\n').unwrap_or((saved.output.as_str(), ""));
+        if saved.exit_code != Some(0) || !pwd.starts_with('/') {
             return Err(SwerexError::exception(
                 super::SWEREX_EXCEPTION,
-                format!("saving the shell's state for a terminal: {}", saved.output),
+                format!("reading the shell's state for a terminal: {}", saved.output),
             ));
         }
+        let rc = format!("{exports}\ncd -- {}\n", sh_quote(pwd));
         let mut terminal = Interactive {
             terminal: self
                 .open_terminal(TerminalRequest {
@@ -156,10 +158,16 @@ impl Session {
                     ],
                     // TERM as SWE-ReX's server has it in a container (unset: readline takes
                     // it as dumb), so no bracketed-paste or colour sequences.
-                    env: [("PS1", PS1), ("PS2", ""), ("PS0", ""), ("TERM", "dumb")]
-                        .into_iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
+                    env: [
+                        ("PS1", PS1),
+                        ("PS2", ""),
+                        ("PS0", ""),
+                        ("TERM", "dumb"),
+                        ("RUNNER_SWEREX_RC", &rc),
+                    ]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
                     cwd: None,
                     size: PtySize::default(),
                 })
@@ -169,7 +177,7 @@ impl Session {
         // One line sets it up; `READY` is printed by it (the echoed line shows `REA""DY`).
         terminal
             .send(&format!(
-                ". '{rc}'; cd -- \"$(cat '{rc}.pwd')\"; rm -f -- '{rc}' '{rc}.pwd'; export PS1='{PS1}' PS2='' PS0=''; echo REA\"\"DY\n"
+                "eval \"$RUNNER_SWEREX_RC\"; unset RUNNER_SWEREX_RC; export PS1='{PS1}' PS2='' PS0=''; echo REA\"\"DY\n"
             ))
             .await?;
         let ready = [literal("READY")];
