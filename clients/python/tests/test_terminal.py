@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from runner_client import BadRequest, Client, NotFound, Terminal, WaitTimeout
+from runner_client import BadRequest, Client, NotFound, NotSupported, Terminal, WaitTimeout
 
 from conftest import HOST_ENV
 
@@ -84,3 +84,9 @@ def test_watching_the_workspace(client: Client) -> None:
         events.close()
         with pytest.raises(NotFound):
             next(s.watch("missing"))
+
+
+def test_a_host_session_has_no_metrics_of_its_own(client: Client) -> None:
+    with client.session(HOST_ENV) as s:
+        with pytest.raises(NotSupported):
+            s.metrics()

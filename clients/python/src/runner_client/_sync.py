@@ -380,6 +380,11 @@ class Session:
         request = Request("GET", _core._session_path(self.id, "files", "watch", query=query), accept="application/x-ndjson")
         return watch_events(self._t.open(request))
 
+    def metrics(self) -> Dict[str, Any]:
+        """What the sandbox uses now (cpuSeconds, cpuCores, memoryBytes, memoryPeakBytes, pids,
+        I/O and network bytes); `NotSupported` for a host session."""
+        return self._t.call(Op(Request("GET", _core._session_path(self.id, "metrics")), _core.json_of))
+
     def terminal(self, command: Optional[Command] = None, **options: Any) -> "Terminal":
         """A command (default: the image's shell) on a terminal in the sandbox; see
         `runner_client.terminal` (rows, cols, env, cwd)."""
