@@ -463,13 +463,14 @@ mod tests {
         }
     }
 
-    /// Everything the terminal says until `needle` appears (or it ends).
+    /// Everything the terminal says until `needle` appears (or it ends, or 30 s pass).
     async fn read_until(pty: &Pty, needle: &str) -> String {
         let mut seen = String::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while !seen.contains(needle) {
-            match pty.read().await {
-                Some(chunk) => seen.push_str(&String::from_utf8_lossy(&chunk)),
-                None => break,
+            match tokio::time::timeout_at(deadline, pty.read()).await {
+                Ok(Some(chunk)) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+                Ok(None) | Err(_) => break,
             }
         }
         seen
@@ -484,12 +485,17 @@ mod tests {
         assert!(seen.contains("30 100"), "{seen:?}");
         pty.resize(PtySize { rows: 12, cols: 34 }).await.unwrap();
         pty.write(b"stty size\n").await.unwrap();
-        assert!(read_until(&pty, "12 34").await.contains("12 34"));
-        // Ctrl-C through the line discipline ends the foreground `sleep`, not the shell.
-        pty.write(b"sleep 30; echo after-$?\n").await.unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let seen = read_until(&pty, "12 34").await;
+        assert!(seen.contains("12 34"), "{seen:?}");
+        // Ctrl-C through the line discipline ends the foreground `sleep`, not the shell (which
+        // drops the rest of a list whose command SIGINT killed, as interactive shells do: two
+        // lines).
+        pty.write(b"sleep 30\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
         pty.write(b"\x03").await.unwrap();
-        assert!(read_until(&pty, "after-130").await.contains("after-130"));
+        pty.write(b"echo after-$?\n").await.unwrap();
+        let seen = read_until(&pty, "after-130").await;
+        assert!(seen.contains("after-130"), "{seen:?}");
         pty.write(b"exit 7\n").await.unwrap();
         assert_eq!(pty.wait().await.exit_code, Some(7));
         while pty.read().await.is_some() {}
