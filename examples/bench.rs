@@ -41,6 +41,10 @@ async fn main() {
         http(n);
         return;
     }
+    if mode == "http-burst" {
+        http_burst(n);
+        return;
+    }
     let address = std::env::var("CONTAINERD_ADDRESS").expect("CONTAINERD_ADDRESS");
     let namespace = std::env::var("CONTAINERD_NAMESPACE").unwrap_or_else(|_| "runner-bench".into());
     let state = std::path::PathBuf::from(std::env::var("RUNNER_STATE_DIR").expect("RUNNER_STATE_DIR"));
@@ -182,6 +186,60 @@ async fn main() {
         }
     }
     let _ = Duration::ZERO;
+}
+
+/// `bench http-burst N` (BENCH_URL, BENCH_TOKEN, BENCH_ENV): N sessions of an Environment
+/// created at once, each by a thread of its own (a pool of N serves them when the server keeps
+/// one), until the last is created and until each has answered one shell call; then all are
+/// deleted. Sessions per second, and how many a pool served.
+fn http_burst(n: usize) {
+    let url = std::env::var("BENCH_URL").expect("BENCH_URL");
+    let token = std::env::var("BENCH_TOKEN").expect("BENCH_TOKEN");
+    let environment = serde_json::to_string(&std::env::var("BENCH_ENV").expect("BENCH_ENV")).unwrap();
+    let auth = format!("Bearer {token}");
+    let agent = ureq::AgentBuilder::new().max_idle_connections_per_host(n).build();
+    let start = Instant::now();
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let (agent, url, auth, environment) = (agent.clone(), url.clone(), auth.clone(), environment.clone());
+            std::thread::spawn(move || {
+                let r = agent
+                    .post(&format!("{url}/v1/sessions"))
+                    .set("Authorization", &auth)
+                    .send_string(&format!(r#"{{"environment": {environment}}}"#))
+                    .expect("creating a session");
+                let session: serde_json::Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+                let created = start.elapsed();
+                let id = session["id"].as_str().unwrap().to_string();
+                let r = agent
+                    .post(&format!("{url}/v1/sessions/{id}/shell"))
+                    .set("Authorization", &auth)
+                    .send_string(r#"{"command": "true"}"#)
+                    .expect("a shell call");
+                let answer: serde_json::Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+                assert_eq!(answer["exitCode"], 0);
+                (id, created, start.elapsed(), !session["pool"].is_null())
+            })
+        })
+        .collect();
+    let done: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let created = done.iter().map(|d| d.1).max().unwrap_or_default().as_secs_f64();
+    let answered = done.iter().map(|d| d.2).max().unwrap_or_default().as_secs_f64();
+    let pooled = done.iter().filter(|d| d.3).count();
+    for (id, ..) in &done {
+        agent
+            .delete(&format!("{url}/v1/sessions/{id}"))
+            .set("Authorization", &auth)
+            .call()
+            .expect("deleting a session");
+    }
+    println!(
+        "{{\"sessions\": {n}, \"from_pool\": {pooled}, \"created_per_s\": {:.1}, \"answered_per_s\": {:.1}, \"last_created_ms\": {:.1}, \"last_answer_ms\": {:.1}}}",
+        n as f64 / created,
+        n as f64 / answered,
+        created * 1e3,
+        answered * 1e3
+    );
 }
 
 /// `bench http N` (BENCH_URL, BENCH_TOKEN, BENCH_IMAGE or BENCH_ENV, an Environment of the

@@ -26,11 +26,15 @@ runner="$root/target/debug/runner"
 cp "$runner" "$work/runner-for-python"
 clients/python/run-tests.sh "$work/runner-for-python" >"$work/pyclient.log" 2>&1 &
 pyclient_test=$!
+# Inspect AI, Harbor and mini-swe-agent from PyPI into a venv (a couple of minutes, mostly
+# downloads), beside the Rust suite; tests/harness/run.sh uses it after SWE-ReX.
+tests/harness/run.sh --install "$work/harness-venv" >"$work/harness-install.log" 2>&1 &
+harness_install=$!
 export RUNNER_STATE_DIR="$work/state"
 export CONTAINERD_NAMESPACE="runner-test-$$"
 quickstart_state="$work/quickstart-state"
 cleanup() {
-  kill "$pyclient_test" 2>/dev/null || true
+  kill "$pyclient_test" "$harness_install" 2>/dev/null || true
   # The test registries, by the PIDs scripts/registries.sh recorded.
   if [ -f "$work/registries/pids" ]; then
     while read -r pid; do kill "$pid" 2>/dev/null || true; done <"$work/registries/pids"
@@ -157,6 +161,16 @@ echo "== SWE-ReX 1.4.0 through RemoteRuntime against its LocalRuntime (tests/swe
 tests/swerex/run.sh "$work/runner-for-python" >"$work/swerex.log" 2>&1 \
   || { cat "$work/swerex.log"; echo "FAIL: SWE-ReX compatibility" >&2; exit 1; }
 tail -5 "$work/swerex.log"
+
+# The evaluation harnesses (Inspect AI, Harbor, mini-swe-agent) on runner, on this containerd
+# (a namespace of its own) and the images built above; after SWE-ReX for the same reason (a
+# quiet machine: its tests time sandboxes out).
+echo "== Inspect AI, Harbor and mini-swe-agent on runner (tests/harness/run.sh)"
+wait "$harness_install" || { cat "$work/harness-install.log"; echo "FAIL: installing the harnesses" >&2; exit 1; }
+tail -1 "$work/harness-install.log"
+HARNESS_VENV="$work/harness-venv" tests/harness/run.sh "$work/runner-for-python" >"$work/harness.log" 2>&1 \
+  || { cat "$work/harness.log"; echo "FAIL: the evaluation harnesses" >&2; exit 1; }
+grep -E '^(==|PASS|inspect samples|harbor trial|after )' "$work/harness.log"
 
 # The README's first command, as a newcomer runs it (its own state dir, the private containerd
 # it starts on first use): it must keep working. On the debug build the suite made: a second,

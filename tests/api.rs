@@ -687,3 +687,34 @@ async fn job_logs_take_index_tail_prefix_stream_and_follow() {
     let (status, _) = api.send("GET", "/v1/jobs/none/logs", Some(TOKEN), Body::empty()).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn a_pool_request_is_checked_before_containerd_is_asked() {
+    let api = api();
+    let (status, body) = api.call("GET", "/v1/pools", None).await;
+    assert_eq!((status, body), (StatusCode::OK, json!([])));
+    for (request, field) in [
+        (json!({"name": "Not-A-Name", "environment": {"image": "x"}}), "name: "),
+        (json!({"name": "p", "environment": 7}), "environment: "),
+        (json!({"name": "p", "environment": "named"}), "environment: \"named\""),
+        (
+            json!({"name": "p", "environment": {"image": "x"}, "size": 100000}),
+            "size: ",
+        ),
+        (
+            json!({"name": "p", "environment": {"kind": "Environment", "metadata": [], "spec": {}}}),
+            "environment.metadata: ",
+        ),
+        (
+            json!({"name": "p", "environment": {}, "sizes": 1}),
+            "unknown field `sizes`",
+        ),
+    ] {
+        let (status, body) = api.call("POST", "/v1/pools", Some(request.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{request} -> {body}");
+        let error = body["error"].as_str().unwrap_or_default();
+        assert!(error.contains(field), "{request}: {error}");
+    }
+    let (status, body) = api.call("DELETE", "/v1/pools/none", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+}

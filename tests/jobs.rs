@@ -1053,3 +1053,82 @@ fn an_oom_kill_names_the_memory_limit() {
         "killed: memory limit 32Mi reached (exit code 137); raise resources.memory of its Environment"
     );
 }
+
+/// The `runner pool fill` processes of a pool of a state dir, with their niceness.
+fn fillers(state: &Path, pool: &str) -> Vec<i64> {
+    let state = state.to_string_lossy().into_owned();
+    let mut nice = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let fill = args
+            .windows(3)
+            .any(|w| w[0] == "pool" && w[1] == "fill" && w[2] == pool);
+        if fill && args.iter().any(|a| a.starts_with(&state)) {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+            nice.push(fields[16].parse().unwrap());
+        }
+    }
+    nice
+}
+
+/// A burst of claims starts one filler while one waits for the pool's fill lock (the others
+/// see it queued and start none), at a lower priority than jobs; it makes up for every claim.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_burst_of_claims_queues_one_filler() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_busybox(&state);
+    let text = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: burst}\nspec:\n  image: local/busybox:1.35\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: burst-job}\nspec:\n  environment: burst\n  command: [\"true\"]\n";
+    let file = write_manifest(dir.path(), "burst.yaml", text);
+    let f = file.to_str().unwrap();
+    let out = runner_ctd(&["pool", "create", "burst", "-f", f, "--size", "4"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let _rm = RemovePool(state.clone(), "burst");
+    // Hold the fill lock as a filling filler would: the first claim's filler queues behind it.
+    let lock = std::fs::File::open(state.join("pools").join("burst.lock")).unwrap();
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    for i in 0..4 {
+        let out = runner_ctd(&["apply", "--replace", "-f", f, "-o", "json"], &state);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(json_of(&out)["status"]["result"]["pool"], "burst", "apply {i}");
+    }
+    let queued = fillers(&state, "burst");
+    assert_eq!(queued.len(), 1, "fillers while the fill lock is held: {queued:?}");
+    assert_eq!(queued[0], 10, "the filler's niceness");
+    drop(lock);
+    let ls = || json_of(&runner_ctd(&["pool", "ls", "-o", "json"], &state));
+    assert!(
+        eventually(Duration::from_secs(60), || ls()[0]["ready"] == 4
+            && fillers(&state, "burst").is_empty()),
+        "the pool was not refilled: {}",
+        ls()
+    );
+    // Claims read the ready index, an entry per ready member; what `pool rm` tears down
+    // leaves entries that `gc` prunes.
+    let indexed = |state: &Path| -> usize {
+        std::fs::read_dir(state.join("ready"))
+            .map(|keys| {
+                keys.flatten()
+                    .map(|k| std::fs::read_dir(k.path()).unwrap().count())
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(indexed(&state), 4);
+    let out = runner_ctd(&["pool", "rm", "burst"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = runner_ctd(&["gc"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(indexed(&state), 0);
+}

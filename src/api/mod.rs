@@ -6,6 +6,7 @@ pub mod error;
 mod jobs;
 mod observe;
 mod openapi;
+mod pools;
 mod sandbox;
 mod sessions;
 mod swerex;
@@ -295,6 +296,7 @@ fn routes() -> Vec<Route> {
             jobs::logs,
         ),
     ];
+    table.extend(pools::routes());
     table.extend(sandbox::routes());
     table.extend(swerex::routes());
     table.extend(terminals::routes());

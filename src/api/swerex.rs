@@ -48,6 +48,15 @@ pub(super) fn routes() -> Vec<Route> {
     let mut table = vec![
         route(
             Doc::new(
+                get.clone(),
+                "/v1/sessions/{id}/swerex/",
+                "SWE-ReX: the server's root (`{\"message\": \"hello world\"}`, as SWE-ReX's own answers)",
+            )
+            .returns::<RootResponse>(200),
+            root,
+        ),
+        route(
+            Doc::new(
                 get,
                 "/v1/sessions/{id}/swerex/is_alive",
                 "SWE-ReX: is the runtime alive",
@@ -226,6 +235,23 @@ type St = State<Arc<AppState>>;
 // ---------------------------------------------------------------------------------------------
 // Handlers.
 
+/// SWE-ReX's `GET /` body.
+#[derive(Serialize, schemars::JsonSchema)]
+pub struct RootResponse {
+    message: String,
+}
+
+/// SWE-ReX's root route answers a fixed greeting (swerex/server.py, `root`); here, for a
+/// session that exists.
+async fn root(State(state): St, UrlPath(id): Id, headers: HeaderMap) -> Response {
+    answer(&state, &id, &headers, |_| async {
+        Ok(RootResponse {
+            message: "hello world".into(),
+        })
+    })
+    .await
+}
+
 async fn is_alive(State(state): St, UrlPath(id): Id, headers: HeaderMap) -> Response {
     answer(&state, &id, &headers, |_| async {
         Ok(IsAliveResponse {
@@ -336,6 +362,7 @@ mod tests {
     #[test]
     fn the_api_key_is_taken_on_these_routes_only() {
         assert!(takes_api_key("/v1/sessions/s-1/swerex/is_alive"));
+        assert!(takes_api_key("/v1/sessions/s-1/swerex/"));
         assert!(!takes_api_key("/v1/sessions/swerex/exec"));
         assert!(!takes_api_key("/v1/sessions"));
         assert!(!takes_api_key("/v1/jobs/x/swerex/y"));

@@ -622,7 +622,13 @@ pub enum PoolVerb {
     Rm { names: Vec<String> },
     /// Bring a pool to its size (what a claim starts in the background).
     #[command(hide = true)]
-    Fill { name: String },
+    Fill {
+        name: String,
+        /// A descriptor holding the pool's queue lock (given by the claim that started this
+        /// filler): released once this filler holds the fill lock.
+        #[arg(long, hide = true)]
+        queued_fd: Option<i32>,
+    },
 }
 
 #[derive(Subcommand, Debug)]

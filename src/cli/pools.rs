@@ -33,8 +33,9 @@ pub async fn run(ctx: &Context, verb: PoolVerb) -> Result<i32, ServiceError> {
             );
             Ok(0)
         }
-        PoolVerb::Fill { name } => {
-            let report = pools::fill(ctx, &name).await?;
+        PoolVerb::Fill { name, queued_fd } => {
+            let queued = queued_fd.map(pools::QueueTicket::from_inherited).transpose()?;
+            let report = pools::fill_queued(ctx, &name, queued).await?;
             outln!(
                 "pool {name}: {} ready (made {}{})",
                 report.ready,

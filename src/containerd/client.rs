@@ -516,6 +516,19 @@ impl Containerd {
         Ok(())
     }
 
+    /// One container's record, or None when there is none of that id.
+    pub async fn container(&self, id: &str) -> Result<Option<Container>, CtdError> {
+        let mut client = svc::containers_client::ContainersClient::new(self.channel.clone());
+        match client
+            .get(self.request(svc::GetContainerRequest { id: id.to_string() }))
+            .await
+        {
+            Ok(r) => Ok(r.into_inner().container),
+            Err(e) if e.code() == tonic::Code::NotFound => Ok(None),
+            Err(e) => Err(rpc("container get")(e)),
+        }
+    }
+
     pub async fn containers(&self, filters: Vec<String>) -> Result<Vec<Container>, CtdError> {
         let mut client = svc::containers_client::ContainersClient::new(self.channel.clone());
         Ok(client

@@ -9,6 +9,7 @@
 //! exclusive lock in turn, and each makes what is missing, so concurrent claims never
 //! overfill a pool.
 
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -23,6 +24,8 @@ use crate::spec::{self, RunPlan};
 
 /// Members made at once while filling (creating a container is mostly waiting on runc).
 const FILL_PARALLEL: usize = 2;
+/// The niceness of background fillers (jobs run at 0).
+const FILLER_NICE: libc::c_int = 10;
 /// The largest pool: each member is a running container.
 pub const MAX_SIZE: u32 = manifest::MAX_POOL_SIZE;
 
@@ -154,8 +157,59 @@ pub fn with_pools(ctx: &Context, mut options: RuntimeOptions) -> RuntimeOptions 
     options
 }
 
-/// Start `runner pool fill NAME` in the background, in a session of its own.
+/// A filler's place in its pool's queue: the pool's `.queue` lock, taken by the claim that
+/// starts the filler and held by the filler until it holds the fill lock. While one filler
+/// waits there, later claims start none: the waiting one reads the pool under the fill lock
+/// and makes up for every claim before it. A burst of N claims so starts at most two fillers
+/// (one filling, one queued) instead of N processes competing with the jobs for the CPU.
+pub struct QueueTicket(std::fs::File);
+
+impl QueueTicket {
+    /// The queue's place, when no filler holds it.
+    fn try_take(ctx: &Context, pool: &str) -> Result<Option<Self>, ServiceError> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(pools_dir(ctx).join(format!("{pool}.queue")))
+            .map_err(|e| ServiceError::internal("opening the pool's queue", e))?;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(Some(Self(file)));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Ok(None);
+        }
+        Err(ServiceError::internal("locking the pool's queue", e))
+    }
+
+    /// The ticket the claim that started this filler left on descriptor `fd`.
+    pub fn from_inherited(fd: i32) -> Result<Self, ServiceError> {
+        let bad = |why: &str| ServiceError::field("--queued-fd", format!("descriptor {fd}: {why}"));
+        if fd < 3 {
+            return Err(bad("not a descriptor a claim passes (0-2 are standard streams)"));
+        }
+        // SAFETY: fstat into a zeroed stat on a descriptor number; fails cleanly when closed.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(bad("not an open queue file"));
+        }
+        // SAFETY: the descriptor was passed to this process for this use only; nothing else
+        // in it owns or closes it. Marked close-on-exec so it is not passed further.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        Ok(Self(unsafe { std::fs::File::from_raw_fd(fd) }))
+    }
+}
+
+/// Start `runner pool fill NAME` in the background, in a session of its own and at a lower
+/// priority than jobs (refilling must not slow the claims it refills for), unless a filler of
+/// this pool is queued already.
 fn spawn_filler(ctx: &Context, pool: &str) -> Result<(), ServiceError> {
+    let Some(ticket) = QueueTicket::try_take(ctx, pool)? else {
+        tracing::debug!(pool, "a filler is queued already");
+        return Ok(());
+    };
     let config = &ctx.config;
     let exe = config
         .runner_exe()
@@ -168,8 +222,11 @@ fn spawn_filler(ctx: &Context, pool: &str) -> Result<(), ServiceError> {
     let log2 = log
         .try_clone()
         .map_err(|e| ServiceError::internal("opening the pool's log", e))?;
+    let fd = ticket.0.as_raw_fd();
     let mut cmd = std::process::Command::new(exe);
     cmd.args(["pool", "fill", pool])
+        .arg("--queued-fd")
+        .arg(fd.to_string())
         .arg("--state-dir")
         .arg(&config.state_dir)
         .arg("--namespace")
@@ -187,7 +244,23 @@ fn spawn_filler(ctx: &Context, pool: &str) -> Result<(), ServiceError> {
         cmd.arg("--runner-exe").arg(exe);
     }
     cmd.args(config.inherited_args());
+    // SAFETY: fcntl and setpriority are async-signal-safe; they run in the child only.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(move || {
+            // The ticket's descriptor survives exec (the same number: no other descriptor
+            // of the child is touched); the lock is the open file's, so it stays held by
+            // the filler when this process closes its copy below.
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Best effort: a host that forbids it still gets its pool filled.
+            libc::setpriority(libc::PRIO_PROCESS, 0, FILLER_NICE);
+            Ok(())
+        });
+    }
     super::spawn_detached(cmd, "pool filler")?;
+    drop(ticket);
     Ok(())
 }
 
@@ -274,6 +347,20 @@ pub async fn create(
     workspace: bool,
     static_assets: bool,
 ) -> Result<(PoolDef, FillReport), ServiceError> {
+    check_request(name, size)?;
+    let text =
+        std::fs::read_to_string(file).map_err(|e| ServiceError::field("file", format!("{}: {e}", file.display())))?;
+    let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    let source = ManifestSource {
+        text,
+        base_dir: manifest::base_dir_of(&file),
+        file: Some(file),
+    };
+    create_from(ctx, name, environment, source, size, workspace, static_assets).await
+}
+
+/// A pool's name and size, checked before anything is read or made.
+fn check_request(name: &str, size: u32) -> Result<(), ServiceError> {
     check_name(name)?;
     if size > MAX_SIZE {
         return Err(ServiceError::field(
@@ -281,18 +368,38 @@ pub async fn create(
             format!("{size} is above the limit of {MAX_SIZE}"),
         ));
     }
-    let text =
-        std::fs::read_to_string(file).map_err(|e| ServiceError::field("file", format!("{}: {e}", file.display())))?;
-    let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    Ok(())
+}
+
+/// Where a pool's Environment is read from: a manifest's text, where its relative paths
+/// resolve, and its file when it has one (`runner pool create -f`; the HTTP API sends text).
+pub struct ManifestSource {
+    pub text: String,
+    pub base_dir: PathBuf,
+    pub file: Option<PathBuf>,
+}
+
+/// Create (or resize) a pool from an Environment of a manifest's text, and fill it.
+#[allow(clippy::too_many_arguments)]
+pub async fn create_from(
+    ctx: &Context,
+    name: &str,
+    environment: &str,
+    source: ManifestSource,
+    size: u32,
+    workspace: bool,
+    static_assets: bool,
+) -> Result<(PoolDef, FillReport), ServiceError> {
+    check_request(name, size)?;
     let mut def = PoolDef {
         name: name.to_string(),
         environment: environment.to_string(),
         size,
         workspace,
         static_assets,
-        manifest: text,
-        base_dir: manifest::base_dir_of(&file),
-        file: Some(file),
+        manifest: source.text,
+        base_dir: source.base_dir,
+        file: source.file,
         env_dir: ctx.config.env_dir.clone(),
         key: String::new(),
         created: crate::job::rfc3339(std::time::SystemTime::now()),
@@ -311,6 +418,90 @@ pub async fn create(
     write_def(ctx, &def)?;
     let report = fill(ctx, name).await?;
     Ok((def, report))
+}
+
+/// A pool's Environment as the HTTP API names it: the name of one in the server's env dir,
+/// a whole Environment document, or its `spec` object (named after the pool). Its name and
+/// where it is read from; relative paths resolve against `base_dir` (the server's).
+pub fn api_source(
+    ctx: &Context,
+    pool: &str,
+    environment: serde_json::Value,
+    base_dir: &Path,
+) -> Result<(String, ManifestSource), ServiceError> {
+    let document = match environment {
+        serde_json::Value::String(name) => {
+            let dir = ctx.config.env_dir.as_deref().ok_or_else(|| {
+                ServiceError::field(
+                    "environment",
+                    format!("{name:?} names an Environment of the server's --env-dir, and this server has none"),
+                )
+            })?;
+            let file = manifest::load_env_dir(dir)?
+                .into_iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.origins_file())
+                .ok_or_else(|| {
+                    ServiceError::field("environment", format!("no Environment {name:?} in {}", dir.display()))
+                })?;
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| ServiceError::internal(format!("reading {}", file.display()), e))?;
+            let source = ManifestSource {
+                text,
+                base_dir: manifest::base_dir_of(&file),
+                file: Some(file),
+            };
+            return Ok((name, source));
+        }
+        serde_json::Value::Object(doc) if doc.contains_key("kind") || doc.contains_key("apiVersion") => doc,
+        serde_json::Value::Object(spec) => {
+            let mut doc = serde_json::Map::new();
+            doc.insert("apiVersion".into(), manifest::API_VERSION.into());
+            doc.insert("kind".into(), "Environment".into());
+            doc.insert("metadata".into(), serde_json::json!({ "name": pool }));
+            doc.insert("spec".into(), serde_json::Value::Object(spec));
+            doc
+        }
+        _ => {
+            return Err(ServiceError::field(
+                "environment",
+                "an Environment (a whole document, or its spec object) or the name of one",
+            ));
+        }
+    };
+    let mut doc = document;
+    let metadata = match doc.remove("metadata") {
+        None => serde_json::Map::new(),
+        Some(serde_json::Value::Object(m)) => m,
+        Some(other) => {
+            return Err(ServiceError::field(
+                "environment.metadata",
+                format!("an object is required, got {other}"),
+            ));
+        }
+    };
+    let name = match metadata.get("name") {
+        Some(serde_json::Value::String(n)) => n.clone(),
+        Some(other) => {
+            return Err(ServiceError::field(
+                "environment.metadata.name",
+                format!("a string is required, got {other}"),
+            ));
+        }
+        None => pool.to_string(),
+    };
+    let mut metadata = metadata;
+    metadata.insert("name".into(), name.clone().into());
+    doc.insert("metadata".into(), serde_json::Value::Object(metadata));
+    let doc = serde_json::Value::Object(doc);
+    // JSON is YAML: the manifest parser reads the document as it reads a file's, so every
+    // check (kind, version, unknown fields) and error is the same.
+    let source = ManifestSource {
+        text: format!("{doc}\n"),
+        base_dir: base_dir.to_path_buf(),
+        file: None,
+    };
+    Ok((name, source))
 }
 
 /// The manifest file of the env dir that defines an Environment.
@@ -398,18 +589,30 @@ fn lock(ctx: &Context, name: &str) -> Result<std::fs::File, ServiceError> {
 /// Bring a pool to its size: remove broken members, make missing ones. Fillers of one pool
 /// take turns.
 pub async fn fill(ctx: &Context, name: &str) -> Result<FillReport, ServiceError> {
+    fill_queued(ctx, name, None).await
+}
+
+/// `fill` by a filler a claim started: its queue ticket is given up once it holds the fill
+/// lock, so a claim from then on queues the next filler.
+pub async fn fill_queued(ctx: &Context, name: &str, ticket: Option<QueueTicket>) -> Result<FillReport, ServiceError> {
     let engine = member_engine(ctx).await?;
-    // Used members first, whatever became of their pool (their jobs are over and reported;
-    // they hold late binds).
-    let mut report = FillReport {
-        used: remove_retired(&engine).await?,
-        ..FillReport::default()
-    };
-    read_def(ctx, name)?;
+    if let Err(e) = read_def(ctx, name) {
+        // The pool is gone; its used members still go (they hold late binds).
+        remove_retired(&engine).await?;
+        return Err(e);
+    }
     let lock = {
         let ctx = ctx.clone();
         let name = name.to_string();
         Context::blocking(move || lock(&ctx, &name)).await?
+    };
+    drop(ticket);
+    // Used members first, whatever became of their pool (their jobs are over and reported).
+    // After the ticket is given up: a member retired before then started no filler of its
+    // own (this one was queued) and must be seen here.
+    let mut report = FillReport {
+        used: remove_retired(&engine).await?,
+        ..FillReport::default()
     };
     // Read again under the lock: the pool may have been removed or resized meanwhile.
     let def = read_def(ctx, name)?;

@@ -48,8 +48,23 @@ impl GcReport {
     }
 }
 
-/// Start-up reconciliation: collect without cgroups, logging what happened.
+/// Start-up reconciliation: collect without cgroups, logging what happened. One at a time
+/// per state dir: when another process is reconciling it now, this one does not (that one
+/// started before this process and sees what any runner process that died before it left;
+/// what dies later is left for the next). A burst of N applies so lists containerd's
+/// containers, snapshots and leases once, not N times beside their jobs.
 pub async fn reconcile(ctx: &Context) {
+    let _turn = match reconcile_turn(&ctx.config.state_dir) {
+        Ok(Some(turn)) => turn,
+        Ok(None) => {
+            tracing::debug!("another runner process is reconciling this state dir");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "start-up reconciliation failed");
+            return;
+        }
+    };
     match collect(ctx, false).await {
         Ok(report) if report.total() > 0 || !report.adopted.is_empty() => {
             tracing::info!(?report, "reconciled what dead runner processes left")
@@ -57,6 +72,24 @@ pub async fn reconcile(ctx: &Context) {
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "start-up reconciliation failed"),
     }
+}
+
+/// The state dir's reconciliation lock, when no other process holds it (never waits).
+fn reconcile_turn(state_dir: &std::path::Path) -> std::io::Result<Option<std::fs::File>> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(state_dir.join("reconcile.lock"))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(Some(file));
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Ok(None);
+    }
+    Err(e)
 }
 
 /// Reclaim what dead runner processes left (see `Engine::reclaim`), keeping this store's

@@ -158,6 +158,11 @@ async def run(ours: Side, local: Side, src: str):
     wrong = RemoteRuntime(host=SWEREX_URL, port=None, auth_token="wrong-token-0123456789", logger=QUIET)
     expect("is_alive with a wrong key is False", not bool(await wrong.is_alive()))
     expect("X-API-Key is not a token elsewhere", http("GET", "/v1/sessions", {"X-API-Key": TOKEN}) == 401)
+    # SWE-ReX's own root route (GET /) answers a greeting, behind the key like the rest.
+    root = urllib.request.Request(SWEREX_URL + "/", headers={"X-API-Key": TOKEN})
+    with urllib.request.urlopen(root, timeout=30) as r:
+        expect("the root answers as SWE-ReX's server does", json.loads(r.read()) == {"message": "hello world"})
+    expect("the root needs the key", http("GET", SWEREX_URL[len(URL):] + "/", {}) == 401)
 
     def bash(command, **kw):
         return lambda rt, B, O: rt.run_in_session(BashAction(command=at(command, B, O), **kw))

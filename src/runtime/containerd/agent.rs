@@ -9,8 +9,11 @@
 //! and `done`, and `in` (a file) when there is stdin, then writes `req-N` to the `ctl` FIFO.
 //! The agent runs `cmd.sh` in a new session (setsid when the image has it) with those stdio,
 //! waits, and writes the status to `done`. The host finds the command's process (to signal
-//! it) in the kernel's process tree, never in a file the sandbox could replace: it is the
-//! agent's child that started first after the request was sent (`request_process`). The
+//! it) from the PID the command's subshell writes to `pid` (its own, read from
+//! /proc/self/stat), believed only when the kernel confirms it (`request_pid`): a process of
+//! the container, the agent's child, started since the request was sent. Without that, it is
+//! the agent's child that started first after the request was sent (`request_process`), which
+//! can be wrong when a process an earlier request orphaned started in the same tick. The
 //! command runs in the agent's foreground, not as an
 //! asynchronous list: sh starts those with SIGINT and SIGQUIT ignored, and the ignoring would
 //! be inherited by everything the command starts (a resident shell's commands could then not
@@ -46,6 +49,7 @@ while read -r runner_req <&3; do
   runner_d="/.runner/$runner_req"
   [ -f "$runner_d/cmd.sh" ] || continue
   (
+    read -r runner_p _ </proc/self/stat && echo "$runner_p" >"$runner_d/pid"
     if [ -f "$runner_d/in" ]; then exec <"$runner_d/in"; else exec </dev/null; fi
     exec $runner_s /bin/sh "$runner_d/cmd.sh" >"$runner_d/out" 2>"$runner_d/err" 3<&-
   )
@@ -383,6 +387,51 @@ pub fn request_process(init_host_pid: u32, sent: u64) -> Option<i32> {
         }
     }
     best.map(|(_, pid)| pid)
+}
+
+/// The host PID of a request's process: the PID its subshell wrote to `pid` in the request's
+/// directory (`dir`, opened at send), read without blocking from a regular file of a few bytes,
+/// and believed only when the kernel confirms it — a process of the container's cgroup, in its
+/// PID namespace, whose parent is the agent, started since the request was sent — else
+/// `request_process`'s guess. A forged PID can so point the host's signal only at another
+/// child of the agent: the sandbox's own.
+pub fn request_pid(dir: &impl AsFd, sent: u64, init_host_pid: u32, cgroup: &str) -> Option<i32> {
+    let since = sent.saturating_sub(1);
+    written_pid(dir)
+        .and_then(|ns_pid| host_pid(cgroup, init_host_pid, ns_pid))
+        .filter(|&pid| {
+            parent_of(pid) == Some(init_host_pid as i32) && start_ticks(pid).is_some_and(|started| started >= since)
+        })
+        .or_else(|| request_process(init_host_pid, sent))
+}
+
+/// The PID a request's subshell wrote (in the container's PID namespace).
+fn written_pid(dir: &impl AsFd) -> Option<i32> {
+    let fd = openat(
+        dir,
+        "pid",
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let st = fstat(&fd).ok()?;
+    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+        return None;
+    }
+    let mut buf = [0u8; 16];
+    let n = nix::unistd::read(&fd, &mut buf).ok()?;
+    std::str::from_utf8(&buf[..n])
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|p| *p > 1)
+}
+
+/// A process's parent (host PIDs), from /proc/PID/stat.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 2..].split(' ').nth(1)?.parse().ok()
 }
 
 /// Parse the status the agent wrote ("0".."255").

@@ -154,9 +154,9 @@ impl Engine {
 pub(super) enum Running {
     /// Through Tasks.Exec: its exec id and host PID.
     Exec(String, u32),
-    /// Through the agent: when its request was sent (clock ticks since boot), which finds its
-    /// process.
-    Agent(u64),
+    /// Through the agent: when its request was sent (clock ticks since boot) and its
+    /// directory, which find its process.
+    Agent(u64, std::sync::Arc<std::os::fd::OwnedFd>),
 }
 
 #[derive(Default)]
@@ -481,7 +481,7 @@ impl LiveContainer {
             Some(tx) => OutputPump::forward(req.out, req.err, tx),
             None => OutputPump::capture(req.out, req.err, false, self.engine.options.output_limit),
         };
-        self.state.lock().expect("state lock").running = Some(Running::Agent(req.sent));
+        self.state.lock().expect("state lock").running = Some(Running::Agent(req.sent, req.dir_fd.clone()));
         let mut done = Box::pin(read_status(req.done));
         let sleep = async {
             match request.timeout {
@@ -500,11 +500,11 @@ impl LiveContainer {
         let (status, timed_out) = match outcome {
             Ok(r) => r,
             Err(()) => {
-                self.signal_agent_command(req.sent, Signal::SIGTERM);
+                self.signal_agent_command(&req.dir_fd, req.sent, Signal::SIGTERM);
                 match tokio::time::timeout(self.engine.options.kill_grace, &mut done).await {
                     Ok(s) => (s, true),
                     Err(_) => {
-                        self.signal_agent_command(req.sent, Signal::SIGKILL);
+                        self.signal_agent_command(&req.dir_fd, req.sent, Signal::SIGKILL);
                         let s = tokio::time::timeout(Duration::from_secs(5), &mut done)
                             .await
                             .ok()
@@ -527,9 +527,9 @@ impl LiveContainer {
     }
 
     /// Signal an agent command's session (its whole process tree) from the host: the process
-    /// is found in the kernel's process tree (see `agent::request_process`).
-    fn signal_agent_command(&self, sent: u64, signal: Signal) {
-        let Some(host) = agent::request_process(self.init_pid, sent) else {
+    /// is the one the kernel confirms (see `agent::request_pid`).
+    fn signal_agent_command(&self, dir: &std::os::fd::OwnedFd, sent: u64, signal: Signal) {
+        let Some(host) = agent::request_pid(dir, sent, self.init_pid, &self.cgroup) else {
             return;
         };
         let pid = nix::unistd::Pid::from_raw(host);
@@ -773,7 +773,7 @@ impl Runtime for LiveContainer {
                 signal_group(Some(pid), Signal::SIGKILL);
                 self.engine.client.task_kill(&self.id, &exec_id, SIGKILL, false).await?;
             }
-            Some(Running::Agent(sent)) => self.signal_agent_command(sent, Signal::SIGKILL),
+            Some(Running::Agent(sent, dir)) => self.signal_agent_command(&dir, sent, Signal::SIGKILL),
             None => {}
         }
         Ok(())

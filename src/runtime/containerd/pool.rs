@@ -87,11 +87,37 @@ pub struct Member {
     /// The relabelling as the claimant's container, done beside the job's start (the
     /// `claimed-<owner>` file already says who holds it); awaited before it is retired.
     relabel: tokio::task::JoinHandle<Result<(), crate::containerd::CtdError>>,
+    /// Its init, pinned (a PID could be reused; this cannot), when it is the init of a PID
+    /// namespace of its own: killing it kills every process of the member.
+    init: Option<std::os::fd::OwnedFd>,
 }
 
 impl Member {
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Kill every process of the member. Through its pinned init when it has one: the kernel
+    /// kills a PID namespace with its init, and no `runc kill --all` process (a Go runtime
+    /// started by the shim for every job) is spent on it; else through the shim.
+    async fn kill_all(&self, client: &crate::containerd::Containerd) {
+        if let Some(fd) = &self.init {
+            // SAFETY: pidfd_send_signal on a pidfd we own; no siginfo.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    std::os::fd::AsRawFd::as_raw_fd(fd),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+            // ESRCH: it is dead already (so is its namespace).
+            if r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+                return;
+            }
+        }
+        let _ = client.task_kill(&self.id, "", SIGKILL, true).await;
     }
 
     /// Its range and its process's user (container ids), when it has a user namespace.
@@ -255,6 +281,29 @@ fn set_hostname(init_pid: u32, cgroup: &str, name: &str) -> Result<(), RuntimeEr
     .map_err(|_| RuntimeError::Internal("the hostname thread panicked".into()))?
 }
 
+/// Whether a spec gives its container a PID namespace of its own (then its init's death is
+/// every process's).
+fn own_pid_namespace(spec: &Spec) -> bool {
+    spec.linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().as_ref())
+        .is_some_and(|ns| {
+            ns.iter()
+                .any(|n| n.typ() == oci_spec::runtime::LinuxNamespaceType::Pid && n.path().is_none())
+        })
+}
+
+/// A pidfd for `pid` (None where the kernel has none: before 5.3).
+fn pin(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    // SAFETY: pidfd_open returns a new descriptor we then own, or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a fresh descriptor owned by nobody else.
+    Some(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd as i32) })
+}
+
 /// Whether a process has a handler for a signal (`SigCgt` of /proc/PID/status).
 fn catches(host_pid: i32, signal: Signal) -> bool {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{host_pid}/status")) else {
@@ -284,6 +333,12 @@ fn pooled_script(name: &str, argv: &[String], env: &[(String, String)], cwd: &st
 }
 
 impl Engine {
+    /// Where the ready members of pool key `key` are listed, an empty file per member (beside
+    /// the run directories): what a claim reads.
+    fn ready_index(&self, key: &str) -> PathBuf {
+        self.run_dir.with_file_name("ready").join(key)
+    }
+
     /// Where a member's late places live (beside the run directories).
     pub fn late_dir(&self, id: &str) -> PathBuf {
         self.run_dir.with_file_name("late").join(id)
@@ -327,6 +382,7 @@ impl Engine {
         let (key, layout, image) = self.pool_key(plan).await?;
         let mut member = member_plan(plan);
         member.bound.job.name = format!("pool-{pool}");
+        let shape_key = key.clone();
         let shape = Shape {
             layout,
             pool: pool.to_string(),
@@ -351,7 +407,14 @@ impl Engine {
             std::fs::write(self.run_dir.join(&id).join(READY_FILE), pool).map_err(|source| RuntimeError::Io {
                 what: "marking the member ready".into(),
                 source,
-            })
+            })?;
+            let index = self.ready_index(&shape_key);
+            std::fs::create_dir_all(&index)
+                .and_then(|()| std::fs::write(index.join(&id), b""))
+                .map_err(|source| RuntimeError::Io {
+                    what: "listing the member as ready".into(),
+                    source,
+                })
         }
         .await;
         if let Err(e) = started {
@@ -420,23 +483,52 @@ impl Engine {
         }
         let t0 = Instant::now();
         let (key, layout, image) = self.pool_key(plan).await?;
-        let mut candidates = self.members(Some(&key)).await?;
-        if candidates.is_empty() {
+        // The ready index names the candidates without reading every member's record from
+        // containerd (which made concurrent claims quadratic in the pool's size); members an
+        // older runner made are not in it, and are found by their labels.
+        let index = self.ready_index(&key);
+        let mut ids: Vec<String> = std::fs::read_dir(&index)
+            .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).collect())
+            .unwrap_or_default();
+        let mut listed: HashMap<String, containerd_client::services::v1::Container> = HashMap::new();
+        if ids.is_empty() {
+            listed = self
+                .members(Some(&key))
+                .await?
+                .into_iter()
+                .map(|c| (c.id.clone(), c))
+                .collect();
+            ids = listed.keys().cloned().collect();
+            ids.sort();
+        }
+        if ids.is_empty() {
             return Ok(Claim::Cold(Some(image), self.no_pool_fits(plan, &key)));
         }
-        tracing::debug!(key, candidates = candidates.len(), "looking for a pool member");
+        tracing::debug!(key, candidates = ids.len(), "looking for a pool member");
         // Claimants start at different places, so concurrent claims rarely collide.
         let shift = std::process::id() as usize + t0.elapsed().subsec_nanos() as usize;
-        if !candidates.is_empty() {
-            let n = candidates.len();
-            candidates.rotate_left(shift % n);
-        }
+        let n = ids.len();
+        ids.rotate_left(shift % n);
         let me = owner_id();
-        for c in candidates {
-            let dir = self.run_dir.join(&c.id);
-            if std::fs::rename(dir.join(READY_FILE), dir.join(format!("{CLAIMED_PREFIX}{me}"))).is_err() {
+        for id in ids {
+            let dir = self.run_dir.join(&id);
+            let won = std::fs::rename(dir.join(READY_FILE), dir.join(format!("{CLAIMED_PREFIX}{me}"))).is_ok();
+            // Claimed (by this process or another) or gone: either way no longer ready.
+            let _ = std::fs::remove_file(index.join(&id));
+            if !won {
                 continue;
             }
+            let c = match listed.remove(&id) {
+                Some(c) => c,
+                None => match self.client.container(&id).await {
+                    Ok(Some(c)) => c,
+                    other => {
+                        tracing::warn!(member = id, result = ?other.map(|_| ()), "a ready pool member has no record; removing it");
+                        let _ = self.teardown(&id).await;
+                        continue;
+                    }
+                },
+            };
             let task = self.client.task_get(&c.id).await;
             let init_pid = match task {
                 Ok(Some(p)) if p.status == STATUS_RUNNING => p.pid,
@@ -476,6 +568,9 @@ impl Engine {
                     None => (uid, gid),
                 };
                 let agent = Agent::open(&dir.join("agent"), uid, gid)?;
+                // Pinned before `set_hostname` checks that the PID is the member's init (in
+                // its cgroup), so what is pinned is what was checked.
+                let init = own_pid_namespace(&spec).then(|| pin(init_pid)).flatten();
                 let hostname: String = plan.job().name.chars().take(63).collect();
                 set_hostname(init_pid, &self.cgroup_path(&c.id), &hostname)?;
                 Ok::<_, RuntimeError>(Member {
@@ -488,6 +583,7 @@ impl Engine {
                     process,
                     range,
                     relabel,
+                    init,
                 })
             }
             .await;
@@ -708,7 +804,7 @@ impl Engine {
             None
         } else if timed_out || interrupted {
             // After a SIGKILL to all the agent is dead too: `done` ends at once, without a status.
-            let killed = self.stop_member(member, req.sent).await;
+            let killed = self.stop_member(member, &req.dir_fd, req.sent).await;
             let wait = if killed {
                 Duration::from_millis(200)
             } else {
@@ -719,7 +815,7 @@ impl Engine {
             status
         };
         // The command's end is the container's, as when it is PID 1.
-        let _ = self.client.task_kill(&member.id, "", SIGKILL, true).await;
+        member.kill_all(&self.client).await;
         let duration = started.elapsed();
         let (out, err) = pumps.finish(super::DRAIN_LIMIT, false).await;
         let stats = cgroupfs::read(&member.cgroup);
@@ -772,8 +868,8 @@ impl Engine {
     /// A timeout or an interrupt: SIGTERM to every process of the member but its agent,
     /// and to the command's main process only when it handles SIGTERM (a cold container's
     /// init, PID 1, ignores signals it has no handler for), then SIGKILL after the grace.
-    async fn stop_member(&self, member: &Member, sent: u64) -> bool {
-        let main = agent::request_process(member.init_pid, sent);
+    async fn stop_member(&self, member: &Member, dir: &std::os::fd::OwnedFd, sent: u64) -> bool {
+        let main = agent::request_pid(dir, sent, member.init_pid, &member.cgroup);
         let spare_main = main.is_some_and(|pid| !catches(pid, Signal::SIGTERM));
         for pid in cgroupfs::procs(&member.cgroup) {
             if pid as u32 == member.init_pid || (spare_main && Some(pid) == main) {
@@ -790,7 +886,7 @@ impl Engine {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let _ = self.client.task_kill(&member.id, "", SIGKILL, true).await;
+        member.kill_all(&self.client).await;
         true
     }
 

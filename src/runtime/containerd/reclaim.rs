@@ -154,6 +154,7 @@ impl Engine {
             let (removed, ranges) = blocking(move || {
                 let mut removed = release_late_dirs(late_dir.as_deref(), &run_dir, &live, &ownerless);
                 removed.extend(remove_run_dirs(&run_dir, &live, &ownerless));
+                prune_ready_index(&run_dir);
                 removed.extend(remove_root_dirs(&network, &roots, &live, &gone));
                 (removed, release_ranges(&leases, &containerd, &ours, &run_dir, &live))
             })
@@ -209,6 +210,25 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| RuntimeError::Internal(format!("a reclaim task failed: {e}")))
+}
+
+/// Drop the ready index's entries (see `Engine::ready_index`) of members whose run directory
+/// is gone or no longer marked ready (claims drop the ones they meet; these are the rest),
+/// and keys without entries.
+fn prune_ready_index(run_dir: &Path) {
+    let index = run_dir.with_file_name("ready");
+    let Ok(keys) = std::fs::read_dir(&index) else { return };
+    for key in keys.flatten() {
+        if let Ok(entries) = std::fs::read_dir(key.path()) {
+            for e in entries.flatten() {
+                if !run_dir.join(e.file_name()).join(super::pool::READY_FILE).exists() {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        // Fails while it has entries, as it should.
+        let _ = std::fs::remove_dir(key.path());
+    }
 }
 
 /// Release the late binds of containers that are gone (a claimant died between its claim and

@@ -8,8 +8,8 @@
 `AsyncClient` is the same API for asyncio (`await` every call, `async with`, `async for`).
 """
 
-from ._aio import AsyncClient, AsyncExecStream, AsyncJobs, AsyncSession, AsyncSessions
-from ._sync import Client, ExecStream, Jobs, Session, Sessions
+from ._aio import AsyncClient, AsyncExecStream, AsyncJobs, AsyncPools, AsyncSession, AsyncSessions
+from ._sync import Client, ExecStream, Jobs, Pools, Session, Sessions
 from .errors import (
     BadRequest,
     CommandFailed,
@@ -31,6 +31,7 @@ from .models import (
     ExecResult,
     FileEntry,
     Job,
+    Pool,
     PythonResult,
     PythonVar,
     SessionInfo,
@@ -46,11 +47,13 @@ __all__ = [
     "Session",
     "Sessions",
     "Jobs",
+    "Pools",
     "ExecStream",
     "AsyncClient",
     "AsyncSession",
     "AsyncSessions",
     "AsyncJobs",
+    "AsyncPools",
     "AsyncExecStream",
     "RunnerError",
     "BadRequest",
@@ -68,6 +71,7 @@ __all__ = [
     "ExecResult",
     "FileEntry",
     "Job",
+    "Pool",
     "PythonResult",
     "PythonVar",
     "SessionInfo",

@@ -46,6 +46,7 @@ from .models import (
     ExecResult,
     FileEntry,
     Job,
+    Pool,
     PythonResult,
     PythonVar,
     SessionInfo,
@@ -54,7 +55,7 @@ from .models import (
     UploadReport,
 )
 
-__all__ = ["AsyncClient", "AsyncSession", "AsyncSessions", "AsyncJobs", "AsyncExecStream", "AsyncTransport"]
+__all__ = ["AsyncClient", "AsyncSession", "AsyncSessions", "AsyncJobs", "AsyncPools", "AsyncExecStream", "AsyncTransport"]
 
 T = TypeVar("T")
 
@@ -742,6 +743,30 @@ class AsyncSessions:
         return await self._t.call(_core.list_sessions())
 
 
+class AsyncPools:
+    """`client.pools`: warm pools, made and removed over HTTP."""
+
+    def __init__(self, transport: AsyncTransport) -> None:
+        self._t = transport
+
+    async def create(
+        self,
+        name: str,
+        environment: Environment,
+        *,
+        size: Optional[int] = None,
+        workspace: bool = True,
+        static_assets: bool = False,
+    ) -> Pool:
+        return await self._t.call(_core.create_pool(name, environment, size, workspace, static_assets))
+
+    async def list(self) -> List[Pool]:
+        return await self._t.call(_core.list_pools())
+
+    async def delete(self, name: str) -> List[str]:
+        return await self._t.call(_core.delete_pool(name))
+
+
 class AsyncJobs:
     """`client.jobs`: submit manifests, follow and remove their Jobs."""
 
@@ -796,6 +821,7 @@ class AsyncClient:
         self._t = AsyncTransport(self.endpoint, _core.token(token), timeout)
         self.sessions = AsyncSessions(self._t)
         self.jobs = AsyncJobs(self._t)
+        self.pools = AsyncPools(self._t)
 
     def __repr__(self) -> str:
         return "AsyncClient(%r)" % str(self.endpoint)

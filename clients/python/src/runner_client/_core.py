@@ -16,6 +16,7 @@ from .models import (
     ExecResult,
     FileEntry,
     Job,
+    Pool,
     PythonResult,
     PythonVar,
     SessionInfo,
@@ -402,6 +403,38 @@ def download(session_id: str, path: str) -> Op[bytes]:
     request = Request("GET", _session_path(session_id, "files", "download", query=query))
     request.accept = "application/x-tar"
     return Op(request, lambda r: r.body)
+
+
+def create_pool(
+    name: str, environment: Environment, size: Optional[int], workspace: bool, static_assets: bool
+) -> Op[Pool]:
+    if not isinstance(name, str) or not name:
+        raise ValueError("a pool needs a name")
+    if isinstance(environment, Mapping):
+        env: Any = dict(environment)
+    elif isinstance(environment, str):
+        env = environment
+    else:
+        raise TypeError("environment: a mapping (a document or its spec) or the name of one")
+    body: Dict[str, Any] = {"name": name, "environment": env, "workspace": workspace}
+    if size is not None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError("a pool's size is a whole number of members")
+        body["size"] = size
+    if static_assets:
+        body["staticAssets"] = True
+    return Op(_json_request("POST", "/v1/pools", body), lambda r: Pool.from_json(json_of(r)))
+
+
+def list_pools() -> Op[List[Pool]]:
+    return Op(Request("GET", "/v1/pools"), lambda r: [Pool.from_json(d) for d in json_of(r)])
+
+
+def delete_pool(name: str) -> Op[List[str]]:
+    return Op(
+        Request("DELETE", _path("v1", "pools", name)),
+        lambda r: [str(n) for n in json_of(r).get("removed", [])],
+    )
 
 
 ManifestInput = Union[str, bytes, "os.PathLike[str]", Sequence[Mapping[str, Any]]]

@@ -21,6 +21,7 @@ from .models import (
     ExecResult,
     FileEntry,
     Job,
+    Pool,
     PythonResult,
     PythonVar,
     SessionInfo,
@@ -29,7 +30,7 @@ from .models import (
     UploadReport,
 )
 
-__all__ = ["Client", "Session", "Sessions", "Jobs", "ExecStream", "SyncTransport"]
+__all__ = ["Client", "Session", "Sessions", "Jobs", "Pools", "ExecStream", "SyncTransport"]
 
 T = TypeVar("T")
 
@@ -447,6 +448,33 @@ class Sessions:
         return self._t.call(_core.list_sessions())
 
 
+class Pools:
+    """`client.pools`: warm pools, made and removed over HTTP."""
+
+    def __init__(self, transport: SyncTransport) -> None:
+        self._t = transport
+
+    def create(
+        self,
+        name: str,
+        environment: Environment,
+        *,
+        size: Optional[int] = None,
+        workspace: bool = True,
+        static_assets: bool = False,
+    ) -> Pool:
+        """Make (or resize) the pool `name` of `environment` (as for a session) and fill it;
+        sessions of that Environment then start from its members. Default size 2."""
+        return self._t.call(_core.create_pool(name, environment, size, workspace, static_assets))
+
+    def list(self) -> List[Pool]:
+        return self._t.call(_core.list_pools())
+
+    def delete(self, name: str) -> List[str]:
+        """Remove the pool and its unclaimed members; their ids."""
+        return self._t.call(_core.delete_pool(name))
+
+
 class Jobs:
     """`client.jobs`: submit manifests, follow and remove their Jobs."""
 
@@ -521,6 +549,7 @@ class Client:
         self._t = SyncTransport(self.endpoint, _core.token(token), timeout)
         self.sessions = Sessions(self._t)
         self.jobs = Jobs(self._t)
+        self.pools = Pools(self._t)
 
     def __repr__(self) -> str:
         return "Client(%r)" % str(self.endpoint)

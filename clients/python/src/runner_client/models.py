@@ -17,6 +17,7 @@ __all__ = [
     "UploadReport",
     "Job",
     "JobPhase",
+    "Pool",
 ]
 
 JobPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
@@ -282,5 +283,38 @@ class Job:
             message=_opt_str(status.get("message")),
             result=ExecResult.from_json(result) if isinstance(result, dict) else None,
             status=status,
+            raw=dict(d),
+        )
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A warm pool: containers of one Environment started ahead of time. A session whose
+    Environment is the pool's (same image, resources, user, hardening) claims a member."""
+
+    name: str
+    environment: str
+    size: int
+    ready: int
+    """Members waiting to be claimed now."""
+    broken: int
+    workspace: bool
+    static_assets: bool
+    key: str
+    created: str
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Pool":
+        return cls(
+            name=_str(d.get("name")),
+            environment=_str(d.get("environment")),
+            size=_int(d.get("size")) or 0,
+            ready=_int(d.get("ready")) or 0,
+            broken=_int(d.get("broken")) or 0,
+            workspace=bool(d.get("workspace", False)),
+            static_assets=bool(d.get("staticAssets", False)),
+            key=_str(d.get("key")),
+            created=_str(d.get("created")),
             raw=dict(d),
         )
