@@ -4,12 +4,14 @@
 
 pub mod error;
 mod jobs;
+mod observe;
 mod openapi;
 mod pools;
 mod sandbox;
 mod sessions;
 mod state;
 mod swerex;
+mod terminals;
 pub mod types;
 
 use std::path::Path;
@@ -301,6 +303,8 @@ fn routes() -> Vec<Route> {
     table.extend(sandbox::routes());
     table.extend(swerex::routes());
     table.extend(state::routes());
+    table.extend(terminals::routes());
+    table.extend(observe::routes());
     table
 }
 
@@ -386,7 +390,7 @@ async fn render_metrics(state: &AppState) -> Result<String, ServiceError> {
     for job in job_service::list(&state.ctx, &[]).await? {
         *phases.entry(format!("{:?}", job.object.status.phase)).or_default() += 1.0;
     }
-    Ok(crate::metrics::render(&[
+    let mut gauges = vec![
         crate::metrics::Gauge {
             name: "runner_sessions_live",
             help: "sessions open now, by backend",
@@ -400,7 +404,9 @@ async fn render_metrics(state: &AppState) -> Result<String, ServiceError> {
             help: "jobs in the store, by phase",
             values: phases.into_iter().map(|(p, n)| (vec![("phase", p)], n)).collect(),
         },
-    ]))
+    ];
+    gauges.extend(observe::sandbox_gauges(state).await);
+    Ok(crate::metrics::render(&gauges))
 }
 
 async fn no_route(method: Method, uri: axum::http::Uri) -> ApiError {

@@ -410,6 +410,40 @@ pub enum Verb {
         #[arg(long, value_parser = humantime::parse_duration, default_value = "30m")]
         session_ttl: std::time::Duration,
     },
+    /// Run a command on a terminal in a session of a `runner serve` (`-it`: your terminal,
+    /// in raw mode, is connected to it; exits with the command's status).
+    Exec {
+        /// Keep stdin open and send it (keys) to the command.
+        #[arg(short = 'i', long)]
+        interactive: bool,
+        /// Allocate a terminal in the sandbox (required: commands without one go through the
+        /// HTTP API's /exec).
+        #[arg(short = 't', long)]
+        tty: bool,
+        #[command(flatten)]
+        server: ServerArgs,
+        /// The session's id.
+        session: String,
+        /// The command and its arguments (after `--`).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Open the image's shell on a terminal in a session of a `runner serve` and connect your
+    /// terminal to it (as `exec -it SESSION` with the default shell).
+    Attach {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// The session's id.
+        session: String,
+    },
+    /// What running containers use now: CPU (rate and time), memory (now and peak), pids, block
+    /// I/O and network bytes, from their cgroups (jobs' attempts, sessions, pool members).
+    Top {
+        /// Only this job's (or session's) containers.
+        job: Option<String>,
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<OutputFormat>,
+    },
     /// Manage images in containerd.
     Image {
         #[command(subcommand)]
@@ -700,4 +734,28 @@ pub enum OutputFormat {
     Wide,
     /// `KIND/NAME` per line, as kubectl's `-o name`.
     Name,
+}
+
+/// Which `runner serve` a client verb talks to, and with what token.
+#[derive(Args, Debug, Clone)]
+pub struct ServerArgs {
+    /// The server: http://HOST:PORT or unix:PATH (as `runner serve` prints it).
+    #[arg(long, env = "RUNNER_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// File holding the bearer token [default: the token in $RUNNER_TOKEN].
+    #[arg(long, env = "RUNNER_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+impl ServerArgs {
+    /// The token: the file's first line, else $RUNNER_TOKEN.
+    pub fn token(&self) -> Result<Option<String>, crate::service::ServiceError> {
+        let text = match &self.token_file {
+            Some(file) => std::fs::read_to_string(file)
+                .map_err(|e| crate::service::ServiceError::field("--token-file", format!("{}: {e}", file.display())))?,
+            None => std::env::var("RUNNER_TOKEN").unwrap_or_default(),
+        };
+        let token = text.trim();
+        Ok((!token.is_empty()).then(|| token.to_string()))
+    }
 }

@@ -410,6 +410,9 @@ pub async fn describe(ctx: &Context, name: &str) -> Result<i32, ServiceError> {
             }
         }
     }
+    if s.phase == crate::job::Phase::Running {
+        super::top::describe_usage(ctx, &o.metadata.name).await;
+    }
     outln!("Events:");
     for e in &d.events {
         outln!("  {:<24} {:<8} {:<16} {}", e.time, e.kind, e.reason, e.message);

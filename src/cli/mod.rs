@@ -11,6 +11,8 @@ mod kube;
 mod output;
 mod pools;
 mod snapshot;
+mod terminal;
+mod top;
 
 pub use args::*;
 
@@ -217,6 +219,35 @@ impl Cli {
                     }
                 };
                 jobs::delete(&context(g, None)?, which).await?
+            }
+            Verb::Exec {
+                interactive,
+                tty,
+                server,
+                session,
+                command,
+            } => {
+                if !tty {
+                    return Err(ServiceError::field(
+                        "-t",
+                        "exec connects a terminal: pass -t (and -i for keys); run commands without one through the HTTP API's /exec",
+                    ));
+                }
+                let open = terminal::Open {
+                    session,
+                    command,
+                    interactive,
+                };
+                terminal::run(&server, open).await?
+            }
+            Verb::Top { job, output } => top::top(&context(g, None)?, job.as_deref(), output).await?,
+            Verb::Attach { server, session } => {
+                let open = terminal::Open {
+                    session,
+                    command: Vec::new(),
+                    interactive: true,
+                };
+                terminal::run(&server, open).await?
             }
             Verb::Version { output } => daemon::version(&g.config(), output).await?,
             Verb::Options => {

@@ -636,6 +636,45 @@ impl Containerd {
     }
 
     pub async fn exec(&self, id: &str, exec_id: &str, process_json: Vec<u8>, stdio: &Stdio) -> Result<(), CtdError> {
+        self.exec_process(id, exec_id, process_json, stdio, false).await
+    }
+
+    /// An exec process on a pseudo-terminal: runc allocates it inside the container (its own
+    /// devpts) and hands the master to the shim, which copies between it and `stdio.stdin` /
+    /// `stdio.stdout` (the spec's `process.terminal` must be true; stderr is unused).
+    pub async fn exec_terminal(
+        &self,
+        id: &str,
+        exec_id: &str,
+        process_json: Vec<u8>,
+        stdio: &Stdio,
+    ) -> Result<(), CtdError> {
+        self.exec_process(id, exec_id, process_json, stdio, true).await
+    }
+
+    /// Change the window size of an exec process's terminal.
+    pub async fn resize_pty(&self, id: &str, exec_id: &str, cols: u32, rows: u32) -> Result<(), CtdError> {
+        let mut client = svc::tasks_client::TasksClient::new(self.channel.clone());
+        client
+            .resize_pty(self.request(svc::ResizePtyRequest {
+                container_id: id.to_string(),
+                exec_id: exec_id.to_string(),
+                width: cols,
+                height: rows,
+            }))
+            .await
+            .map_err(rpc("resize pty"))?;
+        Ok(())
+    }
+
+    async fn exec_process(
+        &self,
+        id: &str,
+        exec_id: &str,
+        process_json: Vec<u8>,
+        stdio: &Stdio,
+        terminal: bool,
+    ) -> Result<(), CtdError> {
         let mut client = svc::tasks_client::TasksClient::new(self.channel.clone());
         client
             .exec(self.request(svc::ExecProcessRequest {
@@ -643,7 +682,7 @@ impl Containerd {
                 stdin: stdio.stdin.clone(),
                 stdout: stdio.stdout.clone(),
                 stderr: stdio.stderr.clone(),
-                terminal: false,
+                terminal,
                 spec: Some(Any {
                     type_url: PROCESS_TYPE_URL.into(),
                     value: process_json,

@@ -444,6 +444,17 @@ impl Runtime for HostRuntime {
         Ok(rx)
     }
 
+    async fn open_pty(&self, request: super::pty::PtyRequest) -> Result<super::pty::Pty, RuntimeError> {
+        self.check_live()?;
+        super::pty::spawn_host(
+            &request,
+            &self.workdir,
+            &self.env,
+            self.switch_user,
+            self.options.use_cgroup,
+        )
+    }
+
     fn poll(&self) -> ProcessState {
         let state = self.state.lock().expect("state lock");
         ProcessState::of(state.current.is_some(), state.last)

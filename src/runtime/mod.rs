@@ -8,8 +8,10 @@ pub mod host;
 pub mod idmap;
 pub mod late;
 pub mod output;
+pub mod pty;
 pub mod storage;
 pub mod tree;
+pub mod usage;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -236,6 +238,23 @@ pub trait Runtime: Send + Sync {
     async fn resume(&self) -> Result<(), RuntimeError> {
         Err(RuntimeError::Refused("only containerd sandboxes can be paused".into()))
     }
+    /// Start a command on a new terminal in the sandbox (beside the commands of `execute`,
+    /// which it does not wait for nor hold up).
+    async fn open_pty(&self, _request: pty::PtyRequest) -> Result<pty::Pty, RuntimeError> {
+        Err(RuntimeError::Refused("this runtime has no terminals".into()))
+    }
+    /// Where the sandbox's resource counters are: its cgroup and its init's host PID.
+    fn cgroup(&self) -> Option<CgroupRef> {
+        None
+    }
+}
+
+/// A sandbox's cgroup (the spec's `cgroupsPath`) and its init's host PID (whose network
+/// namespace is the sandbox's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupRef {
+    pub path: String,
+    pub init_pid: u32,
 }
 
 /// An isolated sandbox's extras: a directory shared with it, the tools shipped into it,

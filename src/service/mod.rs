@@ -12,6 +12,7 @@ pub mod pools;
 pub mod reconcile;
 pub mod sessions;
 pub mod snapshots;
+pub mod usage;
 
 use std::sync::Arc;
 

@@ -288,6 +288,37 @@ async def run(ours: Side, local: Side, src: str):
     await same("close a missing session", ours, local,
                lambda rt, B, O: rt.close_session(CloseBashSessionRequest(session="second")))
 
+    # --- interactive commands: a terminal, as SWE-ReX's own shell is one ------------------
+    def interactive(command, **kw):
+        return bash(command, is_interactive_command=True, **{"timeout": 10, **kw})
+
+    await same("interactive: a REPL starts", ours, local, interactive("python3 -q", expect=[">>> "]))
+    await same("interactive: a line to the REPL", ours, local, interactive("print(6 * 7)", expect=[">>> "]))
+    await same("interactive: a prompt", ours, local, interactive("name = input('na' + 'me: ')", expect=[r"na.e: "]))
+    await same("interactive: its answer", ours, local, interactive("runner", expect=[">>> "]))
+    await same("interactive: state kept", ours, local, interactive("print(name * 2)", expect=[">>> "]))
+    await same("interactive: quit", ours, local, bash("exit()", is_interactive_quit=True, timeout=10))
+    await same("after the REPL: the shell's state", ours, local, bash("echo $FOO $x; pwd"))
+    await same("interactive: a pager", ours, local,
+               interactive("seq 1 100000 | more", expect=["--More--"]), skip_fields=("output",))
+    await same("interactive: quitting the pager", ours, local, bash("q", is_interactive_quit=True, timeout=10),
+               skip_fields=("output",))
+    await same("after the pager", ours, local, bash("echo after-pager $FOO; pwd"))
+    # A pager that ignores Ctrl-C: SWE-ReX's interrupt falls back to Ctrl-Z and `kill -9 %1`.
+    # LocalRuntime's fails here (pexpect.TIMEOUT, its shell left in the pager); ours gets the
+    # prompt back, so only ours is checked.
+    await outcome(ours, interactive("seq 1 100000 | more", expect=["--More--"]))
+    stopped = await outcome(ours, lambda rt, B, O: rt.run_in_session(BashInterruptAction()))
+    back = await outcome(ours, bash("echo back $FOO"))
+    expect("ours: an interrupt ends a pager", stopped[0] == "ok" and back[0] == "ok" and back[2]["output"] == "back bar\n",
+           f"{stopped} {back}")
+    await same("interactive: a program that ends", ours, local, interactive("echo done-at-once"))
+    await same("interactive: a timeout", ours, local, interactive("sleep 3", timeout=0.5))
+    # What LocalRuntime's interrupt answers depends on what its pexpect buffer still holds.
+    await same("interrupting the sleep", ours, local,
+               lambda rt, B, O: rt.run_in_session(BashInterruptAction()), skip_fields=("output",))
+    await same("after the interrupt", ours, local, bash("echo $FOO"))
+
     # --- round trip ---------------------------------------------------------------------------
     for side in (ours, local):
         await side.rt.create_session(CreateBashSessionRequest(session="bench"))

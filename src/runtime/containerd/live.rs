@@ -663,6 +663,21 @@ impl Runtime for LiveContainer {
         self.network.as_ref()
     }
 
+    async fn open_pty(
+        &self,
+        request: crate::runtime::pty::PtyRequest,
+    ) -> Result<crate::runtime::pty::Pty, RuntimeError> {
+        self.check_live()?;
+        self.start_pty(request).await
+    }
+
+    fn cgroup(&self) -> Option<crate::runtime::CgroupRef> {
+        Some(crate::runtime::CgroupRef {
+            path: self.cgroup.clone(),
+            init_pid: self.init_pid,
+        })
+    }
+
     async fn set_egress(&self, egress: crate::net::Egress) -> Result<(), RuntimeError> {
         if self.network.is_none() {
             return Err(RuntimeError::Refused("the sandbox is on no bridge network".into()));

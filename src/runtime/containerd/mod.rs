@@ -64,6 +64,7 @@ const SIGKILL: u32 = 9;
 mod create;
 mod engine;
 mod live;
+mod pty;
 
 pub use engine::Engine;
 pub use live::LiveContainer;

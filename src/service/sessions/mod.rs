@@ -9,6 +9,9 @@ mod python;
 mod resident;
 mod shell;
 pub mod swerex;
+pub mod terminal;
+pub mod usage;
+pub mod watch;
 
 /// The host's `nobody` (and `nogroup`): owner of session scratch workspaces.
 const NOBODY: u32 = 65_534;
@@ -290,6 +293,10 @@ pub struct Session {
     swerex: swerex::Swerex,
     /// Whether it is paused, and how it pauses and resumes.
     pause: pause::PauseState,
+    /// Terminals open now (see `terminal`).
+    terminals: Arc<AtomicUsize>,
+    /// Watches of the workspace open now (see `watch`).
+    watchers: Arc<AtomicUsize>,
 }
 
 impl Session {
@@ -580,6 +587,8 @@ impl SessionManager {
             output_limit,
             swerex: swerex::Swerex::default(),
             pause: pause::PauseState::new(request.pause),
+            terminals: Arc::default(),
+            watchers: Arc::default(),
         });
         session.prestart_shell();
         let view = session.view();

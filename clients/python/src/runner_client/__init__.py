@@ -26,6 +26,7 @@ from .errors import (
     WaitTimeout,
 )
 from .manifest import environment_from_manifest, load_documents
+from .terminal import Terminal
 from .models import (
     ExecResult,
     FileEntry,
@@ -77,6 +78,7 @@ __all__ = [
     "ShellResult",
     "StreamEvent",
     "UploadReport",
+    "Terminal",
     "environment_from_manifest",
     "load_documents",
 ]

@@ -16,6 +16,7 @@ from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Sequence, T
 from . import _core, _tar
 from ._core import Command, Endpoint, Environment, ManifestInput, Op, PathLike, Request, Response
 from .errors import NotFound, RunnerError, TransportError, WaitTimeout
+from .terminal import Terminal, open_terminal, watch_events
 from .models import (
     ExecResult,
     FileEntry,
@@ -388,6 +389,23 @@ class Session:
     def download(self, path: str = "") -> bytes:
         """A tar of a workspace directory or file."""
         return self._t.call(_core.download(self.id, path))
+
+    def watch(self, path: str = "", *, recursive: bool = True) -> "Iterator[Dict[str, Any]]":
+        """The workspace's changes as they happen: dicts with `type` (ready, create, modify,
+        delete, move, overflow) and `path` (or `from`/`to`). Close the generator to stop."""
+        query = {"path": path or None, "recursive": "true" if recursive else "false"}
+        request = Request("GET", _core._session_path(self.id, "files", "watch", query=query), accept="application/x-ndjson")
+        return watch_events(self._t.open(request))
+
+    def metrics(self) -> Dict[str, Any]:
+        """What the sandbox uses now (cpuSeconds, cpuCores, memoryBytes, memoryPeakBytes, pids,
+        I/O and network bytes); `NotSupported` for a host session."""
+        return self._t.call(Op(Request("GET", _core._session_path(self.id, "metrics")), _core.json_of))
+
+    def terminal(self, command: Optional[Command] = None, **options: Any) -> "Terminal":
+        """A command (default: the image's shell) on a terminal in the sandbox; see
+        `runner_client.terminal` (rows, cols, env, cwd)."""
+        return open_terminal(self._t.endpoint, self._t._token, self.id, command, **options)
 
     def delete(self) -> None:
         """End the session and remove everything it owned."""

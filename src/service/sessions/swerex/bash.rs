@@ -8,8 +8,7 @@ use super::models::{
 };
 use super::python::{py_float, py_repr, sh_quote, strip_ansi};
 use super::{
-    BAD_SYNTAX, COMMAND_TIMEOUT, NON_ZERO_EXIT, SESSION_EXISTS, SESSION_MISSING, SWEREX_EXCEPTION, Shell, SwerexError,
-    duration,
+    BAD_SYNTAX, COMMAND_TIMEOUT, NON_ZERO_EXIT, SESSION_EXISTS, SESSION_MISSING, Shell, SwerexError, duration,
 };
 use crate::service::sessions::{Check, Session, ShellRequest};
 
@@ -61,11 +60,16 @@ fn wrap(command: &str, status: i32) -> String {
 }
 
 fn observation(output: String, exit_code: Option<i32>) -> BashObservation {
+    observation_with(output, exit_code, PS1)
+}
+
+/// An observation whose command ended at `expect_string`.
+pub(super) fn observation_with(output: String, exit_code: Option<i32>, expect_string: &str) -> BashObservation {
     BashObservation {
         output,
         exit_code,
         failure_reason: String::new(),
-        expect_string: PS1.into(),
+        expect_string: expect_string.into(),
         session_type: Bash::Bash,
     }
 }
@@ -143,7 +147,10 @@ impl Session {
         match action {
             Action::Interrupt(action) => {
                 self.swerex.shell(&action.session)?;
-                Ok(observation(String::new(), Some(0)))
+                match self.swerex_interrupt(&action).await? {
+                    Some(observation) => Ok(observation),
+                    None => Ok(observation(String::new(), Some(0))),
+                }
             }
             Action::Bash(action) => {
                 let shell = self.swerex.shell(&action.session)?;
@@ -156,10 +163,7 @@ impl Session {
     /// command timed out, which leave SWE-ReX's `$?` as it was).
     async fn run_bash(&self, shell: &Shell, action: BashAction) -> Result<BashObservation, SwerexError> {
         if action.is_interactive_command || action.is_interactive_quit {
-            return Err(SwerexError::exception(
-                SWEREX_EXCEPTION,
-                "interactive commands are not supported: runner's shell runs each command to its end",
-            ));
+            return self.swerex_interactive(shell, action).await;
         }
         let out = self
             .shell(ShellRequest {
@@ -232,6 +236,7 @@ impl Session {
                 format!("session {} does not exist", py_repr(&request.session)),
             )
         })?;
+        self.swerex_close_terminal(&request.session).await;
         self.close_shell(&shell.name).await;
         Ok(CloseBashSessionResponse {
             session_type: Bash::Bash,
@@ -241,6 +246,9 @@ impl Session {
     /// `close`: every bash session ends (the runner session itself stays).
     pub async fn swerex_close(&self) {
         let shells = self.swerex.with(|r| std::mem::take(&mut r.shells));
+        for session in shells.keys() {
+            self.swerex_close_terminal(session).await;
+        }
         for shell in shells.into_values() {
             self.close_shell(&shell.name).await;
         }

@@ -12,6 +12,7 @@
 
 mod bash;
 mod files;
+mod interactive;
 pub mod models;
 mod python;
 mod subprocess;
@@ -108,6 +109,8 @@ pub struct Swerex {
 struct State {
     /// SWE-ReX session name → our shell.
     shells: HashMap<String, Shell>,
+    /// SWE-ReX session name → its terminal, while an interactive program runs there.
+    terminals: HashMap<String, std::sync::Arc<tokio::sync::Mutex<interactive::Interactive>>>,
     /// Where the sandbox sees the workspace (containerd sessions; found once).
     workdir: Option<String>,
     /// The last answer: its request id, status and body.

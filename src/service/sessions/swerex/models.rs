@@ -71,7 +71,8 @@ pub struct BashAction {
     pub check: CheckMode,
     #[serde(default)]
     pub error_msg: String,
-    /// Ignored: our shell always runs a command to its end.
+    /// For an interactive command: outputs that end it besides the prompt (matched
+    /// literally). Ignored for the others: our shell runs them to their end.
     #[serde(default)]
     pub expect: Vec<String>,
 }
@@ -80,6 +81,23 @@ pub struct BashAction {
 pub struct BashInterruptAction {
     #[serde(default = "default_session")]
     pub session: String,
+    /// Seconds each Ctrl-C waits for the prompt or an `expect` string.
+    #[serde(default = "point_two")]
+    pub timeout: f64,
+    /// How many Ctrl-Cs before Ctrl-Z and `kill -9 %1`.
+    #[serde(default = "three")]
+    pub n_retry: u32,
+    /// Outputs that end the interrupt besides the prompt (matched literally).
+    #[serde(default)]
+    pub expect: Vec<String>,
+}
+
+fn point_two() -> f64 {
+    0.2
+}
+
+fn three() -> u32 {
+    3
 }
 
 #[derive(Deserialize, JsonSchema)]
