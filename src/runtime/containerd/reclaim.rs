@@ -155,6 +155,7 @@ impl Engine {
                 let mut removed = release_late_dirs(late_dir.as_deref(), &run_dir, &live, &ownerless);
                 removed.extend(remove_run_dirs(&run_dir, &live, &ownerless));
                 prune_ready_index(&run_dir);
+                removed.extend(remove_orphan_layer_files(&run_dir));
                 removed.extend(remove_root_dirs(&network, &roots, &live, &gone));
                 (removed, release_ranges(&leases, &containerd, &ours, &run_dir, &live))
             })
@@ -210,6 +211,36 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| RuntimeError::Internal(format!("a reclaim task failed: {e}")))
+}
+
+/// Remove snapshot layer files (`snapshot-PID_START-*.tar` beside the run directories) whose
+/// runner process is gone: it died while making the snapshot.
+fn remove_orphan_layer_files(run_dir: &Path) -> Vec<String> {
+    let Some(dir) = run_dir.parent() else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name
+            .strip_prefix(super::snapshot::LAYER_FILE_PREFIX)
+            .filter(|_| name.ends_with(".tar"))
+        else {
+            continue;
+        };
+        // Files of an older runner carry no owner: left alone (they are rare and visible).
+        let Some((owner, _)) = rest.split_once('-') else {
+            continue;
+        };
+        if owner.contains('_') && !owner_alive(&owner.replacen('_', ":", 1)) {
+            match std::fs::remove_file(e.path()) {
+                Ok(()) => removed.push(name),
+                Err(err) => tracing::warn!(file = name, error = %err, "gc could not remove a snapshot's layer file"),
+            }
+        }
+    }
+    removed
 }
 
 /// Drop the ready index's entries (see `Engine::ready_index`) of members whose run directory
@@ -427,4 +458,33 @@ fn remove_root_dirs(
         }
     }
     removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_files_of_dead_runners_go_and_others_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        std::fs::create_dir(&run).unwrap();
+        let me = crate::owner::owner_id().replace(':', "_");
+        let names = [
+            "snapshot-1_1-dead.tar".to_string(),
+            format!("snapshot-{me}-mine.tar"),
+            "snapshot-old.tar".to_string(),
+            "snapshot-1_1-other.txt".to_string(),
+        ];
+        for n in &names {
+            std::fs::write(dir.path().join(n), b"x").unwrap();
+        }
+        assert_eq!(
+            remove_orphan_layer_files(&run),
+            vec!["snapshot-1_1-dead.tar".to_string()]
+        );
+        for n in &names[1..] {
+            assert!(dir.path().join(n).exists(), "{n}");
+        }
+    }
 }

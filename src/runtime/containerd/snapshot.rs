@@ -22,6 +22,8 @@ use crate::runtime::RuntimeError;
 /// Label of a snapshot's image record: the snapshot's name.
 pub const LABEL_SNAPSHOT: &str = "runner.dev/snapshot";
 /// What it was taken of (a session, a Job attempt's container, an Environment's setup).
+/// How a snapshot's layer file (beside the run directories, while it is made) is named.
+pub const LAYER_FILE_PREFIX: &str = "snapshot-";
 pub const LABEL_SNAPSHOT_SOURCE: &str = "runner.dev/snapshot-source";
 /// The image it was made on.
 pub const LABEL_SNAPSHOT_BASE: &str = "runner.dev/snapshot-base";
@@ -95,7 +97,12 @@ impl Engine {
             .collect();
         let shift = id_shift(&spec);
         let file = tempfile::Builder::new()
-            .prefix("snapshot-")
+            // Named by this process (see `reclaim::remove_orphan_layer_files`): a runner
+            // that dies mid-snapshot leaves a file gc can tell is no one's.
+            .prefix(&format!(
+                "{LAYER_FILE_PREFIX}{}-",
+                crate::owner::owner_id().replace(':', "_")
+            ))
             .suffix(".tar")
             .tempfile_in(self.run_dir.parent().unwrap_or(&self.run_dir))
             .map_err(|source| RuntimeError::Io {
