@@ -53,6 +53,10 @@ install() {
   # Built from copies: an in-tree build would leave build/ and *.egg-info in the repository.
   cp -r "$root/clients/python" "$pkg/python"
   cp -r "$root/clients/harness" "$pkg/harness"
+  # Without what an earlier in-tree build left (ignored by git, so only on a developer's
+  # checkout): setuptools would package its stale build/lib copies, whose times the copy made
+  # as new as the sources', instead of the sources.
+  rm -rf "$pkg"/python/build "$pkg"/harness/build "$pkg"/python/src/*.egg-info "$pkg"/harness/src/*.egg-info
   # The releases the issue names, pinned: the suite tests what it says it supports.
   PIP_CACHE_DIR="$pkg/pip-cache" "$venv/bin/python" -m pip install --quiet \
     "$pkg/python" "$pkg/harness[inspect,harbor,mini-swe-agent,test]" \
