@@ -12,20 +12,10 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{Value, json};
 
-struct Server {
-    served: Served,
-    _dir: tempfile::TempDir,
-}
+type Server = ImagesServer;
 
 fn server() -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    for image in ["busybox-oci.tar", "python-oci.tar"] {
-        let out = runner_ctd(&["image", "import", image_dir().join(image).to_str().unwrap()], &state);
-        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    }
-    let served = serve_with(runner_ctd_command(&[], &state), dir.path());
-    Server { served, _dir: dir }
+    serve_test_images()
 }
 
 fn session(s: &Server, environment: Value) -> String {
@@ -341,7 +331,7 @@ fn metrics_move_when_the_sandbox_burns_cpu_and_allocates() {
     assert!(text.contains(&line), "{text}");
     assert!(text.contains(&format!("runner_sandbox_cpu_seconds{{session=\"{sid}\"}}")));
     // `runner top` sees it too.
-    let out = runner_ctd_command(&["top", &sid, "-o", "json"], &s._dir.path().join("state"))
+    let out = runner_ctd_command(&["top", &sid, "-o", "json"], &s.dir.path().join("state"))
         .output()
         .unwrap();
     let rows = json_of(&out);

@@ -14,20 +14,10 @@ use tokio_tungstenite::tungstenite::{self, Message, client::IntoClientRequest};
 
 const WHY: &str = "needs a private containerd and the Python image: run scripts/test.sh";
 
-struct Server {
-    served: Served,
-    _dir: tempfile::TempDir,
-}
+type Server = ImagesServer;
 
 fn server() -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    for image in ["busybox-oci.tar", "python-oci.tar"] {
-        let out = runner_ctd(&["image", "import", image_dir().join(image).to_str().unwrap()], &state);
-        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    }
-    let served = serve_with(runner_ctd_command(&[], &state), dir.path());
-    Server { served, _dir: dir }
+    serve_test_images()
 }
 
 fn session(s: &Server, image: &str) -> String {

@@ -243,3 +243,22 @@ pub fn check_generated(file: &Path, name: &str, content: &str) {
         &text[a..b]
     );
 }
+
+/// `runner serve` on a state dir of its own into which the busybox and Python test images
+/// were imported (what the live-sandbox tests start from).
+pub struct ImagesServer {
+    pub served: Served,
+    /// Its state dir is `state` in here.
+    pub dir: tempfile::TempDir,
+}
+
+pub fn serve_test_images() -> ImagesServer {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    for image in ["busybox-oci.tar", "python-oci.tar"] {
+        let out = runner_ctd(&["image", "import", image_dir().join(image).to_str().unwrap()], &state);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let served = serve_with(runner_ctd_command(&[], &state), dir.path());
+    ImagesServer { served, dir }
+}
