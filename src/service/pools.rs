@@ -173,6 +173,8 @@ impl QueueTicket {
             .write(true)
             .open(pools_dir(ctx).join(format!("{pool}.queue")))
             .map_err(|e| ServiceError::internal("opening the pool's queue", e))?;
+        // libc's flock, not nix's Flock: that one unlocks when dropped, which would free the
+        // lock this process hands to the filler (the lock is the open file's, shared by both).
         // SAFETY: flock on a descriptor we own.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
             return Ok(Some(Self(file)));

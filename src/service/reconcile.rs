@@ -75,21 +75,17 @@ pub async fn reconcile(ctx: &Context) {
 }
 
 /// The state dir's reconciliation lock, when no other process holds it (never waits).
-fn reconcile_turn(state_dir: &std::path::Path) -> std::io::Result<Option<std::fs::File>> {
+fn reconcile_turn(state_dir: &std::path::Path) -> std::io::Result<Option<nix::fcntl::Flock<std::fs::File>>> {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(state_dir.join("reconcile.lock"))?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        return Ok(Some(file));
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(held) => Ok(Some(held)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+        Err((_, e)) => Err(e.into()),
     }
-    let e = std::io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        return Ok(None);
-    }
-    Err(e)
 }
 
 /// Reclaim what dead runner processes left (see `Engine::reclaim`), keeping this store's
@@ -286,4 +282,20 @@ pub(super) async fn spawn_supervisor(
             .await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_process_reconciles_a_state_dir_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = reconcile_turn(dir.path()).unwrap();
+        assert!(first.is_some());
+        // Another open file of the same lock (another process's, as far as flock goes).
+        assert!(reconcile_turn(dir.path()).unwrap().is_none());
+        drop(first);
+        assert!(reconcile_turn(dir.path()).unwrap().is_some());
+    }
 }
