@@ -2,6 +2,7 @@
 //! builds both the router and the OpenAPI document; handlers translate HTTP to service calls
 //! and back; statuses come only from `error`. `router` is testable without a socket.
 
+mod checkpoints;
 pub mod error;
 mod jobs;
 mod observe;
@@ -300,6 +301,7 @@ fn routes() -> Vec<Route> {
         ),
     ];
     table.extend(pools::routes());
+    table.extend(checkpoints::routes());
     table.extend(sandbox::routes());
     table.extend(swerex::routes());
     table.extend(state::routes());

@@ -9,7 +9,9 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tokio_stream::StreamExt;
 
-use super::types::{CreateSession, Exec, PatchSession, PathQuery, Python, PythonOutput, PythonValue, Shell};
+use super::types::{
+    CreateSession, Exec, PatchSession, PathQuery, Python, PythonOutput, PythonValue, SessionSource, Shell,
+};
 use super::{AppResult, AppState, parse_json};
 use crate::confined::{ListEntry, UnpackReport};
 use crate::runtime::ExecResult;
@@ -19,8 +21,10 @@ use crate::service::sessions::{SessionView, ShellOutput};
 type Id = UrlPath<String>;
 
 pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> AppResult<Response> {
-    let request = parse_json::<CreateSession>(&body)?.into_request()?;
-    let view = state.sessions.create(request).await?;
+    let view = match parse_json::<CreateSession>(&body)?.into_source()? {
+        SessionSource::New(request) => state.sessions.create(request).await?,
+        SessionSource::Checkpoint(name, pause) => state.sessions.restore(&name, pause).await?,
+    };
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 

@@ -18,7 +18,12 @@ pub struct CreateSession {
     /// A whole Environment document, its spec object, or the name of one in the server's
     /// env dir.
     #[schemars(with = "EnvironmentSchema")]
+    #[serde(default)]
     pub environment: serde_json::Value,
+    /// Restore the session from this checkpoint (`POST /v1/sessions/{id}/checkpoint`)
+    /// instead: its Environment, files, workspace, processes and memory are the checkpoint's
+    /// (give no `environment`, `workspace`, `staticAssets`, `mounts` or `backend`).
+    pub from_checkpoint: Option<String>,
     /// A host directory to work in (default: a scratch directory removed with the session).
     pub workspace: Option<String>,
     /// As a Job's `staticAssets`.
@@ -48,7 +53,38 @@ enum EnvironmentSchema {
     Document(serde_json::Map<String, serde_json::Value>),
 }
 
+/// What `POST /v1/sessions` asks for.
+pub enum SessionSource {
+    New(NewSession),
+    /// A checkpoint's name, and how the copy pauses.
+    Checkpoint(String, crate::service::sessions::PausePolicy),
+}
+
 impl CreateSession {
+    pub fn into_source(self) -> Result<SessionSource, ServiceError> {
+        let Some(name) = self.from_checkpoint.clone() else {
+            return self.into_request().map(SessionSource::New);
+        };
+        let given = [
+            ("environment", !self.environment.is_null()),
+            ("workspace", self.workspace.is_some()),
+            ("staticAssets", !self.static_assets.is_empty()),
+            ("mounts", !self.mounts.is_empty()),
+            ("backend", self.backend.is_some()),
+        ];
+        if let Some((field, _)) = given.iter().find(|(_, set)| *set) {
+            return Err(ServiceError::field(
+                *field,
+                "a session restored from a checkpoint has its checkpoint's (give fromCheckpoint alone)",
+            ));
+        }
+        let pause = crate::service::sessions::PausePolicy {
+            auto_resume: self.auto_resume,
+            idle_pause: seconds("idlePauseSeconds", self.idle_pause_seconds)?,
+        };
+        Ok(SessionSource::Checkpoint(name, pause))
+    }
+
     pub fn into_request(self) -> Result<NewSession, ServiceError> {
         Ok(NewSession {
             environment: EnvironmentRef::from_json(self.environment)?,

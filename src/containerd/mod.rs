@@ -3,6 +3,7 @@
 
 mod client;
 mod content;
+mod criu;
 pub mod daemon;
 mod state;
 

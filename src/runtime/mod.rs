@@ -4,6 +4,7 @@
 
 pub mod cgroupfs;
 pub mod containerd;
+pub mod copytree;
 pub mod host;
 pub mod idmap;
 pub mod late;
@@ -233,6 +234,17 @@ pub trait Runtime: Send + Sync {
     async fn pause(&self) -> Result<(), RuntimeError> {
         Err(RuntimeError::Refused("only containerd sandboxes can be paused".into()))
     }
+
+    /// Checkpoint the sandbox (its processes and memory with CRIU, its files) into the empty
+    /// directory `dir`; `Engine::restore_live` makes copies of it.
+    async fn checkpoint(&self, _dir: &std::path::Path) -> Result<containerd::checkpoint::Dumped, RuntimeError> {
+        Err(RuntimeError::Refused(
+            "only containerd sandboxes can be checkpointed".into(),
+        ))
+    }
+
+    /// A restored sandbox's session has taken over its FIFOs: the host's holds on them go.
+    fn release_restore_holds(&self) {}
 
     /// Thaw what `pause` froze.
     async fn resume(&self) -> Result<(), RuntimeError> {

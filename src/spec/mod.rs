@@ -192,6 +192,10 @@ pub struct RunPlan {
     /// The host ids the container's user namespace maps, allocated by the containerd backend
     /// when it creates the container; `None` until then (and for `hostUsers: true`).
     pub userns: Option<IdRange>,
+    /// A checkpoint the containerd backend restores the container from (its rootfs changes,
+    /// agent files, processes and memory; see `runtime::containerd::checkpoint`) instead of
+    /// starting its init. Set by the session layer.
+    pub restore: Option<PathBuf>,
 }
 
 /// The host ids a container's user namespace maps: container id `n` is host id
@@ -352,6 +356,7 @@ pub fn resolve(bound: &Bound, host: &HostEnv) -> Result<RunPlan, SpecError> {
         labels: BTreeMap::new(),
         stdin_file: None,
         userns: None,
+        restore: None,
     })
 }
 

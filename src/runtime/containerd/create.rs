@@ -409,6 +409,12 @@ impl Engine {
                 None => user,
             };
             let agent = Agent::create(&self.run_dir.join(&id).join("agent"), user.0, user.1)?;
+            if plan.restore.is_some() {
+                let (plan, dir) = (plan.clone(), agent.dir().to_path_buf());
+                tokio::task::spawn_blocking(move || checkpoint::fill_agent(&plan, &dir, checkpoint::AGENT_LIMITS))
+                    .await
+                    .map_err(|e| RuntimeError::Internal(format!("restoring the agent directory: {e}")))??;
+            }
             let mount = oci_spec::runtime::MountBuilder::default()
                 .destination(agent::AGENT_MOUNT)
                 .typ("bind")
@@ -490,6 +496,12 @@ impl Engine {
                 .snapshot_prepare(&lease.name, &id, &image.top_chain, labels.clone())
                 .await?;
             let upper = remap::writable_layer(&mounts);
+            if let (Some(_), Some(upper)) = (&plan.restore, &upper) {
+                let (plan, upper) = (plan.clone(), upper.clone());
+                tokio::task::spawn_blocking(move || checkpoint::fill_rootfs(&plan, &upper, checkpoint::RESTORE_LIMITS))
+                    .await
+                    .map_err(|e| RuntimeError::Internal(format!("restoring the sandbox's files: {e}")))??;
+            }
             if upper.is_none() {
                 tracing::warn!(
                     container = id,

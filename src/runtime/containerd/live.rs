@@ -195,6 +195,9 @@ pub struct LiveContainer {
     pub(super) slot: Arc<tokio::sync::Mutex<()>>,
     pub(super) state: Arc<Mutex<LiveState>>,
     pub(super) sequence: Arc<AtomicU64>,
+    /// A restored container's agent FIFOs, held open by the host until its session has taken
+    /// them over (`checkpoint::start_restored`).
+    pub(super) restore_holds: Mutex<Vec<std::os::fd::OwnedFd>>,
 }
 
 impl LiveContainer {
@@ -226,6 +229,7 @@ impl LiveContainer {
             slot: Arc::new(tokio::sync::Mutex::new(())),
             state: Arc::new(Mutex::new(LiveState::default())),
             sequence: Arc::new(AtomicU64::new(0)),
+            restore_holds: Mutex::new(Vec::new()),
         }
     }
 
@@ -743,6 +747,7 @@ impl Runtime for LiveContainer {
             slot: self.slot.clone(),
             state: self.state.clone(),
             sequence: self.sequence.clone(),
+            restore_holds: Mutex::new(Vec::new()),
         };
         let exec = if this.agent.is_some() {
             None
@@ -769,6 +774,15 @@ impl Runtime for LiveContainer {
         self.engine.client.task_pause(&self.id).await?;
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "pause")], began.elapsed());
         Ok(())
+    }
+
+    fn release_restore_holds(&self) {
+        self.restore_holds.lock().expect("holds lock").clear();
+    }
+
+    async fn checkpoint(&self, dir: &Path) -> Result<checkpoint::Dumped, RuntimeError> {
+        self.check_live()?;
+        self.checkpoint_into(dir, checkpoint::FILES_LIMITS).await
     }
 
     async fn resume(&self) -> Result<(), RuntimeError> {

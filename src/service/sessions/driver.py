@@ -4,6 +4,8 @@ socket the host listens on. One JSON object per line each way.
 Requests:  {"op": "exec", "code": "..."} | {"op": "vars"} | {"op": "var", "name": "x"}
 Answers:   exec -> {"output", "stderr", "vars", "error"}; vars -> {"vars": [{name, type, summary}]};
            var -> {"value"} (JSON when serializable, else {"repr": ...}) or {"error"}.
+{"op": "detach"} -> {"detached": true}, then the driver closes its connection and connects
+again once the host listens (a checkpoint: no connection to the host may be in it).
 A timeout is a SIGINT from the host: the running code gets KeyboardInterrupt, the answer
 says so, and the interpreter stays usable. Needs only python3; when IPython is installed, code
 runs in IPython's InteractiveShell (magics, `_`, display hooks), as reference 003 specifies.
@@ -16,6 +18,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import traceback
 
 NAMESPACE = {"__name__": "__main__", "__builtins__": __builtins__}
@@ -28,6 +31,8 @@ OUTPUT_LIMIT = 10 << 20
 ANSWER_OVERHEAD = 1 << 20
 # Variable names listed in an answer.
 VARS_LIMIT = 10000
+# How often a detached driver looks for the host's socket again (seconds).
+RECONNECT_POLL = 0.005
 INTERRUPTED = "TimeoutError: execution interrupted (time limit reached)"
 
 
@@ -173,29 +178,44 @@ def handle(request):
     return {"error": "unknown op %r" % op}
 
 
-def main():
-    # Started in the background by sh, we inherit SIGINT ignored (POSIX asynchronous lists);
-    # the host's SIGINT is how a timeout stops the running code.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    global OUTPUT_LIMIT
-    path = sys.argv[1]
-    if len(sys.argv) > 2:
-        OUTPUT_LIMIT = int(sys.argv[2])
+def connect(path):
+    """A connection to the host's socket and our hello on it."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(path)
     stream = conn.makefile("rwb")
     hello = {"hello": os.getpid(), "interpreter": "ipython" if SHELL is not None else "python"}
     stream.write((json.dumps(hello) + "\n").encode())
     stream.flush()
+    return conn, stream
+
+
+def reconnect(path):
+    """After a detach (a checkpoint of the sandbox): wait for the host's socket to be there
+    again (in this sandbox, or in a copy restored from the checkpoint) and connect. Polls: a
+    process blocked in nothing but sleep is what CRIU dumps and restores most simply."""
+    while True:
+        try:
+            return connect(path)
+        except OSError:
+            time.sleep(RECONNECT_POLL)
+
+
+def serve(stream):
+    """Answer requests until EOF (False) or a detach (True)."""
     while True:
         try:
             line = stream.readline()
         except KeyboardInterrupt:
             continue
         if not line:
-            return
+            return False
         try:
-            answer = handle(json.loads(line))
+            request = json.loads(line)
+            if isinstance(request, dict) and request.get("op") == "detach":
+                stream.write(b'{"detached": true}\n')
+                stream.flush()
+                return True
+            answer = handle(request)
         except KeyboardInterrupt:
             answer = {"error": INTERRUPTED}
         except Exception as e:
@@ -206,6 +226,21 @@ def main():
             data = json.dumps({"error": "driver: %s" % e})
         stream.write((data + "\n").encode("utf-8", "replace"))
         stream.flush()
+
+
+def main():
+    # Started in the background by sh, we inherit SIGINT ignored (POSIX asynchronous lists);
+    # the host's SIGINT is how a timeout stops the running code.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    global OUTPUT_LIMIT
+    path = sys.argv[1]
+    if len(sys.argv) > 2:
+        OUTPUT_LIMIT = int(sys.argv[2])
+    conn, stream = connect(path)
+    while serve(stream):
+        stream.close()
+        conn.close()
+        conn, stream = reconnect(path)
 
 
 if __name__ == "__main__":

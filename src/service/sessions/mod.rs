@@ -2,6 +2,7 @@
 //! persistent Python interpreter, files in its workspace. `SessionManager` owns them; a call
 //! holds a `Lease`, and a leased session is never reaped as idle.
 
+mod checkpoint;
 mod files;
 mod output;
 mod pause;
@@ -26,6 +27,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+pub use checkpoint::{CheckpointView, Forked};
 pub use files::Download;
 pub use output::ShellOutput;
 pub use pause::{Hold, PausePolicy, SessionState};
@@ -269,6 +271,8 @@ pub struct SessionView {
 /// One live sandbox and what lives in it between calls.
 pub struct Session {
     pub id: String,
+    /// What made it (a checkpoint of it is restored from the same request).
+    request: NewSession,
     runtime: Arc<dyn Runtime>,
     workspace: PathBuf,
     /// Who owns what the file operations create in the workspace: the sandbox's user.
@@ -458,6 +462,16 @@ impl SessionManager {
 
     /// Start a sandbox; its setup must succeed.
     pub async fn create(&self, request: NewSession) -> Result<SessionView, ServiceError> {
+        self.create_or_restore(request, None).await
+    }
+
+    /// `create`, or with `restoring`, a sandbox restored from a checkpoint (no setup runs; its
+    /// workspace is a copy of the checkpoint's, its processes the checkpoint's).
+    async fn create_or_restore(
+        &self,
+        request: NewSession,
+        restoring: Option<checkpoint::Restoring>,
+    ) -> Result<SessionView, ServiceError> {
         let id = format!("s-{}", crate::owner::unique_tag());
         let (env_name, env_doc) = request.environment.document()?;
         let scratch = match &request.workspace {
@@ -472,6 +486,9 @@ impl SessionManager {
                 std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY))
                     .and_then(|()| std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)))
                     .map_err(|e| ServiceError::internal("opening the scratch workspace", e))?;
+                if let Some(restoring) = &restoring {
+                    restoring.fill_workspace(dir.path()).await?;
+                }
                 Some(dir)
             }
         };
@@ -524,6 +541,8 @@ impl SessionManager {
             })
             .await?
         };
+        let mut plan = plan;
+        plan.restore = restoring.as_ref().map(|r| r.dir.clone());
         let backend = plan.bound.backend;
         if backend == Backend::Host && request.pause != PausePolicy::default() {
             return Err(ServiceError::field(
@@ -551,6 +570,9 @@ impl SessionManager {
         options.tools = tools();
         let output_limit = options.output_limit;
         let runtime: Arc<dyn Runtime> = match backend {
+            Backend::Containerd if restoring.is_some() => {
+                Arc::new(self.ctx.engine(options).await?.restore_live(&plan).await?)
+            }
             Backend::Containerd => Arc::new(self.ctx.engine(options).await?.spawn_live(&plan).await?),
             Backend::Host => Arc::new(HostRuntime::spawn(&plan, &self.ctx.host, &options).await?),
         };
@@ -572,6 +594,7 @@ impl SessionManager {
         };
         let session = Arc::new(Session {
             id: id.clone(),
+            request: request.clone(),
             runtime,
             workspace: PathBuf::from(&workspace),
             owner,
@@ -590,7 +613,17 @@ impl SessionManager {
             terminals: Arc::default(),
             watchers: Arc::default(),
         });
-        session.prestart_shell();
+        match &restoring {
+            Some(restoring) => {
+                if let Err(e) = restoring.adopt(&session).await {
+                    if let Err(c) = session.runtime.cleanup().await {
+                        tracing::warn!(session = id, error = %c, "cleaning up after a failed restore");
+                    }
+                    return Err(e);
+                }
+            }
+            None => session.prestart_shell(),
+        }
         let view = session.view();
         self.sessions.lock().expect("sessions lock").insert(id, session);
         Ok(view)

@@ -38,7 +38,7 @@ pub(super) struct PauseState {
     paused: AtomicBool,
     /// When it was paused (RFC 3339), for the session's view.
     since: Mutex<Option<String>>,
-    transition: tokio::sync::Mutex<()>,
+    pub(super) transition: tokio::sync::Mutex<()>,
     /// Holds of `SessionManager::hold` (each also counts in the session's `in_use`, but is
     /// not a call of its own: the call holds a lease too).
     held: AtomicUsize,

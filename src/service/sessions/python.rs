@@ -86,7 +86,7 @@ fn unsupported() -> ServiceError {
 }
 
 impl Session {
-    fn sandbox(&self) -> Result<&dyn Sandbox, ServiceError> {
+    pub(super) fn sandbox(&self) -> Result<&dyn Sandbox, ServiceError> {
         self.runtime.sandbox().ok_or_else(unsupported)
     }
 
@@ -122,7 +122,8 @@ impl Session {
         Ok(v["value"].clone())
     }
 
-    async fn start_python(&self) -> Result<Driver, ServiceError> {
+    /// Listen on the Python socket in the sandbox's shared directory.
+    fn python_listen(&self) -> Result<(UnixListener, std::path::PathBuf), ServiceError> {
         let sandbox = self.sandbox()?;
         let shared = sandbox.shared_dir();
         let sock = shared.join(SOCKET);
@@ -146,6 +147,12 @@ impl Session {
             let _ = std::fs::remove_file(&private);
             ServiceError::rejected(format!("cannot place the Python socket in the sandbox: {e}"))
         })?;
+        Ok((listener, sock))
+    }
+
+    async fn start_python(&self) -> Result<Driver, ServiceError> {
+        let sandbox = self.sandbox()?;
+        let (listener, sock) = self.python_listen()?;
         let start = format!(
             "if command -v python3 >/dev/null 2>&1; then nohup python3 {}/{} {}/{SOCKET} {} >/dev/null 2>&1 & else echo 'python3 is not in this image' >&2; exit 127; fi",
             sandbox.tools_mount(),
@@ -167,12 +174,49 @@ impl Session {
                 r.stderr.trim()
             )));
         }
+        python_accept(listener, &sock).await
+    }
+
+    /// Take the interpreter off its socket for a checkpoint: the driver closes its connection
+    /// and waits for the socket to be there again (`python_reattach`), so no connection to the
+    /// host is in what CRIU dumps. Held: the session's interpreter slot (no call runs). Whether
+    /// an interpreter was detached.
+    pub(super) async fn python_detach(&self, slot: &mut Option<Driver>) -> Result<bool, ServiceError> {
+        let Some(mut driver) = slot.take() else {
+            return Ok(false);
+        };
+        let line = b"{\"op\": \"detach\"}\n";
+        let answer = async {
+            driver.writer.write_all(line).await.ok()?;
+            read_line_capped(&mut driver.reader, HELLO_LIMIT).await.ok()
+        };
+        match tokio::time::timeout(START_LIMIT, answer).await {
+            Ok(Some(Line::Whole(l))) if serde_json::from_slice::<Value>(&l).is_ok_and(|v| v["detached"] == true) => {
+                Ok(true)
+            }
+            _ => Err(ServiceError::rejected(
+                "the Python interpreter did not let go of its connection (is it running code?)",
+            )),
+        }
+    }
+
+    /// Connect the interpreter `python_detach` let go of (after a checkpoint, or in a sandbox
+    /// restored from one).
+    pub(super) async fn python_reattach(&self) -> Result<Driver, ServiceError> {
+        let (listener, sock) = self.python_listen()?;
+        python_accept(listener, &sock).await
+    }
+}
+
+/// The driver's connection on `listener`, and its hello.
+async fn python_accept(listener: UnixListener, sock: &std::path::Path) -> Result<Driver, ServiceError> {
+    {
         let (stream, _) = tokio::time::timeout(START_LIMIT, listener.accept())
             .await
             .map_err(|_| ServiceError::rejected("the Python driver did not start"))?
             .map_err(|e| ServiceError::internal("accepting the Python driver", e))?;
         drop(listener);
-        let _ = std::fs::remove_file(&sock);
+        let _ = std::fs::remove_file(sock);
         let (read, writer) = stream.into_split();
         let mut reader = BufReader::new(read);
         let hello = tokio::time::timeout(START_LIMIT, read_line_capped(&mut reader, HELLO_LIMIT))
@@ -189,7 +233,9 @@ impl Session {
         .ok_or_else(|| ServiceError::rejected("the Python driver said something unexpected"))?;
         Ok(Driver { reader, writer, pid })
     }
+}
 
+impl Session {
     /// One request to the interpreter (started on first use). On timeout the code gets
     /// SIGINT (KeyboardInterrupt); if it does not give up, the interpreter is restarted.
     async fn python_call(&self, request: Value, timeout: Duration) -> Result<Value, ServiceError> {

@@ -88,6 +88,15 @@ pub(super) struct Resident {
     gone: bool,
 }
 
+/// A shell as a checkpoint records it: its FIFOs' names follow from `name`.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(super) struct Saved {
+    pub name: String,
+    pub nonce: u64,
+    pub pid: i32,
+    pub calls: u64,
+}
+
 /// What a status line says.
 #[derive(Debug, PartialEq, Eq)]
 enum Line {
@@ -233,6 +242,33 @@ impl Resident {
         shell.input =
             pipe::Sender::from_owned_fd(sandbox.reopen_fifo(&in_name, FifoEnd::Write)?).map_err(fifo_error)?;
         Ok(shell)
+    }
+
+    /// What a checkpoint keeps of the shell, to drive its restored copy.
+    pub(super) fn saved(&self) -> Saved {
+        Saved {
+            name: self.name.clone(),
+            nonce: self.nonce,
+            pid: self.pid,
+            calls: self.calls,
+        }
+    }
+
+    /// Drive a shell restored from a checkpoint (its FIFOs were restored with the sandbox's
+    /// agent directory; the shell holds its ends open).
+    pub(super) fn adopt(sandbox: &dyn Sandbox, saved: &Saved) -> Result<Self, ServiceError> {
+        let (in_name, st_name) = (Self::file(&saved.name, "in"), Self::file(&saved.name, "st"));
+        let status = receiver(sandbox.reopen_fifo(&st_name, FifoEnd::Read)?)?;
+        let input = pipe::Sender::from_owned_fd(sandbox.reopen_fifo(&in_name, FifoEnd::Write)?).map_err(fifo_error)?;
+        Ok(Resident {
+            name: saved.name.clone(),
+            nonce: saved.nonce,
+            pid: saved.pid,
+            input,
+            status: BufReader::new(status),
+            calls: saved.calls,
+            gone: false,
+        })
     }
 
     /// Kill the shell with everything it started, and remove its FIFOs.

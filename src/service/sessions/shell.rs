@@ -176,7 +176,7 @@ impl Session {
 }
 
 impl Session {
-    fn shell_slot(&self, name: &str) -> Arc<tokio::sync::Mutex<Option<Resident>>> {
+    pub(super) fn shell_slot(&self, name: &str) -> Arc<tokio::sync::Mutex<Option<Resident>>> {
         self.shells
             .lock()
             .expect("shells lock")
