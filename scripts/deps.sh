@@ -15,5 +15,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+"$(dirname "$0")/criu.sh"
 command -v cargo >/dev/null || { echo "deps: cargo is not installed (install a Rust toolchain)" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy >/dev/null 2>&1 || true
