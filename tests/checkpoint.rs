@@ -228,6 +228,29 @@ fn what_cannot_be_checkpointed_is_refused_cleanly() {
     }
     s.call("DELETE", &format!("/v1/sessions/{id}"), None);
 
+    // A session claimed from a warm pool (its workspace was mounted after its processes
+    // started): refused with the reason and what to do.
+    let pool = json!({"name": "ck", "environment": {"image": "local/python:3.11"}, "size": 1});
+    let (code, v) = s.call("POST", "/v1/pools", Some(&pool.to_string()));
+    assert_eq!(code, 201, "{v}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while s.call("GET", "/v1/pools", None).1[0]["ready"] != 1 {
+        assert!(std::time::Instant::now() < deadline, "the pool did not fill");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let id = create(s);
+    let (_, v) = s.call("GET", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(v["pool"], "ck", "{v}");
+    let (code, v) = s.call(
+        "POST",
+        &format!("/v1/sessions/{id}/checkpoint"),
+        Some(r#"{"name": "pooled"}"#),
+    );
+    assert!((400..500).contains(&code), "{code} {v}");
+    assert!(v["error"].as_str().unwrap().contains("without a pool"), "{v}");
+    s.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    s.call("DELETE", "/v1/pools/ck", None);
+
     // Without CRIU on the server's PATH: a clear answer, at once.
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = runner_ctd_command(&[], &served.dir.path().join("state"));

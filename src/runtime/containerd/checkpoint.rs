@@ -121,6 +121,13 @@ impl LiveContainer {
                 "a sandbox on a bridge network cannot be checkpointed (its address and connections cannot move to a copy); use network: none".into(),
             ));
         }
+        if let Some(pool) = &self.pool {
+            // Its workspace was bound over its init's working directory after the init
+            // started (`late`): CRIU takes no process whose open files lie under a mount.
+            return Err(RuntimeError::Refused(format!(
+                "a session claimed from warm pool {pool:?} cannot be checkpointed (its workspace was mounted after its processes started); create it without a pool to checkpoint or fork it"
+            )));
+        }
         let range_base = std::fs::read_to_string(self.engine.run_dir.join(&self.id).join(remap::RANGE_FILE))
             .ok()
             .and_then(|s| s.trim().parse::<u32>().ok());
