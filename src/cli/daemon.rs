@@ -69,6 +69,16 @@ pub async fn gc(ctx: &Context) -> Result<i32, ServiceError> {
     for s in &snapshots.removed {
         outln!("snapshot/{} ({})", s.name, s.source);
     }
+    let state_dir = ctx.config.state_dir.clone();
+    let checkpoints = tokio::task::spawn_blocking(move || crate::service::sessions::collect_checkpoints(&state_dir))
+        .await
+        .map_err(|e| ServiceError::internal("counting checkpoints", e))?;
+    outln!(
+        "checkpoints: {} kept ({} MiB on disk; GET /v1/checkpoints, DELETE /v1/checkpoints/NAME), {} partial ones of dead runners removed",
+        checkpoints.kept,
+        checkpoints.kept_bytes >> 20,
+        checkpoints.removed.len()
+    );
     Ok(0)
 }
 

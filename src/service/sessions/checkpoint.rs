@@ -288,7 +288,12 @@ impl SessionManager {
         let mut python = session.python.lock().await;
         let detached = session.python_detach(&mut python).await?;
         let root = checkpoints_dir(&self.ctx);
-        let partial = root.join(format!("{PARTIAL_PREFIX}{}", crate::owner::unique_tag()));
+        // Named by this process: `collect` removes those of a runner that died writing one.
+        let partial = root.join(format!(
+            "{PARTIAL_PREFIX}{}-{}",
+            crate::owner::owner_id().replace(':', "_"),
+            crate::owner::unique_tag()
+        ));
         let made = async {
             {
                 let (root, partial) = (root.clone(), partial.clone());
@@ -473,9 +478,66 @@ impl SessionManager {
 
 use futures::StreamExt as _;
 
+/// What `runner gc` found of checkpoints.
+#[derive(Debug, Default)]
+pub struct Collected {
+    pub kept: usize,
+    pub kept_bytes: u64,
+    /// Partial checkpoints (and forks' temporary ones) of runners that died writing them.
+    pub removed: Vec<String>,
+}
+
+/// Count the checkpoints of state dir `state_dir` and remove the partial ones no live runner
+/// is writing (blocking).
+pub fn collect(state_dir: &Path) -> Collected {
+    let mut out = Collected::default();
+    let root = state_dir.join(CHECKPOINTS_DIR);
+    for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        match name.strip_prefix(PARTIAL_PREFIX) {
+            Some(rest) => {
+                let owner = rest.split_once('-').map(|(o, _)| o.replacen('_', ":", 1));
+                if owner.is_none_or(|o| !crate::owner::owner_alive(&o)) {
+                    match copytree::remove(&entry.path()) {
+                        Ok(()) => out.removed.push(name),
+                        Err(e) => {
+                            tracing::warn!(checkpoint = name, error = %e, "gc could not remove a partial checkpoint")
+                        }
+                    }
+                }
+            }
+            None if entry.path().join(RECORD_FILE).exists() => {
+                out.kept += 1;
+                out.kept_bytes += disk_bytes(&entry.path());
+            }
+            None => {}
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gc_counts_checkpoints_and_removes_partial_ones_of_dead_runners() {
+        let state = tempfile::tempdir().unwrap();
+        let root = state.path().join(CHECKPOINTS_DIR);
+        std::fs::create_dir_all(root.join("kept")).unwrap();
+        std::fs::write(root.join("kept").join(RECORD_FILE), b"{}").unwrap();
+        let me = crate::owner::owner_id().replace(':', "_");
+        for d in [
+            format!("{PARTIAL_PREFIX}1_1-dead"),
+            format!("{PARTIAL_PREFIX}{me}-mine"),
+        ] {
+            std::fs::create_dir_all(root.join(d).join("criu")).unwrap();
+        }
+        let c = collect(state.path());
+        assert_eq!((c.kept, c.kept_bytes), (1, 2));
+        assert_eq!(c.removed, vec![format!("{PARTIAL_PREFIX}1_1-dead")]);
+        assert!(root.join(format!("{PARTIAL_PREFIX}{me}-mine")).exists());
+    }
 
     #[test]
     fn names_are_checked() {

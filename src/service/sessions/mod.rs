@@ -27,7 +27,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-pub use checkpoint::{CheckpointView, Forked};
+pub use checkpoint::{CheckpointView, Forked, collect as collect_checkpoints};
 pub use files::Download;
 pub use output::ShellOutput;
 pub use pause::{Hold, PausePolicy, SessionState};
