@@ -70,7 +70,19 @@ def test_pause_and_snapshot_need_a_containerd_sandbox(client: Client) -> None:
         with pytest.raises(BadRequest) as info:
             s.snapshot("x")
         assert "host backend" in str(info.value)
+        # Checkpoints and forks too (tests/checkpoint.rs runs them on real sandboxes).
+        with pytest.raises(BadRequest) as info:
+            s.checkpoint("x")
+        assert "host backend" in str(info.value)
+        with pytest.raises(BadRequest) as info:
+            s.fork(2)
+        assert "host backend" in str(info.value)
         assert s.refresh().state == "running"
+    with pytest.raises(NotFound):
+        client.sessions.restore("gone")
+    assert client.sessions.checkpoints() == []
+    with pytest.raises(NotFound):
+        client.sessions.remove_checkpoint("gone")
 
 
 def test_exec(client: Client) -> None:

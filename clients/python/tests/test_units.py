@@ -221,6 +221,17 @@ def test_pause_and_snapshot_requests() -> None:
     assert (snap.path, json.loads(snap.body)) == ("/v1/sessions/s-1/snapshot", {"name": "deps", "replace": True})
 
 
+def test_checkpoint_requests() -> None:
+    ck = _core.checkpoint_session("s-1", "c", False).request
+    assert (ck.method, ck.path, json.loads(ck.body)) == ("POST", "/v1/sessions/s-1/checkpoint", {"name": "c", "replace": False})
+    fork = _core.fork_session("s-1", 3).request
+    assert (fork.path, json.loads(fork.body)) == ("/v1/sessions/s-1/fork", {"count": 3})
+    with pytest.raises(TypeError):
+        _core.fork_session("s-1", True)
+    assert _core.restore_body("c", True, None) == {"fromCheckpoint": "c", "autoResume": True}
+    assert _core.delete_checkpoint("a/b").request.path == "/v1/checkpoints/a%2Fb"
+
+
 def test_public_names() -> None:
     for name in runner_client.__all__:
         assert hasattr(runner_client, name), name

@@ -625,6 +625,14 @@ class AsyncSession:
         """See `Session.snapshot`."""
         return await self._t.call(_core.snapshot_session(self.id, name, replace))
 
+    async def checkpoint(self, name: str, *, replace: bool = False) -> Dict[str, Any]:
+        """See `Session.checkpoint`."""
+        return await self._t.call(_core.checkpoint_session(self.id, name, replace))
+
+    async def fork(self, count: int = 1) -> List["AsyncSession"]:
+        """See `Session.fork`."""
+        return [AsyncSession(self._t, info) for info in await self._t.call(_core.fork_session(self.id, count))]
+
     async def exec(
         self,
         command: Command,
@@ -753,6 +761,19 @@ class AsyncSessions:
         # See `Sessions.create` of the synchronous client.
         _core.pause_options(body, auto_resume, idle_pause_seconds)
         return AsyncSession(self._t, await self._t.call(_core.create_session(body)))
+
+    async def restore(
+        self, checkpoint: str, *, auto_resume: bool = False, idle_pause_seconds: Optional[float] = None
+    ) -> AsyncSession:
+        """See `Sessions.restore`."""
+        body = _core.restore_body(checkpoint, auto_resume, idle_pause_seconds)
+        return AsyncSession(self._t, await self._t.call(_core.create_session(body)))
+
+    async def checkpoints(self) -> List[Dict[str, Any]]:
+        return await self._t.call(_core.list_checkpoints())
+
+    async def remove_checkpoint(self, name: str) -> None:
+        await self._t.call(_core.delete_checkpoint(name))
 
     async def get(self, session_id: str) -> AsyncSession:
         return AsyncSession(self._t, await self._t.call(_core.get_session(session_id)))

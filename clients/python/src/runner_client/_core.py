@@ -289,6 +289,35 @@ def snapshot_session(session_id: str, name: str, replace: bool) -> Op[Dict[str, 
     return Op(_json_request("POST", _session_path(session_id, "snapshot"), body), json_of)
 
 
+def checkpoint_session(session_id: str, name: str, replace: bool) -> Op[Dict[str, Any]]:
+    body = {"name": name, "replace": bool(replace)}
+    return Op(_json_request("POST", _session_path(session_id, "checkpoint"), body), json_of)
+
+
+def fork_session(session_id: str, count: int) -> Op[List[SessionInfo]]:
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise TypeError("count: an int")
+    return Op(
+        _json_request("POST", _session_path(session_id, "fork"), {"count": count}),
+        lambda r: [SessionInfo.from_json(d) for d in json_of(r)["sessions"]],
+    )
+
+
+def restore_body(checkpoint: str, auto_resume: bool, idle_pause_seconds: Optional[float]) -> Dict[str, Any]:
+    """The body of `POST /v1/sessions` restoring a checkpoint."""
+    if not isinstance(checkpoint, str):
+        raise TypeError("checkpoint: the checkpoint's name")
+    return pause_options({"fromCheckpoint": checkpoint}, auto_resume, idle_pause_seconds)
+
+
+def list_checkpoints() -> Op[List[Dict[str, Any]]]:
+    return Op(Request("GET", "/v1/checkpoints"), json_of)
+
+
+def delete_checkpoint(name: str) -> Op[None]:
+    return Op(Request("DELETE", "/v1/checkpoints/" + quote(name, safe="")), _nothing)
+
+
 def _command(command: Command) -> Union[str, List[str]]:
     if isinstance(command, str):
         return command

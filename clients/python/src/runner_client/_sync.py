@@ -321,6 +321,17 @@ class Session:
         or mounts); a name that exists raises Conflict unless `replace`."""
         return self._t.call(_core.snapshot_session(self.id, name, replace))
 
+    def checkpoint(self, name: str, *, replace: bool = False) -> Dict[str, Any]:
+        """Checkpoint the sandbox (CRIU): its processes, memory, files and workspace, restorable
+        as new sessions with `client.sessions.restore(name)`; a name that exists raises
+        Conflict unless `replace`."""
+        return self._t.call(_core.checkpoint_session(self.id, name, replace))
+
+    def fork(self, count: int = 1) -> List["Session"]:
+        """`count` new sessions (1 to 100), each a copy of this one as it is now: shell and
+        Python variables, running processes, files and workspace. They diverge from then on."""
+        return [Session(self._t, info) for info in self._t.call(_core.fork_session(self.id, count))]
+
     def exec(
         self,
         command: Command,
@@ -460,6 +471,21 @@ class Sessions:
         # itself once idle that long (containerd sessions).
         _core.pause_options(body, auto_resume, idle_pause_seconds)
         return Session(self._t, self._t.call(_core.create_session(body)))
+
+    def restore(
+        self, checkpoint: str, *, auto_resume: bool = False, idle_pause_seconds: Optional[float] = None
+    ) -> Session:
+        """A new session restored from `checkpoint` (`Session.checkpoint`): its Environment,
+        files, workspace, processes and memory are the checkpoint's."""
+        body = _core.restore_body(checkpoint, auto_resume, idle_pause_seconds)
+        return Session(self._t, self._t.call(_core.create_session(body)))
+
+    def checkpoints(self) -> List[Dict[str, Any]]:
+        """Every checkpoint: name, source session, bytes on disk, when it was made."""
+        return self._t.call(_core.list_checkpoints())
+
+    def remove_checkpoint(self, name: str) -> None:
+        self._t.call(_core.delete_checkpoint(name))
 
     def get(self, session_id: str) -> Session:
         """An existing session (`NotFound` when there is none)."""
