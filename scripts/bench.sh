@@ -7,6 +7,8 @@
 #   throughput: N concurrent one-shot jobs (library), cold and from a warm pool
 #   pause:    pause and resume of a live session over HTTP  vs  `ctr task pause/resume`
 #   snapshot: a snapshot of a 100 MiB change; a job from the snapshot vs from its base image
+#   checkpoint: CRIU on a Python session with 100 MiB of heap: checkpoint, restore to first
+#             answer vs a cold session, fork into 10 vs 10 cold sessions at once
 #   http:     runner serve on loopback: session create → first shell answer, shell and exec
 #             round trips, on busybox (sh) and on the Python image (bash), cold and from
 #             warm pools (`serve --pool`)
@@ -31,6 +33,8 @@ concurrent=${2:-20}
 . scripts/bench-env.sh
 # shellcheck source=scripts/bench-state.sh
 . scripts/bench-state.sh
+# shellcheck source=scripts/bench-checkpoint.sh
+. scripts/bench-checkpoint.sh
 bench_env bench
 cleanup() {
   ctr_ tasks kill -a -s 9 anchor >/dev/null 2>&1 || true
@@ -241,6 +245,7 @@ http=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" "$bench" http "$runs"
 http_py=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" BENCH_IMAGE=local/python:3.11 "$bench" http "$runs")
 pause=$(pause_rows "$url" "$(cat "$work/token")")
 snapshot=$(snapshot_rows "$url" "$(cat "$work/token")")
+checkpoint=$(checkpoint_rows "$url" "$(cat "$work/token")")
 # What keeping the kernel's cgroup attach lock warm saves a cold session (a second server with
 # it off, --warm-cgroup-attach off; the two alternate, three rounds of BENCH_SESSIONS each).
 # On a host whose cgroup2 is mounted with favordynmods the two are the same.
@@ -258,6 +263,7 @@ echo "http       busybox: $http"
 echo "http       python (bash resident shell): $http_py"
 echo "$pause"
 echo "$snapshot"
+echo "$checkpoint"
 echo "http       cold session create, cgroup attach lock kept warm: ${won_med} ms   not: ${woff_med} ms  (median of 3 rounds)"
 # The same from warm pools `serve --pool` keeps (sessions claim a member; the pool refills).
 mkdir -p "$work/envs"

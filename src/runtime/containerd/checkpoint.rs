@@ -170,6 +170,9 @@ impl LiveContainer {
             client.task_resume(&self.id).await?;
         }
         let files_bytes = dumped?;
+        // Readable for the restores that will link them (see `open_images`); the checkpoint's
+        // own directory stays root's alone.
+        open_images(&dir.join(IMAGES_DIR)).map_err(io_err("opening CRIU's images"))?;
         let dumped = Dumped {
             range_base,
             sequence: self.sequence.load(std::sync::atomic::Ordering::SeqCst),
@@ -224,6 +227,26 @@ pub(super) fn fill_agent(plan: &RunPlan, agent: &Path, limits: Limits) -> Result
     let shift = shift(&read_dumped(dir)?, plan)?;
     copytree::copy(&dir.join(AGENT_DIR), agent, shift, limits, &AGENT_SKIP)
         .map_err(copy_err("restoring the sandbox's agent directory"))?;
+    Ok(())
+}
+
+/// The checkpoint's images in this restore's own directory: hard links (nothing of a
+/// checkpoint is written by a restore, and a fork's ten restores then read one copy of the
+/// memory), a copy across filesystems; the user-namespace images are rewritten
+/// (`rewrite_userns`), so they are copies.
+fn link_images(src: &Path, dst: &Path) -> Result<(), RuntimeError> {
+    for entry in std::fs::read_dir(src).map_err(io_err("reading CRIU's images"))? {
+        let entry = entry.map_err(io_err("reading CRIU's images"))?;
+        if !entry.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let name = entry.file_name();
+        let to = dst.join(&name);
+        let copy_only = name.to_string_lossy().starts_with("userns-");
+        if copy_only || std::fs::hard_link(entry.path(), &to).is_err() {
+            std::fs::copy(entry.path(), &to).map_err(io_err("copying CRIU's images"))?;
+        }
+    }
     Ok(())
 }
 
@@ -307,15 +330,7 @@ impl Engine {
                 std::fs::create_dir(&images)
                     .and_then(|()| std::fs::create_dir(&work))
                     .map_err(io_err("making the restore's directories"))?;
-                let shift = match (from, range) {
-                    (Some(from), Some(to)) => Shift {
-                        from,
-                        to: to.host_base,
-                        count: spec::IdRange::SIZE,
-                    },
-                    _ => Shift::NONE,
-                };
-                copytree::copy(&src, &images, shift, IMAGE_LIMITS, &[]).map_err(copy_err("CRIU's images"))?;
+                link_images(&src, &images)?;
                 if let (Some(from), Some(to)) = (from, range) {
                     rewrite_userns(&images, from, to.host_base)?;
                 }
@@ -438,12 +453,6 @@ fn hold_fifos(dir: &Path) -> Result<Vec<std::os::fd::OwnedFd>, RuntimeError> {
     }
     Ok(holds)
 }
-
-/// CRIU's images of one sandbox: its memory, bounded by what a sandbox may have.
-const IMAGE_LIMITS: Limits = Limits {
-    bytes: 64 << 30,
-    entries: 1 << 20,
-};
 
 /// Let CRIU's restoring processes read the images: they open them through the directory's
 /// descriptor from inside the new user namespace, where the host's root is nobody. The
