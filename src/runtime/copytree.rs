@@ -253,7 +253,13 @@ impl Walk<'_> {
         path: &[u8],
         depth: usize,
     ) -> Result<(), CopyError> {
-        let st = fstatat(src, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW).map_err(|e| errno(path, e))?;
+        let st = match fstatat(src, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            // Gone since it was listed (the host removes a finished call's FIFO on its own
+            // time): the copy is of a moment after.
+            Err(nix::errno::Errno::ENOENT) => return Ok(()),
+            Err(e) => return Err(errno(path, e)),
+        };
         let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
         let perm = Mode::from_bits_truncate(0o700);
         match kind {
