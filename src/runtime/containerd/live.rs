@@ -23,11 +23,16 @@ use crate::spec::{self, RunPlan};
 impl Engine {
     /// Start a live container: setup runs once in its init, which then idles.
     pub async fn spawn_live(&self, plan: &RunPlan) -> Result<LiveContainer, RuntimeError> {
+        let t0 = Instant::now();
         let prepared = self.on_setup_snapshot(plan).await;
         let plan = prepared.as_ref().unwrap_or(plan);
+        claim_phase("setup snapshot", t0);
         let mut image = None;
         if self.options.use_pools && self.options.exec_via_agent {
-            match self.claim(plan, "live").await {
+            let t0 = Instant::now();
+            let claimed = self.claim(plan, "live").await;
+            claim_phase("claim", t0);
+            match claimed {
                 Ok(pool::Claim::Member(member)) => {
                     // Off the session's path (the hook starts a process), and a moment later:
                     // a refill is a container start (shim, runc) that would take the CPU the
@@ -42,7 +47,10 @@ impl Engine {
                             let _ = tokio::task::spawn_blocking(move || (hook.0)(&pool)).await;
                         });
                     }
-                    return self.live_from_member(*member, plan).await;
+                    let t0 = Instant::now();
+                    let live = self.live_from_member(*member, plan).await;
+                    claim_phase("live from member", t0);
+                    return live;
                 }
                 Ok(pool::Claim::Cold(resolved, _)) => image = resolved,
                 Err(e) => tracing::warn!(error = %e, "claiming a pool member failed; starting cold"),
@@ -195,6 +203,8 @@ pub struct LiveContainer {
     pub(super) slot: Arc<tokio::sync::Mutex<()>>,
     pub(super) state: Arc<Mutex<LiveState>>,
     pub(super) sequence: Arc<AtomicU64>,
+    /// The shell a pool member's filler started, until the session adopts it.
+    pub(super) prelaunched: Mutex<Option<crate::runtime::AdoptableShell>>,
 }
 
 impl LiveContainer {
@@ -226,6 +236,7 @@ impl LiveContainer {
             slot: Arc::new(tokio::sync::Mutex::new(())),
             state: Arc::new(Mutex::new(LiveState::default())),
             sequence: Arc::new(AtomicU64::new(0)),
+            prelaunched: Mutex::new(None),
         }
     }
 
@@ -542,6 +553,11 @@ impl LiveContainer {
     }
 }
 
+/// One phase of a session's claim, for `scripts/claim-phases.sh` (with `RUNNER_LOG=runner=debug`).
+pub(super) fn claim_phase(phase: &'static str, since: Instant) {
+    tracing::debug!(phase, ms = since.elapsed().as_secs_f64() * 1e3, "claim phase");
+}
+
 /// The result of a command in a live container: the container's cgroup counters before and
 /// after it give its OOM kills and CPU time; peak memory is the container's.
 fn command_result(
@@ -641,6 +657,10 @@ impl crate::runtime::Sandbox for LiveContainer {
 
     fn oom_kills(&self) -> Option<u64> {
         LiveContainer::oom_kills(self)
+    }
+
+    fn adopt_shell(&self) -> Option<crate::runtime::AdoptableShell> {
+        self.prelaunched.lock().expect("prelaunched lock").take()
     }
 }
 
@@ -743,6 +763,7 @@ impl Runtime for LiveContainer {
             slot: self.slot.clone(),
             state: self.state.clone(),
             sequence: self.sequence.clone(),
+            prelaunched: Mutex::new(None),
         };
         let exec = if this.agent.is_some() {
             None

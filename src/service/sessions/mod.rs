@@ -458,6 +458,7 @@ impl SessionManager {
 
     /// Start a sandbox; its setup must succeed.
     pub async fn create(&self, request: NewSession) -> Result<SessionView, ServiceError> {
+        let t0 = Instant::now();
         let id = format!("s-{}", crate::owner::unique_tag());
         let (env_name, env_doc) = request.environment.document()?;
         let scratch = match &request.workspace {
@@ -524,6 +525,7 @@ impl SessionManager {
             })
             .await?
         };
+        shell::claim_phase("manifest", t0);
         let backend = plan.bound.backend;
         if backend == Backend::Host && request.pause != PausePolicy::default() {
             return Err(ServiceError::field(
@@ -550,10 +552,12 @@ impl SessionManager {
         let mut options = self.ctx.runtime_options();
         options.tools = tools();
         let output_limit = options.output_limit;
+        let t1 = Instant::now();
         let runtime: Arc<dyn Runtime> = match backend {
             Backend::Containerd => Arc::new(self.ctx.engine(options).await?.spawn_live(&plan).await?),
             Backend::Host => Arc::new(HostRuntime::spawn(&plan, &self.ctx.host, &options).await?),
         };
+        shell::claim_phase("sandbox", t1);
         if let Some(setup) = runtime.setup().filter(|s| !s.succeeded()) {
             let detail = serde_json::to_string(setup).unwrap_or_default();
             if let Err(e) = runtime.cleanup().await {
@@ -593,6 +597,7 @@ impl SessionManager {
         session.prestart_shell();
         let view = session.view();
         self.sessions.lock().expect("sessions lock").insert(id, session);
+        shell::claim_phase("session create", t0);
         Ok(view)
     }
 
