@@ -705,8 +705,10 @@ impl Engine {
                 .unwrap_or(&a.target);
             late::bind_asset(&dir, save_path, &a.source).map_err(io(format!("binding {}", a.target)))?;
         }
-        // The places hold their own copies of the views (see `Engine::create_task`).
-        self.drop_host_mounts(id);
+        // The places hold their own copies of the views (see `Engine::create_task`). Dropped
+        // off the claim's path: its mountinfo reads and unmounts took 2-3 ms of each claim.
+        let (engine, id) = (self.clone(), id.to_string());
+        tokio::task::spawn_blocking(move || engine.drop_host_mounts(&id));
         Ok(())
     }
 
