@@ -11,7 +11,8 @@
 #             answer vs a cold session, fork into 10 vs 10 cold sessions at once
 #   http:     runner serve on loopback: session create → first shell answer, shell and exec
 #             round trips, on busybox (sh) and on the Python image (bash), cold and from
-#             warm pools (`serve --pool`)
+#             warm pools (`serve --pool`); the `target` rows hold the first answers to issue
+#             36's targets (cold 40 ms, pooled 5 ms), beside `ctr run --rm` / `ctr task exec`
 #   network:  one-shot `runner apply` with `network: bridge` vs `network: none`, and N of them
 #             at once (jobs per second); the bridge attach itself (namespaces, CNI ADD, the
 #             wall, the resolver's policy: the runner's own debug timing, median); the
@@ -290,6 +291,19 @@ echo "http burst 100 sessions at once from a pool of 100 (target 300/s): $http_b
 echo "http pool  busybox: $http_pool"
 echo "http pool  python: $http_pool_py"
 echo "http exec  session exec over HTTP: ${h_exec} ms   ctr task exec: ${e_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $h_exec/$e_med}")"
+# Issue 36's session targets, each beside the plain ctr path of this run: a cold session's
+# create → first shell answer (target 40 ms) against `ctr run --rm` (a container started, its
+# command answered); a pooled one's (target 5 ms) against `ctr task exec` (an answer from a
+# container already running, the plain path's cheapest).
+target_row() { # $1 what, $2 the bench's JSON, $3 the target (ms), $4 ctr's ms, $5 ctr's path
+  local ms
+  ms=$(echo "$2" | sed -n 's/.*"session_create_to_first_answer_ms": \([0-9.]*\).*/\1/p')
+  echo "target     $1 create → first answer: ${ms} ms (target $3 ms)   $5: $4 ms   ratio $(awk "BEGIN{printf \"%.2f\", $ms/$4}")"
+}
+target_row "cold session, busybox:" "$http" 40 "$c_med" "ctr run --rm"
+target_row "cold session, python: " "$http_py" 40 "$c_med" "ctr run --rm"
+target_row "pooled session, busybox:" "$http_pool" 5 "$e_med" "ctr task exec"
+target_row "pooled session, python: " "$http_pool_py" 5 "$e_med" "ctr task exec"
 
 network_rows
 

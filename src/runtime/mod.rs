@@ -293,6 +293,25 @@ pub trait Sandbox: Send + Sync {
     fn unlink(&self, name: &str);
     /// Processes the kernel OOM-killed in the sandbox so far.
     fn oom_kills(&self) -> Option<u64>;
+    /// A resident shell already running in the sandbox (started in a pool member before the
+    /// claim), for the session to adopt as its first; once, and `None` when there is none.
+    fn adopt_shell(&self) -> Option<AdoptableShell> {
+        None
+    }
+}
+
+/// A resident shell started before its sandbox was claimed, and what was bound since: the
+/// adopter hands it these so that its state is a shell's started now (see
+/// `containerd::prelaunch`). Its FIFOs are the usual ones of shell `name`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdoptableShell {
+    pub name: String,
+    /// Variables to export (the Environment's).
+    pub env: Vec<(String, String)>,
+    /// Where a shell started now would be (the workspace mounted since).
+    pub cwd: String,
+    /// What a shell started now would have set HOSTNAME to (`None`: its environment has it).
+    pub hostname: Option<String>,
 }
 
 /// How the host opens a FIFO in a sandbox's shared directory.

@@ -23,11 +23,16 @@ use crate::spec::{self, RunPlan};
 impl Engine {
     /// Start a live container: setup runs once in its init, which then idles.
     pub async fn spawn_live(&self, plan: &RunPlan) -> Result<LiveContainer, RuntimeError> {
+        let t0 = Instant::now();
         let prepared = self.on_setup_snapshot(plan).await;
         let plan = prepared.as_ref().unwrap_or(plan);
+        claim_phase("setup snapshot", t0);
         let mut image = None;
         if self.options.use_pools && self.options.exec_via_agent {
-            match self.claim(plan, "live").await {
+            let t0 = Instant::now();
+            let claimed = self.claim(plan, "live").await;
+            claim_phase("claim", t0);
+            match claimed {
                 Ok(pool::Claim::Member(member)) => {
                     // Off the session's path (the hook starts a process), and a moment later:
                     // a refill is a container start (shim, runc) that would take the CPU the
@@ -42,7 +47,10 @@ impl Engine {
                             let _ = tokio::task::spawn_blocking(move || (hook.0)(&pool)).await;
                         });
                     }
-                    return self.live_from_member(*member, plan).await;
+                    let t0 = Instant::now();
+                    let live = self.live_from_member(*member, plan).await;
+                    claim_phase("live from member", t0);
+                    return live;
                 }
                 Ok(pool::Claim::Cold(resolved, _)) => image = resolved,
                 Err(e) => tracing::warn!(error = %e, "claiming a pool member failed; starting cold"),
@@ -198,6 +206,8 @@ pub struct LiveContainer {
     /// A restored container's agent FIFOs, held open by the host until its session has taken
     /// them over (`checkpoint::start_restored`).
     pub(super) restore_holds: Mutex<Vec<std::os::fd::OwnedFd>>,
+    /// The shell a pool member's filler started, until the session adopts it.
+    pub(super) prelaunched: Mutex<Option<crate::runtime::AdoptableShell>>,
 }
 
 impl LiveContainer {
@@ -230,6 +240,7 @@ impl LiveContainer {
             state: Arc::new(Mutex::new(LiveState::default())),
             sequence: Arc::new(AtomicU64::new(0)),
             restore_holds: Mutex::new(Vec::new()),
+            prelaunched: Mutex::new(None),
         }
     }
 
@@ -546,6 +557,11 @@ impl LiveContainer {
     }
 }
 
+/// One phase of a session's claim, for `scripts/claim-phases.sh` (with `RUNNER_LOG=runner=debug`).
+pub(super) fn claim_phase(phase: &'static str, since: Instant) {
+    tracing::debug!(phase, ms = since.elapsed().as_secs_f64() * 1e3, "claim phase");
+}
+
 /// The result of a command in a live container: the container's cgroup counters before and
 /// after it give its OOM kills and CPU time; peak memory is the container's.
 fn command_result(
@@ -645,6 +661,10 @@ impl crate::runtime::Sandbox for LiveContainer {
 
     fn oom_kills(&self) -> Option<u64> {
         LiveContainer::oom_kills(self)
+    }
+
+    fn adopt_shell(&self) -> Option<crate::runtime::AdoptableShell> {
+        self.prelaunched.lock().expect("prelaunched lock").take()
     }
 }
 
@@ -748,6 +768,7 @@ impl Runtime for LiveContainer {
             state: self.state.clone(),
             sequence: self.sequence.clone(),
             restore_holds: Mutex::new(Vec::new()),
+            prelaunched: Mutex::new(None),
         };
         let exec = if this.agent.is_some() {
             None

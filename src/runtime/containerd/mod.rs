@@ -13,6 +13,7 @@ mod io;
 pub mod layer;
 pub mod logger;
 pub mod pool;
+pub mod prelaunch;
 pub mod reclaim;
 pub mod remap;
 mod setup_snapshot;

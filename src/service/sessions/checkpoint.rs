@@ -202,7 +202,7 @@ impl Restoring {
     pub(super) async fn adopt(&self, session: &Session) -> Result<(), ServiceError> {
         let sandbox = session.sandbox()?;
         for saved in &self.record.shells {
-            let shell = Resident::adopt(sandbox, saved)?;
+            let shell = Resident::adopt_restored(sandbox, saved)?;
             *session.shell_slot(&saved.name).lock().await = Some(shell);
         }
         session.runtime.release_restore_holds();

@@ -472,6 +472,7 @@ impl SessionManager {
         request: NewSession,
         restoring: Option<checkpoint::Restoring>,
     ) -> Result<SessionView, ServiceError> {
+        let t0 = Instant::now();
         let id = format!("s-{}", crate::owner::unique_tag());
         let (env_name, env_doc) = request.environment.document()?;
         let scratch = match &request.workspace {
@@ -543,6 +544,7 @@ impl SessionManager {
         };
         let mut plan = plan;
         plan.restore = restoring.as_ref().map(|r| r.dir.clone());
+        shell::claim_phase("manifest", t0);
         let backend = plan.bound.backend;
         if backend == Backend::Host && request.pause != PausePolicy::default() {
             return Err(ServiceError::field(
@@ -569,6 +571,7 @@ impl SessionManager {
         let mut options = self.ctx.runtime_options();
         options.tools = tools();
         let output_limit = options.output_limit;
+        let t1 = Instant::now();
         let runtime: Arc<dyn Runtime> = match backend {
             Backend::Containerd if restoring.is_some() => {
                 Arc::new(self.ctx.engine(options).await?.restore_live(&plan).await?)
@@ -576,6 +579,7 @@ impl SessionManager {
             Backend::Containerd => Arc::new(self.ctx.engine(options).await?.spawn_live(&plan).await?),
             Backend::Host => Arc::new(HostRuntime::spawn(&plan, &self.ctx.host, &options).await?),
         };
+        shell::claim_phase("sandbox", t1);
         if let Some(setup) = runtime.setup().filter(|s| !s.succeeded()) {
             let detail = serde_json::to_string(setup).unwrap_or_default();
             if let Err(e) = runtime.cleanup().await {
@@ -626,6 +630,7 @@ impl SessionManager {
         }
         let view = session.view();
         self.sessions.lock().expect("sessions lock").insert(id, session);
+        shell::claim_phase("session create", t0);
         Ok(view)
     }
 

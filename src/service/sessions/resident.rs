@@ -3,7 +3,7 @@
 //! variables, functions, aliases, options and directory persist because nothing restarts it.
 //!
 //! Channels, all FIFOs in the sandbox's shared directory (`Sandbox::fifo`):
-//! - `sh-NAME.in`: the shell's input (bash's stdin, another sh's script file; see `LAUNCH`).
+//! - `sh-NAME.in`: the shell's input (bash's stdin, another sh's script file; see `prelaunch::LAUNCH`).
 //!   The host writes one call as two lines:
 //!   `{ eval '<command>'\n} </dev/null >OUT 2>&1 4>&-` then `printf N<tag>\ %d\\n $? >&4`.
 //!   The command is one quoted word, so nothing it contains can break the framing; it runs in
@@ -39,24 +39,10 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
 
 use super::output::ShellOutput;
+use crate::runtime::containerd::prelaunch;
 use crate::runtime::output::Capture;
-use crate::runtime::{ExecRequest, FifoEnd, Runtime, Sandbox};
+use crate::runtime::{AdoptableShell, ExecRequest, FifoEnd, Runtime, Sandbox};
 use crate::service::ServiceError;
-
-/// Starts the shell detached from the launching command (which the agent waits for): `setsid`
-/// forks when its caller leads a group, as the agent's commands do. Without `setsid` the shell
-/// is an asynchronous list, so its commands inherit SIGINT ignored: a timeout then escalates.
-///
-/// bash reads the FIFO as its stdin. Any other `sh` reads it as a script file (`sh -i FIFO`,
-/// stdin /dev/null), still interactive: busybox's ash reads an interactive stdin that is no
-/// terminal with stdio's `fgets`, and a signal it catches while waiting there (SIGCHLD: a
-/// background job ending between calls) fails that read with EINTR, which ash takes for the
-/// end of its input, and exits. A script file it reads with `read(2)`, retried on EINTR.
-const LAUNCH: &str = r#"runner_in=$1 runner_st=$2
-if runner_i=$(command -v bash); then set -- "$runner_i" --norc --noprofile --noediting -i; runner_src=$runner_in
-else set -- /bin/sh -i "$runner_in"; runner_src=/dev/null; fi
-if command -v setsid >/dev/null 2>&1; then exec setsid "$@" <"$runner_src" 4>"$runner_st" >/dev/null 2>&1; fi
-"$@" <"$runner_src" 4>"$runner_st" >/dev/null 2>&1 &"#;
 
 /// How long a new shell may take to say hello.
 const START_LIMIT: Duration = Duration::from_secs(15);
@@ -181,30 +167,44 @@ fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// The lines that bring an adopted shell to the state of one started now, builtins only (no
+/// fork). `cd` sets OLDPWD, which a new shell inherits (or, bash, makes an exported variable
+/// without a value): it is put back. SECONDS counts from the shell's start. bash and busybox's
+/// sh set HOSTNAME when they start, unless inherited: a shell that has one gets the new name.
+fn adoption(shell: &AdoptableShell) -> String {
+    let mut text = format!(
+        "if [ -n \"${{OLDPWD+x}}\" ]; then runner_o=$OLDPWD; cd -- {cwd} && OLDPWD=$runner_o; \
+         else cd -- {cwd} && unset OLDPWD && if [ -n \"${{BASH_VERSION:-}}\" ]; then export OLDPWD; fi; fi; unset runner_o\n",
+        cwd = quote(&shell.cwd)
+    );
+    for (k, v) in &shell.env {
+        text.push_str(&format!("export {k}={}\n", quote(v)));
+    }
+    if let Some(host) = &shell.hostname {
+        text.push_str(&format!(
+            "if [ -n \"${{HOSTNAME+x}}\" ]; then HOSTNAME={}; fi\n",
+            quote(host)
+        ));
+    }
+    text.push_str("if [ -n \"${SECONDS+x}\" ]; then SECONDS=0; fi\n");
+    text
+}
+
 impl Resident {
     fn file(name: &str, what: &str) -> String {
-        format!("sh-{name}.{what}")
+        prelaunch::shell_file(name, what)
     }
 
     /// Start shell `name` in the sandbox.
     pub(super) async fn start(runtime: &dyn Runtime, sandbox: &dyn Sandbox, name: &str) -> Result<Self, ServiceError> {
-        let nonce = std::collections::hash_map::RandomState::new().build_hasher().finish();
         let (in_name, st_name) = (Self::file(name, "in"), Self::file(name, "st"));
-        let input = pipe::Sender::from_owned_fd(sandbox.fifo(&in_name, FifoEnd::ReadWrite)?).map_err(fifo_error)?;
+        let input = sandbox.fifo(&in_name, FifoEnd::ReadWrite)?;
         // Read-write until the shell holds its end: the shell's open does not block, and the
         // host sees no EOF before it. Then read-only, so that EOF means the shell is gone.
-        let st_rw = receiver(sandbox.fifo(&st_name, FifoEnd::ReadWrite)?)?;
-        let mount = sandbox.shared_mount();
+        let status = sandbox.fifo(&st_name, FifoEnd::ReadWrite)?;
         let launch = runtime
             .execute(ExecRequest {
-                argv: vec![
-                    "/bin/sh".into(),
-                    "-c".into(),
-                    LAUNCH.into(),
-                    "runner".into(),
-                    format!("{mount}/{in_name}"),
-                    format!("{mount}/{st_name}"),
-                ],
+                argv: prelaunch::launch_argv(name),
                 timeout: Some(START_LIMIT),
                 ..Default::default()
             })
@@ -215,18 +215,44 @@ impl Resident {
                 launch.stderr.trim()
             )));
         }
+        Self::greet(sandbox, name, input, status, "").await
+    }
+
+    /// Take over the shell the sandbox's pool member started before the claim, handing it
+    /// what was bound since (its directory, the Environment's variables, the hostname) first,
+    /// so that its state is a shell's started now: variables the shell's own commands change
+    /// (OLDPWD through `cd`, SECONDS, HOSTNAME) are set back to what a new shell has.
+    pub(super) async fn adopt(sandbox: &dyn Sandbox, shell: &AdoptableShell) -> Result<Self, ServiceError> {
+        let (in_name, st_name) = (Self::file(&shell.name, "in"), Self::file(&shell.name, "st"));
+        let input = sandbox.reopen_fifo(&in_name, FifoEnd::ReadWrite)?;
+        let status = sandbox.reopen_fifo(&st_name, FifoEnd::ReadWrite)?;
+        Self::greet(sandbox, &shell.name, input, status, &adoption(shell)).await
+    }
+
+    /// Say hello (with `first`, the adoption's lines, after history is off: a new shell's
+    /// history holds only the hello's first line) and wait for the shell's answer.
+    async fn greet(
+        sandbox: &dyn Sandbox,
+        name: &str,
+        input: OwnedFd,
+        status: OwnedFd,
+        first: &str,
+    ) -> Result<Self, ServiceError> {
+        let nonce = std::collections::hash_map::RandomState::new().build_hasher().finish();
+        let (in_name, st_name) = (Self::file(name, "in"), Self::file(name, "st"));
+        let mount = sandbox.shared_mount();
         let mut shell = Resident {
             name: name.to_string(),
             nonce,
             pid: 0,
-            input,
-            status: BufReader::new(st_rw),
+            input: pipe::Sender::from_owned_fd(input).map_err(fifo_error)?,
+            status: BufReader::new(receiver(status)?),
             calls: 0,
             gone: false,
         };
         let hello = format!(
             "PS1= PS2= PROMPT_COMMAND=; unset HISTFILE MAILCHECK; if [ -n \"${{BASH_VERSION:-}}\" ]; then set +H +o history; fi\n\
-             trap 'printf \"X{nonce} %d\\n\" \"$?\" >{mount}/{st_name}' EXIT\n\
+             {first}trap 'printf \"X{nonce} %d\\n\" \"$?\" >{mount}/{st_name}' EXIT\n\
              printf 'R{nonce} %d\\n' $$ >&4\n"
         );
         shell.send(&hello).await?;
@@ -256,7 +282,7 @@ impl Resident {
 
     /// Drive a shell restored from a checkpoint (its FIFOs were restored with the sandbox's
     /// agent directory; the shell holds its ends open).
-    pub(super) fn adopt(sandbox: &dyn Sandbox, saved: &Saved) -> Result<Self, ServiceError> {
+    pub(super) fn adopt_restored(sandbox: &dyn Sandbox, saved: &Saved) -> Result<Self, ServiceError> {
         let (in_name, st_name) = (Self::file(&saved.name, "in"), Self::file(&saved.name, "st"));
         let status = receiver(sandbox.reopen_fifo(&st_name, FifoEnd::Read)?)?;
         let input = pipe::Sender::from_owned_fd(sandbox.reopen_fifo(&in_name, FifoEnd::Write)?).map_err(fifo_error)?;

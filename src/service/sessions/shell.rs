@@ -200,9 +200,27 @@ impl Session {
         let (runtime, id) = (self.runtime.clone(), self.id.clone());
         tokio::spawn(async move {
             let sandbox = runtime.sandbox().expect("a sandbox runtime");
+            // A pool member's shell, started before the claim, is taken over: the first
+            // call then finds the shell at once.
+            let t0 = std::time::Instant::now();
+            if let Some(adoptable) = sandbox.adopt_shell() {
+                match Resident::adopt(sandbox, &adoptable).await {
+                    Ok(adopted) => {
+                        *shell = Some(adopted);
+                        claim_phase("shell adopted", t0);
+                    }
+                    Err(e) => {
+                        Resident::remove_files(sandbox, &adoptable.name);
+                        tracing::warn!(session = id, error = %e, "adopting the pool member's shell; starting one");
+                    }
+                }
+            }
             if shell.is_none() {
                 match Resident::start(runtime.as_ref(), sandbox, "default").await {
-                    Ok(started) => *shell = Some(started),
+                    Ok(started) => {
+                        *shell = Some(started);
+                        claim_phase("shell started", t0);
+                    }
                     Err(e) => {
                         Resident::remove_files(sandbox, "default");
                         tracing::debug!(session = id, error = %e, "starting the default shell ahead of its first call");
@@ -227,6 +245,12 @@ impl Session {
             let _ = std::fs::remove_file(dir.path().join(format!("{name}.sh.swerex")));
         }
     }
+}
+
+/// One phase of a session's creation, for `scripts/claim-phases.sh` (with
+/// `RUNNER_LOG=runner=debug`).
+pub(super) fn claim_phase(phase: &'static str, since: std::time::Instant) {
+    tracing::debug!(phase, ms = since.elapsed().as_secs_f64() * 1e3, "claim phase");
 }
 
 fn checked(output: ShellOutput, check: Check) -> Result<ShellOutput, ServiceError> {

@@ -1,0 +1,218 @@
+//! A pooled session's first answer (issue 36, item 1): pool members hold a shell started
+//! before the claim, which a session adopts. These tests hold the adopted shell to a cold
+//! session's (every piece of state a command can see, on bash and on busybox's sh), and check
+//! that a shell that cannot be adopted — under an Environment's setup, in a one-shot job — is
+//! gone before anything of the claimant runs.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+/// Two Environments (busybox's sh, the python image's bash) with what a claim binds late:
+/// variables (one quoted awkwardly), a working directory that is the workspace, a user.
+const ENVS: &str = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nspec:\n  image: local/busybox:1.35\n  workdir: /workspace\n  env: {FOO: \"it's a b\", HOME: /tmp}\n---\napiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: py}\nspec:\n  image: local/python:3.11\n  workdir: /workspace\n  user: \"1000:1000\"\n  env: {FOO: \"it's a b\", LANG: C.UTF-8, PYTHONDONTWRITEBYTECODE: \"1\"}\n---\napiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: py-setup}\nspec:\n  image: local/python:3.11\n  setup:\n    commands: [\"for p in /proc/[0-9]*; do tr '\\\\0' ' ' < $p/cmdline; echo; done > /tmp/setup-saw\"]\n";
+
+/// Everything a shell command can see of the shell it runs in, with what differs between any
+/// two shells (PIDs, the session's name, the shell's random nonce) left out or replaced.
+const PROBE: &str = r#"echo "== export"; export -p
+echo "== set"; set | grep -v -E '^(BASHPID|PPID|RANDOM|SRANDOM|EPOCHREALTIME|EPOCHSECONDS|SECONDS|_|BASH_COMMAND|LINENO|HISTCMD)='
+echo "== seconds $((SECONDS < 2))"
+echo "== options $-"; set -o
+if [ -n "$BASH_VERSION" ]; then echo "== shopt"; shopt; echo "== history"; history | wc -l; fi
+echo "== traps"; trap
+echo "== aliases"; alias
+echo "== ids"; id; umask; pwd; readlink /proc/$$/cwd; hostname
+echo "== limits"; ulimit -a
+echo "== init"; grep -E '^Sig(Ign|Cgt)' /proc/1/status
+echo "== status"; grep -E '^(SigIgn|SigCgt|Cap|NoNewPrivs|Seccomp|Uid|Gid|Groups)' /proc/$$/status
+echo "== fds"; ls /proc/$$/fd
+echo "== oom"; cat /proc/$$/oom_score_adj
+echo "== processes"; for p in /proc/[0-9]*; do cat $p/comm; done >/tmp/.procs; sort /tmp/.procs; rm /tmp/.procs
+echo "== shared"; ls /.runner | grep -v '^req-'"#;
+
+fn normalized(output: &str, session: &str) -> String {
+    let mut text = output.replace(session, "SESSION");
+    // The shell's nonce, in its EXIT trap.
+    while let Some(i) = text.find("printf \"X") {
+        let start = i + "printf \"X".len();
+        let end = start + text[start..].find(|c: char| !c.is_ascii_digit()).unwrap_or(0);
+        text.replace_range(start..end, "N");
+        if end == start {
+            break;
+        }
+    }
+    text
+}
+
+/// A session's first shell answer to `PROBE`, and whether a pool served it.
+fn probe(served: &Served, environment: &str) -> (String, bool) {
+    let (status, session) = served.call(
+        "POST",
+        "/v1/sessions",
+        Some(&format!(r#"{{"environment": "{environment}"}}"#)),
+    );
+    assert!((200..300).contains(&status), "{session}");
+    let id = session["id"].as_str().unwrap().to_string();
+    let body = serde_json::json!({"command": PROBE}).to_string();
+    let (status, r) = served.call("POST", &format!("/v1/sessions/{id}/shell"), Some(&body));
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["exitCode"], 0, "{}", r["output"]);
+    let (status, _) = served.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(status, 204);
+    (
+        normalized(r["output"].as_str().unwrap(), &id),
+        session["pool"].is_string(),
+    )
+}
+
+fn import_images(state: &Path) {
+    for image in ["busybox-oci.tar", "python-oci.tar"] {
+        let out = runner_ctd(&["image", "import", image_dir().join(image).to_str().unwrap()], state);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+fn ready(state: &Path, pools: usize) -> bool {
+    let ls = json_of(&runner_ctd(&["pool", "ls", "-o", "json"], state));
+    ls.as_array()
+        .is_some_and(|a| a.len() == pools && a.iter().all(|p| p["ready"] == 1))
+}
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn an_adopted_shell_is_a_cold_sessions_shell() {
+    let (cold_dir, pool_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let envs = cold_dir.path().join("envs");
+    std::fs::create_dir_all(&envs).unwrap();
+    std::fs::write(envs.join("envs.yaml"), ENVS).unwrap();
+    let envs = envs.to_str().unwrap();
+    let (cold_state, pool_state) = (cold_dir.path().join("state"), pool_dir.path().join("state"));
+    import_images(&cold_state);
+    import_images(&pool_state);
+    let cold = serve_with_args(
+        runner_ctd_command(&[], &cold_state),
+        cold_dir.path(),
+        &["--env-dir", envs],
+    );
+    let pooled = serve_with_args(
+        runner_ctd_command(&[], &pool_state),
+        pool_dir.path(),
+        &[
+            "--env-dir",
+            envs,
+            "--pool",
+            "bb=1",
+            "--pool",
+            "py=1",
+            "--pool",
+            "py-setup=1",
+        ],
+    );
+    let pools = RemovePools(pool_state.clone(), &["bb", "py", "py-setup"]);
+    assert!(
+        eventually(Duration::from_secs(120), || ready(&pool_state, 3)),
+        "the pools were not filled"
+    );
+    // The members' shells have been up a while: a new shell's SECONDS is 0.
+    std::thread::sleep(Duration::from_secs(3));
+    for env in ["bb", "py"] {
+        let (from_pool, was_pooled) = probe(&pooled, env);
+        let (from_cold, was_cold) = probe(&cold, env);
+        assert!(was_pooled && !was_cold, "{env}: pooled {was_pooled}, cold {was_cold}");
+        for seen in [
+            "FOO=",
+            "s a b'\n",
+            "== seconds 1\n",
+            "\n/workspace\n/workspace\n",
+            "sh-default.in",
+        ] {
+            assert!(from_pool.contains(seen), "{env}: {seen:?} in {from_pool}");
+        }
+        assert!(from_pool.contains("bash") == (env == "py"), "{from_pool}");
+        if from_pool != from_cold {
+            let diff: Vec<String> = from_pool
+                .lines()
+                .zip(from_cold.lines())
+                .filter(|(p, c)| p != c)
+                .map(|(p, c)| format!("pooled: {p}\ncold:   {c}"))
+                .collect();
+            panic!(
+                "{env}: the adopted shell differs from a cold session's:\n{}\n\nwhole pooled:\n{from_pool}",
+                diff.join("\n")
+            );
+        }
+    }
+    // With setup at the claim, the member's shell is gone before setup runs; the session's
+    // shell is started after it, as a cold one's.
+    let (status, session) = pooled.call("POST", "/v1/sessions", Some(r#"{"environment": "py-setup"}"#));
+    assert!((200..300).contains(&status), "{session}");
+    assert_eq!(session["pool"], "py-setup");
+    let id = session["id"].as_str().unwrap();
+    let (_, r) = pooled.call(
+        "POST",
+        &format!("/v1/sessions/{id}/shell"),
+        Some(r#"{"command": "cat /tmp/setup-saw; echo $BASH_VERSION"}"#),
+    );
+    let out = r["output"].as_str().unwrap();
+    assert!(!out.contains("sh-default"), "setup saw the member's shell: {out}");
+    assert!(out.lines().last().is_some_and(|l| l.starts_with('5')), "{out}");
+    pooled.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    // Refilled (a filler still at work when the pools go would leave its member behind).
+    assert!(
+        eventually(Duration::from_secs(120), || ready(&pool_state, 3)),
+        "the pools were not refilled"
+    );
+    drop(pooled);
+    drop(pools);
+    assert_eq!(
+        json_of(&runner_ctd(&["pool", "ls", "-o", "json"], &pool_state)),
+        serde_json::json!([])
+    );
+}
+
+/// Removes a test's pools, the test passed or not (members outlive every runner).
+struct RemovePools(std::path::PathBuf, &'static [&'static str]);
+
+impl Drop for RemovePools {
+    fn drop(&mut self) {
+        let out = runner_ctd(&[&["pool", "rm"], self.1].concat(), &self.0);
+        if !std::thread::panicking() {
+            assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+}
+
+/// A one-shot job that claims a member finds no shell of the pool's in it.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_one_shot_job_finds_no_member_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_images(&state);
+    let file = write_manifest(
+        dir.path(),
+        "job.yaml",
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: pyj}\nspec:\n  image: local/python:3.11\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: lonely}\nspec:\n  environment: pyj\n  command: [\"sh\", \"-c\", \"for p in /proc/[0-9]*; do tr '\\\\0' ' ' < $p/cmdline; echo; done; ls /.runner\"]\n",
+    );
+    let out = runner_ctd(
+        &["pool", "create", "pyj", "-f", file.to_str().unwrap(), "--size", "1"],
+        &state,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let pools = RemovePools(state.clone(), &["pyj"]);
+    let applied = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state);
+    assert!(
+        eventually(Duration::from_secs(120), || ready(&state, 1)),
+        "the pool was not refilled"
+    );
+    drop(pools);
+    let all = json_of(&applied);
+    let r = &all["status"]["result"];
+    assert_eq!(r["pool"], "pyj", "{all}");
+    assert_eq!(r["exitCode"], 0, "{all}");
+    let out = r["stdout"].as_str().unwrap();
+    assert!(!out.contains("bash") && !out.contains("sh-default"), "{out}");
+}
