@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod attach_lock;
+pub mod freezer;
 mod io;
 pub mod layer;
 pub mod logger;

@@ -114,25 +114,29 @@ impl Engine {
             source,
         })?;
         // Frozen while its layer is read: one moment of the sandbox, and nothing it does can
-        // race the walk. A paused sandbox stays paused; a stopped task has nothing to freeze.
-        let freeze = matches!(self.client.task_get(&c.id).await?, Some(p) if p.status == STATUS_RUNNING);
+        // race the walk. A paused sandbox stays paused (runner pauses through the cgroup's
+        // freezer, which containerd does not see: the freezer is asked, not the task); a
+        // stopped task has nothing to freeze.
+        let cgroup = self.cgroup_path(&c.id);
+        let running = matches!(self.client.task_get(&c.id).await?, Some(p) if p.status == STATUS_RUNNING);
+        let freeze = running && freezer::state(&cgroup).await? == Some(freezer::FreezeState::Thawed);
         let frozen_at = Instant::now();
         if freeze {
-            self.client.task_pause(&c.id).await?;
+            freezer::freeze(&cgroup).await?;
         }
         let limits = request.limits;
         let walked =
             tokio::task::spawn_blocking(move || layer::write_layer(&upper, out, &shift, &exclude, limits)).await;
         let frozen_ms = if freeze {
-            // A sandbox left frozen would hold every later call: a failed thaw (containerd
-            // restarting) is tried again before the snapshot gives up.
-            let mut thawed = self.client.task_resume(&c.id).await;
+            // A sandbox left frozen would hold every later call: a failed thaw is tried again
+            // before the snapshot gives up.
+            let mut thawed = freezer::thaw(&cgroup).await;
             for _ in 0..THAW_RETRIES {
                 if thawed.is_ok() {
                     break;
                 }
                 tokio::time::sleep(THAW_RETRY_DELAY).await;
-                thawed = self.client.task_resume(&c.id).await;
+                thawed = freezer::thaw(&cgroup).await;
             }
             let ms = frozen_at.elapsed().as_millis() as u64;
             thawed?;
