@@ -49,3 +49,16 @@ snapshot_rows() {
   echo "snapshot   job start (runner apply, true) from the 100 MiB snapshot: ${sm} ms   from its base image: ${bm} ms   ratio $(awk "BEGIN{printf \"%.2f\", $sm/$bm}")  (median of $runs)"
   "$runner" snapshot rm bench-100m >/dev/null
 }
+#   state_only             BENCH_ONLY=state: the anchor container and a `runner serve`, then
+#                          the rows above
+state_only() {
+  ctr_ run -d local/busybox:1.35 anchor sh -c 'sleep 100000' >/dev/null
+  echo "bench-token-$$-0123456789abcdef" > "$work/token"
+  "$runner" serve --listen 127.0.0.1:0 --token-file "$work/token" > "$work/serve.out" 2>"$work/serve.err" &
+  local serve_pid=$! url
+  for _ in $(seq 1 100); do grep -q listening "$work/serve.out" 2>/dev/null && break; sleep 0.05; done
+  url=$(sed -n 's/^listening on //p' "$work/serve.out")
+  pause_rows "$url" "$(cat "$work/token")"
+  snapshot_rows "$url" "$(cat "$work/token")"
+  kill "$serve_pid"; wait "$serve_pid" 2>/dev/null || true
+}

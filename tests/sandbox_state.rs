@@ -372,6 +372,15 @@ fn a_session_snapshot_is_an_image_jobs_and_sessions_start_from() {
     assert_eq!(v["image"], format!("snapshot:{name}"), "{v}");
     assert_eq!(v["base"], "local/busybox:1.35", "{v}");
     assert!(v["layerBytes"].as_u64().unwrap() > 2 << 20, "{v}");
+    // A whole containerd image: every blob in the content store, unpacked.
+    let (address, namespace) = containerd_env();
+    let out = Command::new("ctr")
+        .args(["--address", address.to_str().unwrap(), "--namespace", &namespace])
+        .args(["images", "check", &format!("name==snapshot:{name}")])
+        .output()
+        .unwrap();
+    let check = String::from_utf8_lossy(&out.stdout);
+    assert!(check.contains("complete (3/3)") && check.contains("true"), "{check}");
     // A name is taken once, unless replaced.
     let (code, v) = s.call(
         "POST",

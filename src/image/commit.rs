@@ -10,6 +10,7 @@ use std::path::Path;
 use containerd_client::types::Descriptor;
 
 use super::archive::{self, JsonDescriptor, JsonManifest};
+use super::layer_apply::{self, XattrSpace};
 use super::{
     GC_REF_CONFIG, GC_REF_LAYER, GC_REF_SNAPSHOT, IMPORT_LEASE_TTL, ImageError, UNCOMPRESSED_LABEL, descriptor,
     parse_json, pick_platform, read_blob, unique,
@@ -24,6 +25,25 @@ pub struct NewLayer<'a> {
     pub size: u64,
     /// What the image history says made it.
     pub created_by: String,
+}
+
+/// containerd's Diff.Apply of the received layer onto a prepared snapshot's mounts.
+async fn apply_in_containerd(
+    client: &Containerd,
+    layer_desc: &JsonDescriptor,
+    mounts: Vec<containerd_client::types::Mount>,
+    digest: &str,
+    index: usize,
+) -> Result<(), ImageError> {
+    let applied = client.diff_apply(descriptor(layer_desc), mounts).await?;
+    if applied.digest != digest {
+        return Err(ImageError::DiffIdMismatch {
+            index,
+            got: applied.digest,
+            expected: digest.to_string(),
+        });
+    }
+    Ok(())
 }
 
 /// The image `commit` made.
@@ -140,43 +160,61 @@ async fn commit_in(
         annotations: HashMap::new(),
         platform: None,
     };
-    // The layer blob.
-    let file = tokio::fs::File::open(layer.path)
-        .await
-        .map_err(|source| ImageError::Io {
-            what: format!("reading {}", layer.path.display()),
-            source,
-        })?;
-    client
-        .content_write(
-            lease,
-            layer.digest,
-            layer.size,
-            file,
-            HashMap::from([(UNCOMPRESSED_LABEL.to_string(), layer.digest.to_string())]),
-            |_| {},
-        )
-        .await?;
-    tracing::debug!(bytes = layer.size, "snapshot layer in the content store");
-    // Unpacked on the base's chain (the same chain is content-addressed: another commit of
-    // the same changes may have made it already).
-    if client.snapshot_stat(&top_chain).await?.is_none() {
+    // The layer blob into the content store, and unpacked on the base's chain (the same
+    // chain is content-addressed: another commit of the same changes may have made it
+    // already). On an overlayfs snapshotter runner unpacks its own tar into the prepared
+    // snapshot's upper directory while containerd receives the blob (the two at once);
+    // on another, containerd's Diff.Apply unpacks the received blob.
+    let upload = async {
+        let file = tokio::fs::File::open(layer.path)
+            .await
+            .map_err(|source| ImageError::Io {
+                what: format!("reading {}", layer.path.display()),
+                source,
+            })?;
+        client
+            .content_write(
+                lease,
+                layer.digest,
+                layer.size,
+                file,
+                HashMap::from([(UNCOMPRESSED_LABEL.to_string(), layer.digest.to_string())]),
+                |_| {},
+            )
+            .await?;
+        tracing::debug!(bytes = layer.size, "snapshot layer in the content store");
+        Ok::<(), ImageError>(())
+    };
+    if client.snapshot_stat(&top_chain).await?.is_some() {
+        upload.await?;
+    } else {
         let key = unique("runner-commit-extract");
         let mounts = client.snapshot_prepare(lease, &key, base_chain, HashMap::new()).await?;
-        let applied = match client.diff_apply(descriptor(&layer_desc), mounts).await {
-            Ok(a) => a,
-            Err(e) => {
-                let _ = client.snapshot_remove(&key).await;
-                return Err(e.into());
-            }
+        let direct = match mounts.as_slice() {
+            [m] if m.r#type == "overlay" => crate::runtime::containerd::remap::writable_layer(&mounts)
+                .map(|upper| (upper, XattrSpace::of_options(&m.options))),
+            _ => None,
         };
-        if applied.digest != layer.digest {
+        let unpacked = match direct {
+            Some((upper, space)) => {
+                let path = layer.path.to_path_buf();
+                let apply = async {
+                    tokio::task::spawn_blocking(move || layer_apply::apply_layer(&path, &upper, space))
+                        .await
+                        .map_err(|e| ImageError::Format(format!("unpacking the snapshot layer: {e}")))?
+                        .map_err(|e| ImageError::Format(format!("unpacking the snapshot layer: {e}")))
+                };
+                let (uploaded, applied) = tokio::join!(upload, apply);
+                uploaded.and(applied.map(|_| ()))
+            }
+            None => match upload.await {
+                Ok(()) => apply_in_containerd(client, &layer_desc, mounts, layer.digest, ids.len() - 1).await,
+                Err(e) => Err(e),
+            },
+        };
+        if let Err(e) = unpacked {
             let _ = client.snapshot_remove(&key).await;
-            return Err(ImageError::DiffIdMismatch {
-                index: ids.len() - 1,
-                got: applied.digest,
-                expected: layer.digest.to_string(),
-            });
+            return Err(e);
         }
         match client.snapshot_commit(lease, &top_chain, &key, HashMap::new()).await {
             Ok(()) => {}
