@@ -3,6 +3,8 @@
 
 mod client;
 mod content;
+mod content_follow;
+pub use content_follow::BlobEnd;
 pub mod daemon;
 mod state;
 

@@ -84,17 +84,9 @@ async fn base_parts(
     Ok((target, manifest, config))
 }
 
-/// Add `layer` on top of image `base` (whose unpacked top chain must be `base_chain`: the
-/// chain the sandbox ran on, so a base re-tagged since is noticed) as image `name`, with
-/// `labels` on its record. Replaces an image of that name.
-pub async fn commit(
-    client: &Containerd,
-    base: &str,
-    base_chain: &str,
-    layer: &NewLayer<'_>,
-    name: &str,
-    labels: HashMap<String, String>,
-) -> Result<Committed, ImageError> {
+/// The lease a commit's content and snapshots are made under (it expires by itself, should
+/// runner die before `release`).
+pub async fn lease(client: &Containerd) -> Result<String, ImageError> {
     let lease = unique("runner-commit");
     let expire = std::time::SystemTime::now() + IMPORT_LEASE_TTL;
     client
@@ -106,19 +98,36 @@ pub async fn commit(
             )]),
         )
         .await?;
-    let result = commit_in(client, &lease, base, base_chain, layer, name, labels).await;
-    if let Err(e) = client.lease_delete(&lease).await {
-        tracing::warn!(lease, error = %e, "could not delete the commit lease (it expires by itself)");
-    }
-    result
+    Ok(lease)
 }
 
-async fn commit_in(
+/// Delete a commit's lease: what it made is kept by the image's GC labels.
+pub async fn release(client: &Containerd, lease: &str) {
+    if let Err(e) = client.lease_delete(lease).await {
+        tracing::warn!(lease, error = %e, "could not delete the commit lease (it expires by itself)");
+    }
+}
+
+/// What the layer blob's upload to the content store (running already, in `lease`) ends with.
+pub type Upload = tokio::task::JoinHandle<Result<(), crate::containerd::CtdError>>;
+
+/// The labels the layer blob is committed with (its uncompressed digest: it is its own).
+pub fn layer_labels(digest: &str) -> HashMap<String, String> {
+    HashMap::from([(UNCOMPRESSED_LABEL.to_string(), digest.to_string())])
+}
+
+/// Add `layer` on top of image `base` (whose unpacked top chain must be `base_chain`: the
+/// chain the sandbox ran on, so a base re-tagged since is noticed) as image `name`, with
+/// `labels` on its record, in `lease`; `upload` is the layer blob on its way into the
+/// content store. Replaces an image of that name.
+#[allow(clippy::too_many_arguments)]
+pub async fn commit(
     client: &Containerd,
     lease: &str,
     base: &str,
     base_chain: &str,
     layer: &NewLayer<'_>,
+    upload: Upload,
     name: &str,
     labels: HashMap<String, String>,
 ) -> Result<Committed, ImageError> {
@@ -166,22 +175,9 @@ async fn commit_in(
     // snapshot's upper directory while containerd receives the blob (the two at once);
     // on another, containerd's Diff.Apply unpacks the received blob.
     let upload = async {
-        let file = tokio::fs::File::open(layer.path)
+        upload
             .await
-            .map_err(|source| ImageError::Io {
-                what: format!("reading {}", layer.path.display()),
-                source,
-            })?;
-        client
-            .content_write(
-                lease,
-                layer.digest,
-                layer.size,
-                file,
-                HashMap::from([(UNCOMPRESSED_LABEL.to_string(), layer.digest.to_string())]),
-                |_| {},
-            )
-            .await?;
+            .map_err(|e| ImageError::Format(format!("the snapshot layer's upload: {e}")))??;
         tracing::debug!(bytes = layer.size, "snapshot layer in the content store");
         Ok::<(), ImageError>(())
     };

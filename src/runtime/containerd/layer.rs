@@ -162,9 +162,9 @@ struct Walk<'a, W: Write> {
 /// uncompressed layer tar, leaving out `exclude` (rootfs paths such as mount points, with or
 /// without a leading `/`). Blocking: call it on the blocking pool, with the sandbox frozen
 /// (its files then hold still).
-pub fn write_layer(
+pub fn write_layer<W: Write>(
     upper: &Path,
-    out: File,
+    out: W,
     shift: &IdShift,
     exclude: &[String],
     limits: LayerLimits,
@@ -207,6 +207,93 @@ pub fn write_layer(
         file_bytes: walk.file_bytes,
         skipped: walk.skipped,
     })
+}
+
+/// How far a layer file has been written, for a reader that follows it (`follow`) while
+/// the walk goes on: the walk never waits for the reader.
+#[derive(Clone, Default)]
+pub struct Growth(std::sync::Arc<(std::sync::Mutex<Grown>, std::sync::Condvar)>);
+
+#[derive(Default)]
+struct Grown {
+    written: u64,
+    /// The walk ended: `written` is the whole file (or it failed: nothing more is wanted).
+    done: bool,
+    failed: bool,
+}
+
+impl Growth {
+    fn add(&self, n: u64) {
+        let (state, cv) = &*self.0;
+        state.lock().expect("growth lock").written += n;
+        cv.notify_all();
+    }
+
+    /// The walk ended (`ok`: the file is whole).
+    pub fn finish(&self, ok: bool) {
+        let (state, cv) = &*self.0;
+        let mut g = state.lock().expect("growth lock");
+        g.done = true;
+        g.failed = !ok;
+        cv.notify_all();
+    }
+
+    /// A writer to the file that says how far it has got.
+    pub fn counting<W: Write>(&self, inner: W) -> Counting<W> {
+        Counting {
+            inner,
+            growth: self.clone(),
+        }
+    }
+}
+
+/// The layer file's writer, counted (`Growth`).
+pub struct Counting<W: Write> {
+    inner: W,
+    growth: Growth,
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.growth.add(n as u64);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Read the layer file `file` as it grows, in chunks of at most `chunk` bytes sent on
+/// `out`, until the walk says it is done; blocking (the blocking pool). Stops early, sending
+/// nothing more, when the walk failed or the receiver went away.
+pub fn follow(
+    mut file: File,
+    growth: &Growth,
+    chunk: usize,
+    out: &tokio::sync::mpsc::Sender<Vec<u8>>,
+) -> io::Result<()> {
+    let (state, cv) = &*growth.0;
+    let mut offset = 0u64;
+    loop {
+        let available = {
+            let mut g = state.lock().expect("growth lock");
+            while g.written == offset && !g.done {
+                g = cv.wait(g).expect("growth lock");
+            }
+            if g.failed || (g.done && g.written == offset) {
+                return Ok(());
+            }
+            g.written - offset
+        };
+        let mut buf = vec![0u8; available.min(chunk as u64) as usize];
+        file.read_exact(&mut buf)?;
+        offset += buf.len() as u64;
+        if out.blocking_send(buf).is_err() {
+            return Ok(());
+        }
+    }
 }
 
 impl<W: Write> Walk<'_, W> {
