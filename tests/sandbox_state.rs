@@ -381,6 +381,14 @@ fn a_session_snapshot_is_an_image_jobs_and_sessions_start_from() {
         .unwrap();
     let check = String::from_utf8_lossy(&out.stdout);
     assert!(check.contains("complete (3/3)") && check.contains("true"), "{check}");
+    // No ingest of it is left behind.
+    let out = Command::new("ctr")
+        .args(["--address", address.to_str().unwrap(), "--namespace", &namespace])
+        .args(["content", "active"])
+        .output()
+        .unwrap();
+    let active = String::from_utf8_lossy(&out.stdout);
+    assert!(!active.contains("runner-commit"), "{active}");
     // A name is taken once, unless replaced.
     let (code, v) = s.call(
         "POST",

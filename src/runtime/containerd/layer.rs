@@ -546,6 +546,39 @@ mod tests {
     }
 
     #[test]
+    fn a_follower_reads_the_whole_file_as_it_grows_and_stops_when_the_walk_fails() {
+        for ok in [true, false] {
+            let file = tempfile::NamedTempFile::new().unwrap();
+            let growth = Growth::default();
+            let (tx, mut rx) = tokio::sync::mpsc::channel(2);
+            let follower = {
+                let (growth, reader) = (growth.clone(), file.reopen().unwrap());
+                std::thread::spawn(move || follow(reader, &growth, 1000, &tx))
+            };
+            let mut out = growth.counting(file.reopen().unwrap());
+            let mut written = Vec::new();
+            for i in 0..50u8 {
+                let part = vec![i; 777];
+                out.write_all(&part).unwrap();
+                written.extend_from_slice(&part);
+            }
+            // The walk ends before the follower has read it all (the channel holds two).
+            growth.finish(ok);
+            let mut read = Vec::new();
+            while let Some(chunk) = rx.blocking_recv() {
+                assert!(chunk.len() <= 1000);
+                read.extend_from_slice(&chunk);
+            }
+            follower.join().unwrap().unwrap();
+            if ok {
+                assert_eq!(read, written);
+            } else {
+                assert!(read.len() < written.len(), "a failed walk's file is not sent whole");
+            }
+        }
+    }
+
+    #[test]
     fn a_layer_holds_changes_whiteouts_and_shifted_ids_but_not_what_is_excluded() {
         let dir = tempfile::tempdir().unwrap();
         let upper = dir.path().join("upper");
