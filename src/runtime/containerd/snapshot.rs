@@ -150,9 +150,8 @@ impl Engine {
             .commit_walked(c, request, &info.parent, walk, &lease, file.path())
             .await;
         image_commit::release(&self.client, &lease).await;
-        match (&result, follower.await) {
-            (Err(_), Ok(Err(e))) => tracing::warn!(error = %e, "reading the snapshot's layer file for its upload"),
-            _ => {}
+        if let (Err(_), Ok(Err(e))) = (&result, follower.await) {
+            tracing::warn!(error = %e, "reading the snapshot's layer file for its upload");
         }
         drop(file);
         let (image, report, frozen_ms) = result?;
