@@ -60,15 +60,17 @@ snapshot_rows() {
   local bm sm
   bm=$(printf '%s\n' "${base[@]}" | median); sm=$(printf '%s\n' "${snap[@]}" | median)
   echo "snapshot   job start (runner apply, true) from the 100 MiB snapshot: ${sm} ms   from its base image: ${bm} ms   ratio $(awk "BEGIN{printf \"%.2f\", $sm/$bm}")  (median of $runs)"
-  # The same from warm pools of the two Environments (steady state: refilled untimed after
-  # each run, as bench.sh's pooled row).
+  # The same from warm pools of the two Environments (steady state: each refilled untimed
+  # right after its run, as bench.sh's pooled row: the next run never shares the machine
+  # with a filler).
   "$runner" pool create on-base -f "$work/on-base.yaml" --size 2 >/dev/null
   "$runner" pool create on-snap -f "$work/on-snap.yaml" --size 2 >/dev/null
   base=(); snap=()
   for i in $(seq 1 "$runs"); do
     base+=("$(ms_of "$runner" apply --replace -f "$work/on-base.yaml")")
+    "$runner" pool fill on-base >/dev/null
     snap+=("$(ms_of "$runner" apply --replace -f "$work/on-snap.yaml")")
-    "$runner" pool fill on-base >/dev/null; "$runner" pool fill on-snap >/dev/null
+    "$runner" pool fill on-snap >/dev/null
   done
   "$runner" pool rm on-base >/dev/null; "$runner" pool rm on-snap >/dev/null
   bm=$(printf '%s\n' "${base[@]}" | median); sm=$(printf '%s\n' "${snap[@]}" | median)
