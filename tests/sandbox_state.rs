@@ -203,6 +203,18 @@ fn a_paused_session_uses_no_cpu_and_resumes_the_same_process() {
     assert_eq!(code, 409);
     let (code, v) = s.call("POST", &format!("/v1/sessions/{id}/pause"), None);
     assert_eq!((code, &v["state"]), (200, &json!("paused")), "{v}");
+    // A snapshot of a paused session leaves it paused (it was not frozen for it again).
+    let snap = format!("paused-{}", std::process::id());
+    let (code, v) = s.call(
+        "POST",
+        &format!("/v1/sessions/{id}/snapshot"),
+        Some(&json!({"name": snap}).to_string()),
+    );
+    assert_eq!((code, &v["frozenMs"]), (201, &json!(0)), "{v}");
+    assert_eq!(freezer_state(pid), "FROZEN");
+    assert_eq!(cgroup_cpu_ns(pid), frozen, "still no CPU");
+    let (code, _) = s.call("DELETE", &format!("/v1/snapshots/{snap}"), None);
+    assert_eq!(code, 204);
 
     let (code, v) = s.call("POST", &format!("/v1/sessions/{id}/resume"), None);
     assert_eq!(code, 200, "{v}");
