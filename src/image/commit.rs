@@ -187,8 +187,11 @@ pub async fn commit(
         let key = unique("runner-commit-extract");
         let mounts = client.snapshot_prepare(lease, &key, base_chain, HashMap::new()).await?;
         let direct = match mounts.as_slice() {
-            [m] if m.r#type == "overlay" => crate::runtime::containerd::remap::writable_layer(&mounts)
-                .map(|upper| (upper, XattrSpace::of_options(&m.options))),
+            [m] if m.r#type == "overlay" => m
+                .options
+                .iter()
+                .find_map(|o| o.strip_prefix("upperdir="))
+                .map(|upper| (std::path::PathBuf::from(upper), XattrSpace::of_options(&m.options))),
             _ => None,
         };
         let unpacked = match direct {

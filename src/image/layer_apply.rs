@@ -1,4 +1,4 @@
-//! A snapshot's layer tar (as `runtime::containerd::layer::write_layer` wrote it) unpacked straight into the
+//! A snapshot's layer tar (as runtime's layer writer wrote it) unpacked straight into the
 //! upper directory of an overlayfs snapshot prepared on the base image's chain: what
 //! containerd's Diff.Apply does, without sending the layer through containerd twice (once
 //! to its content store, once more read back from there to unpack). The commit runs this
@@ -178,71 +178,6 @@ fn set_opaque(dir: &Path, space: XattrSpace) -> Result<(), ApplyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::containerd::layer::{IdShift, LayerLimits, write_layer};
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-
-    #[test]
-    fn a_written_layer_unpacks_to_the_same_tree_with_whiteouts() {
-        let src = tempfile::tempdir().unwrap();
-        let s = src.path();
-        std::fs::create_dir_all(s.join("opt/d")).unwrap();
-        std::fs::write(s.join("opt/d/blob"), vec![7u8; 100_000]).unwrap();
-        std::fs::set_permissions(s.join("opt/d/blob"), std::fs::Permissions::from_mode(0o4750)).unwrap();
-        std::fs::hard_link(s.join("opt/d/blob"), s.join("opt/hard")).unwrap();
-        std::os::unix::fs::symlink("/etc/passwd", s.join("opt/link")).unwrap();
-        // A deletion, as overlayfs records it.
-        nix::sys::stat::mknod(
-            &s.join("gone"),
-            nix::sys::stat::SFlag::S_IFCHR,
-            nix::sys::stat::Mode::empty(),
-            0,
-        )
-        .unwrap();
-        // A directory whose lower contents are hidden (overlayfs's opaque mark).
-        std::fs::create_dir(s.join("fresh")).unwrap();
-        xattr_set(&s.join("fresh"), b"user.overlay.opaque\0");
-        let tar = tempfile::NamedTempFile::new().unwrap();
-        write_layer(
-            s,
-            tar.reopen().unwrap(),
-            &IdShift::default(),
-            &[],
-            LayerLimits::default(),
-        )
-        .unwrap();
-
-        let dst = tempfile::tempdir().unwrap();
-        let d = dst.path();
-        apply_layer(tar.path(), d, XattrSpace::User).unwrap();
-        assert_eq!(std::fs::read(d.join("opt/d/blob")).unwrap(), vec![7u8; 100_000]);
-        let blob = std::fs::metadata(d.join("opt/d/blob")).unwrap();
-        assert_eq!(blob.mode() & 0o7777, 0o4750);
-        assert_eq!(std::fs::metadata(d.join("opt/hard")).unwrap().ino(), blob.ino());
-        assert_eq!(
-            std::fs::read_link(d.join("opt/link")).unwrap(),
-            PathBuf::from("/etc/passwd")
-        );
-        assert_eq!(xattr_get(&d.join("fresh"), b"user.overlay.opaque\0"), Some(b'y'));
-        assert!(!d.join("fresh/.wh..wh..opq").exists());
-        let gone = std::fs::symlink_metadata(d.join("gone")).unwrap();
-        use std::os::unix::fs::FileTypeExt;
-        assert!(gone.file_type().is_char_device() && gone.rdev() == 0);
-    }
-
-    fn xattr_set(path: &Path, name: &[u8]) {
-        let p = CString::new(path.as_os_str().as_bytes()).unwrap();
-        // SAFETY: NUL-terminated strings, a one-byte value.
-        let rc = unsafe { libc::lsetxattr(p.as_ptr(), name.as_ptr().cast(), b"y".as_ptr().cast(), 1, 0) };
-        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
-    }
-
-    fn xattr_get(path: &Path, name: &[u8]) -> Option<u8> {
-        let p = CString::new(path.as_os_str().as_bytes()).unwrap();
-        let mut v = [0u8; 4];
-        // SAFETY: NUL-terminated strings, a writable buffer of the length given.
-        let n = unsafe { libc::lgetxattr(p.as_ptr(), name.as_ptr().cast(), v.as_mut_ptr().cast(), v.len()) };
-        (n == 1).then_some(v[0])
-    }
 
     #[test]
     fn paths_out_of_the_directory_are_refused() {

@@ -545,6 +545,71 @@ mod tests {
             .collect()
     }
 
+    fn xattr_set(path: &Path, name: &[u8]) {
+        let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: NUL-terminated strings, a one-byte value.
+        let rc = unsafe { libc::lsetxattr(p.as_ptr(), name.as_ptr().cast(), b"y".as_ptr().cast(), 1, 0) };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+    }
+
+    fn xattr_get(path: &Path, name: &[u8]) -> Option<u8> {
+        let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        let mut v = [0u8; 4];
+        // SAFETY: NUL-terminated strings, a writable buffer of the length given.
+        let n = unsafe { libc::lgetxattr(p.as_ptr(), name.as_ptr().cast(), v.as_mut_ptr().cast(), v.len()) };
+        (n == 1).then_some(v[0])
+    }
+
+    #[test]
+    fn a_written_layer_unpacks_to_the_same_tree_with_whiteouts() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        use std::path::PathBuf;
+        let src = tempfile::tempdir().unwrap();
+        let s = src.path();
+        std::fs::create_dir_all(s.join("opt/d")).unwrap();
+        std::fs::write(s.join("opt/d/blob"), vec![7u8; 100_000]).unwrap();
+        std::fs::set_permissions(s.join("opt/d/blob"), std::fs::Permissions::from_mode(0o4750)).unwrap();
+        std::fs::hard_link(s.join("opt/d/blob"), s.join("opt/hard")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", s.join("opt/link")).unwrap();
+        // A deletion, as overlayfs records it.
+        nix::sys::stat::mknod(
+            &s.join("gone"),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::empty(),
+            0,
+        )
+        .unwrap();
+        // A directory whose lower contents are hidden (overlayfs's opaque mark).
+        std::fs::create_dir(s.join("fresh")).unwrap();
+        xattr_set(&s.join("fresh"), b"user.overlay.opaque\0");
+        let tar = tempfile::NamedTempFile::new().unwrap();
+        write_layer(
+            s,
+            tar.reopen().unwrap(),
+            &IdShift::default(),
+            &[],
+            LayerLimits::default(),
+        )
+        .unwrap();
+
+        let dst = tempfile::tempdir().unwrap();
+        let d = dst.path();
+        crate::image::layer_apply::apply_layer(tar.path(), d, crate::image::layer_apply::XattrSpace::User).unwrap();
+        assert_eq!(std::fs::read(d.join("opt/d/blob")).unwrap(), vec![7u8; 100_000]);
+        let blob = std::fs::metadata(d.join("opt/d/blob")).unwrap();
+        assert_eq!(blob.mode() & 0o7777, 0o4750);
+        assert_eq!(std::fs::metadata(d.join("opt/hard")).unwrap().ino(), blob.ino());
+        assert_eq!(
+            std::fs::read_link(d.join("opt/link")).unwrap(),
+            PathBuf::from("/etc/passwd")
+        );
+        assert_eq!(xattr_get(&d.join("fresh"), b"user.overlay.opaque\0"), Some(b'y'));
+        assert!(!d.join("fresh/.wh..wh..opq").exists());
+        let gone = std::fs::symlink_metadata(d.join("gone")).unwrap();
+        use std::os::unix::fs::FileTypeExt;
+        assert!(gone.file_type().is_char_device() && gone.rdev() == 0);
+    }
+
     #[test]
     fn a_follower_reads_the_whole_file_as_it_grows_and_stops_when_the_walk_fails() {
         for ok in [true, false] {
