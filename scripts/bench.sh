@@ -19,6 +19,7 @@
 #             resolver under issue 31's flood (the network test's figures, release build;
 #             BENCH_FLOOD=0 skips it)
 # BENCH_ONLY=network runs only the one-shot row (for the ratio to ctr) and the network rows;
+# BENCH_ONLY=state the one-shot row and the pause and snapshot rows;
 # BENCH_RUNNER=PATH measures that runner binary instead of building this tree (a before/after
 # pair: build the other tree's release binary, keep it, pass it here).
 #   pull:     the Python image from a loopback registry (docker-registry): `runner image pull`
@@ -169,6 +170,10 @@ echo "one-shot   runner apply: ${r_med} ms   ctr run --rm: ${c_med} ms   ratio $
 echo "           ctr run --rm with runner's spec: ${s_med} ms = $(awk "BEGIN{printf \"%.2f\", $s_med/$c_med}")x ctr run --rm"
 if [ "${BENCH_ONLY:-}" = network ]; then
   network_rows
+  exit 0
+fi
+if [ "${BENCH_ONLY:-}" = state ]; then
+  state_only
   exit 0
 fi
 # Where the floor is: the container lifecycle alone (create, Tasks.Create/Start/Wait/Delete,

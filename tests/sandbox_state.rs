@@ -95,6 +95,78 @@ fn cgroup_cpu_ns(pid: u32) -> u64 {
     panic!("no CPU accounting found for pid {pid}: {cgroups}");
 }
 
+/// The freezer state of the cgroup a host process is in: cgroup v1's `freezer.state`, or
+/// v2's `cgroup.freeze` and `cgroup.events` said the same way (`THAWED`, `FROZEN`).
+fn freezer_state(pid: u32) -> String {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    for line in cgroups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next(), parts.next().unwrap(), parts.next().unwrap());
+        if controllers.split(',').any(|c| c == "freezer") {
+            let file = format!("/sys/fs/cgroup/freezer{path}/freezer.state");
+            return std::fs::read_to_string(&file).unwrap().trim().to_string();
+        }
+    }
+    let path = cgroups
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or_else(|| panic!("no freezer found for pid {pid}: {cgroups}"));
+    let events = std::fs::read_to_string(format!("/sys/fs/cgroup{path}/cgroup.events")).unwrap();
+    if events.lines().any(|l| l == "frozen 1") {
+        "FROZEN".into()
+    } else {
+        "THAWED".into()
+    }
+}
+
+/// What runc (in containerd's runc root for the namespace) says of a session's container.
+fn runc_status(session: &str) -> String {
+    let (address, namespace) = containerd_env();
+    let out = Command::new("ctr")
+        .args(["--address", address.to_str().unwrap(), "--namespace", &namespace])
+        .args([
+            "containers",
+            "ls",
+            "-q",
+            &format!("labels.\"runner.dev/job\"=={session}"),
+        ])
+        .output()
+        .unwrap();
+    let id = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .to_string();
+    let out = Command::new("runc")
+        .args(["--root", &format!("/run/containerd/runc/{namespace}"), "state", &id])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "runc state {id}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["status"].as_str().unwrap().to_string()
+}
+
+/// `runner pause|resume SESSION` against the server; its exit code and output.
+fn cli(s: &Served, args: &[&str]) -> (i32, String) {
+    let out = Command::new(runner_bin())
+        .args(args)
+        .env("RUNNER_URL", &s.url)
+        .env("RUNNER_TOKEN", SERVE_TOKEN)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
 #[test]
 #[ignore = "needs a private containerd: run scripts/test.sh"]
 fn a_paused_session_uses_no_cpu_and_resumes_the_same_process() {
@@ -117,6 +189,10 @@ fn a_paused_session_uses_no_cpu_and_resumes_the_same_process() {
     let frozen = cgroup_cpu_ns(pid);
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(cgroup_cpu_ns(pid), frozen, "a paused sandbox uses no CPU");
+    // runner froze the cgroup itself: the kernel and runc say so (containerd's shim, which
+    // was not asked, still calls the task running).
+    assert_eq!(freezer_state(pid), "FROZEN");
+    assert_eq!(runc_status(&id), "paused");
     let (_, v) = s.call("GET", &format!("/v1/sessions/{id}"), None);
     assert_eq!(v["state"], "paused", "{v}");
     // A call to a paused session is refused, clearly; pausing again changes nothing.
@@ -127,11 +203,25 @@ fn a_paused_session_uses_no_cpu_and_resumes_the_same_process() {
     assert_eq!(code, 409);
     let (code, v) = s.call("POST", &format!("/v1/sessions/{id}/pause"), None);
     assert_eq!((code, &v["state"]), (200, &json!("paused")), "{v}");
+    // A snapshot of a paused session leaves it paused (it was not frozen for it again).
+    let snap = format!("paused-{}", std::process::id());
+    let (code, v) = s.call(
+        "POST",
+        &format!("/v1/sessions/{id}/snapshot"),
+        Some(&json!({"name": snap}).to_string()),
+    );
+    assert_eq!((code, &v["frozenMs"]), (201, &json!(0)), "{v}");
+    assert_eq!(freezer_state(pid), "FROZEN");
+    assert_eq!(cgroup_cpu_ns(pid), frozen, "still no CPU");
+    let (code, _) = s.call("DELETE", &format!("/v1/snapshots/{snap}"), None);
+    assert_eq!(code, 204);
 
     let (code, v) = s.call("POST", &format!("/v1/sessions/{id}/resume"), None);
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["state"], "running", "{v}");
     assert!(v.get("pausedSince").is_none(), "{v}");
+    assert_eq!(freezer_state(pid), "THAWED");
+    assert_eq!(runc_status(&id), "running");
     let thawed = cgroup_cpu_ns(pid);
     std::thread::sleep(Duration::from_millis(300));
     assert!(cgroup_cpu_ns(pid) > thawed, "the busy loop runs again");
@@ -161,9 +251,22 @@ fn a_paused_session_uses_no_cpu_and_resumes_the_same_process() {
     assert!(v.to_string().contains("in progress"), "{v}");
     assert_eq!(streaming.join().unwrap(), 200);
 
+    // The CLI's verbs, as docker's: pause, resume (and its alias unpause).
+    assert_eq!(cli(&s, &["pause", &id]), (0, format!("{id} paused\n")));
+    assert_eq!(freezer_state(pid), "FROZEN");
+    let (code, text) = cli(&s, &["unpause", &id, "-o", "json"]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["state"],
+        "running"
+    );
+    assert_eq!(freezer_state(pid), "THAWED");
+    let (code, text) = cli(&s, &["resume", "s-nope"]);
+    assert_ne!(code, 0);
+    assert!(text.contains("s-nope"), "{text}");
+
     // A paused session is ended as any other (thawed to be killed).
-    let (code, v) = s.call("POST", &format!("/v1/sessions/{id}/pause"), None);
-    assert_eq!(code, 200, "{v}");
+    assert_eq!(cli(&s, &["pause", &id]).0, 0);
     let (code, _) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);
     assert_eq!(code, 204);
     assert_eq!(containers_of(&id), 0);
@@ -281,6 +384,23 @@ fn a_session_snapshot_is_an_image_jobs_and_sessions_start_from() {
     assert_eq!(v["image"], format!("snapshot:{name}"), "{v}");
     assert_eq!(v["base"], "local/busybox:1.35", "{v}");
     assert!(v["layerBytes"].as_u64().unwrap() > 2 << 20, "{v}");
+    // A whole containerd image: every blob in the content store, unpacked.
+    let (address, namespace) = containerd_env();
+    let out = Command::new("ctr")
+        .args(["--address", address.to_str().unwrap(), "--namespace", &namespace])
+        .args(["images", "check", &format!("name==snapshot:{name}")])
+        .output()
+        .unwrap();
+    let check = String::from_utf8_lossy(&out.stdout);
+    assert!(check.contains("complete (3/3)") && check.contains("true"), "{check}");
+    // No ingest of it is left behind.
+    let out = Command::new("ctr")
+        .args(["--address", address.to_str().unwrap(), "--namespace", &namespace])
+        .args(["content", "active"])
+        .output()
+        .unwrap();
+    let active = String::from_utf8_lossy(&out.stdout);
+    assert!(!active.contains("runner-commit"), "{active}");
     // A name is taken once, unless replaced.
     let (code, v) = s.call(
         "POST",

@@ -436,6 +436,26 @@ pub enum Verb {
         /// The session's id.
         session: String,
     },
+    /// Pause a session of a `runner serve`: its processes frozen, their memory kept
+    /// (`POST /v1/sessions/{id}/pause`).
+    Pause {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// The session's id.
+        session: String,
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<OutputFormat>,
+    },
+    /// Resume a paused session of a `runner serve`: the same processes go on.
+    #[command(visible_alias = "unpause")]
+    Resume {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// The session's id.
+        session: String,
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<OutputFormat>,
+    },
     /// What running containers use now: CPU (rate and time), memory (now and peak), pids, block
     /// I/O and network bytes, from their cgroups (jobs' attempts, sessions, pool members).
     Top {

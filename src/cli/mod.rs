@@ -10,6 +10,7 @@ mod jobs;
 mod kube;
 mod output;
 mod pools;
+mod session_state;
 mod snapshot;
 mod terminal;
 mod top;
@@ -241,6 +242,16 @@ impl Cli {
                 terminal::run(&server, open).await?
             }
             Verb::Top { job, output } => top::top(&context(g, None)?, job.as_deref(), output).await?,
+            Verb::Pause {
+                server,
+                session,
+                output,
+            } => session_state::run(&server, &session, "pause", output).await?,
+            Verb::Resume {
+                server,
+                session,
+                output,
+            } => session_state::run(&server, &session, "resume", output).await?,
             Verb::Attach { server, session } => {
                 let open = terminal::Open {
                     session,

@@ -3,7 +3,9 @@
 
 mod client;
 mod content;
+mod content_follow;
 mod criu;
+pub use content_follow::BlobEnd;
 pub mod daemon;
 mod state;
 

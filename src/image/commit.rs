@@ -10,6 +10,7 @@ use std::path::Path;
 use containerd_client::types::Descriptor;
 
 use super::archive::{self, JsonDescriptor, JsonManifest};
+use super::layer_apply::{self, XattrSpace};
 use super::{
     GC_REF_CONFIG, GC_REF_LAYER, GC_REF_SNAPSHOT, IMPORT_LEASE_TTL, ImageError, UNCOMPRESSED_LABEL, descriptor,
     parse_json, pick_platform, read_blob, unique,
@@ -24,6 +25,25 @@ pub struct NewLayer<'a> {
     pub size: u64,
     /// What the image history says made it.
     pub created_by: String,
+}
+
+/// containerd's Diff.Apply of the received layer onto a prepared snapshot's mounts.
+async fn apply_in_containerd(
+    client: &Containerd,
+    layer_desc: &JsonDescriptor,
+    mounts: Vec<containerd_client::types::Mount>,
+    digest: &str,
+    index: usize,
+) -> Result<(), ImageError> {
+    let applied = client.diff_apply(descriptor(layer_desc), mounts).await?;
+    if applied.digest != digest {
+        return Err(ImageError::DiffIdMismatch {
+            index,
+            got: applied.digest,
+            expected: digest.to_string(),
+        });
+    }
+    Ok(())
 }
 
 /// The image `commit` made.
@@ -64,17 +84,9 @@ async fn base_parts(
     Ok((target, manifest, config))
 }
 
-/// Add `layer` on top of image `base` (whose unpacked top chain must be `base_chain`: the
-/// chain the sandbox ran on, so a base re-tagged since is noticed) as image `name`, with
-/// `labels` on its record. Replaces an image of that name.
-pub async fn commit(
-    client: &Containerd,
-    base: &str,
-    base_chain: &str,
-    layer: &NewLayer<'_>,
-    name: &str,
-    labels: HashMap<String, String>,
-) -> Result<Committed, ImageError> {
+/// The lease a commit's content and snapshots are made under (it expires by itself, should
+/// runner die before `release`).
+pub async fn lease(client: &Containerd) -> Result<String, ImageError> {
     let lease = unique("runner-commit");
     let expire = std::time::SystemTime::now() + IMPORT_LEASE_TTL;
     client
@@ -86,19 +98,36 @@ pub async fn commit(
             )]),
         )
         .await?;
-    let result = commit_in(client, &lease, base, base_chain, layer, name, labels).await;
-    if let Err(e) = client.lease_delete(&lease).await {
-        tracing::warn!(lease, error = %e, "could not delete the commit lease (it expires by itself)");
-    }
-    result
+    Ok(lease)
 }
 
-async fn commit_in(
+/// Delete a commit's lease: what it made is kept by the image's GC labels.
+pub async fn release(client: &Containerd, lease: &str) {
+    if let Err(e) = client.lease_delete(lease).await {
+        tracing::warn!(lease, error = %e, "could not delete the commit lease (it expires by itself)");
+    }
+}
+
+/// What the layer blob's upload to the content store (running already, in `lease`) ends with.
+pub type Upload = tokio::task::JoinHandle<Result<(), crate::containerd::CtdError>>;
+
+/// The labels the layer blob is committed with (its uncompressed digest: it is its own).
+pub fn layer_labels(digest: &str) -> HashMap<String, String> {
+    HashMap::from([(UNCOMPRESSED_LABEL.to_string(), digest.to_string())])
+}
+
+/// Add `layer` on top of image `base` (whose unpacked top chain must be `base_chain`: the
+/// chain the sandbox ran on, so a base re-tagged since is noticed) as image `name`, with
+/// `labels` on its record, in `lease`; `upload` is the layer blob on its way into the
+/// content store. Replaces an image of that name.
+#[allow(clippy::too_many_arguments)]
+pub async fn commit(
     client: &Containerd,
     lease: &str,
     base: &str,
     base_chain: &str,
     layer: &NewLayer<'_>,
+    upload: Upload,
     name: &str,
     labels: HashMap<String, String>,
 ) -> Result<Committed, ImageError> {
@@ -140,43 +169,51 @@ async fn commit_in(
         annotations: HashMap::new(),
         platform: None,
     };
-    // The layer blob.
-    let file = tokio::fs::File::open(layer.path)
-        .await
-        .map_err(|source| ImageError::Io {
-            what: format!("reading {}", layer.path.display()),
-            source,
-        })?;
-    client
-        .content_write(
-            lease,
-            layer.digest,
-            layer.size,
-            file,
-            HashMap::from([(UNCOMPRESSED_LABEL.to_string(), layer.digest.to_string())]),
-            |_| {},
-        )
-        .await?;
-    tracing::debug!(bytes = layer.size, "snapshot layer in the content store");
-    // Unpacked on the base's chain (the same chain is content-addressed: another commit of
-    // the same changes may have made it already).
-    if client.snapshot_stat(&top_chain).await?.is_none() {
+    // The layer blob into the content store, and unpacked on the base's chain (the same
+    // chain is content-addressed: another commit of the same changes may have made it
+    // already). On an overlayfs snapshotter runner unpacks its own tar into the prepared
+    // snapshot's upper directory while containerd receives the blob (the two at once);
+    // on another, containerd's Diff.Apply unpacks the received blob.
+    let upload = async {
+        upload
+            .await
+            .map_err(|e| ImageError::Format(format!("the snapshot layer's upload: {e}")))??;
+        tracing::debug!(bytes = layer.size, "snapshot layer in the content store");
+        Ok::<(), ImageError>(())
+    };
+    if client.snapshot_stat(&top_chain).await?.is_some() {
+        upload.await?;
+    } else {
         let key = unique("runner-commit-extract");
         let mounts = client.snapshot_prepare(lease, &key, base_chain, HashMap::new()).await?;
-        let applied = match client.diff_apply(descriptor(&layer_desc), mounts).await {
-            Ok(a) => a,
-            Err(e) => {
-                let _ = client.snapshot_remove(&key).await;
-                return Err(e.into());
-            }
+        let direct = match mounts.as_slice() {
+            [m] if m.r#type == "overlay" => m
+                .options
+                .iter()
+                .find_map(|o| o.strip_prefix("upperdir="))
+                .map(|upper| (std::path::PathBuf::from(upper), XattrSpace::of_options(&m.options))),
+            _ => None,
         };
-        if applied.digest != layer.digest {
+        let unpacked = match direct {
+            Some((upper, space)) => {
+                let path = layer.path.to_path_buf();
+                let apply = async {
+                    tokio::task::spawn_blocking(move || layer_apply::apply_layer(&path, &upper, space))
+                        .await
+                        .map_err(|e| ImageError::Format(format!("unpacking the snapshot layer: {e}")))?
+                        .map_err(|e| ImageError::Format(format!("unpacking the snapshot layer: {e}")))
+                };
+                let (uploaded, applied) = tokio::join!(upload, apply);
+                uploaded.and(applied.map(|_| ()))
+            }
+            None => match upload.await {
+                Ok(()) => apply_in_containerd(client, &layer_desc, mounts, layer.digest, ids.len() - 1).await,
+                Err(e) => Err(e),
+            },
+        };
+        if let Err(e) = unpacked {
             let _ = client.snapshot_remove(&key).await;
-            return Err(ImageError::DiffIdMismatch {
-                index: ids.len() - 1,
-                got: applied.digest,
-                expected: layer.digest.to_string(),
-            });
+            return Err(e);
         }
         match client.snapshot_commit(lease, &top_chain, &key, HashMap::new()).await {
             Ok(()) => {}

@@ -5,6 +5,7 @@
 
 pub mod archive;
 pub mod commit;
+pub mod layer_apply;
 pub mod mtls;
 pub mod registry;
 pub mod remote;

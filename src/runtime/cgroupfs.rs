@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The root every cgroup hierarchy is mounted under.
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CgroupStats {

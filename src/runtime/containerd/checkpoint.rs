@@ -39,8 +39,6 @@ const AGENT_DIR: &str = "agent";
 /// The agent's control FIFO (a restored container's agent directory has its own) and the
 /// Python socket (a live object; the driver connects again).
 const AGENT_SKIP: [&str; 2] = ["ctl", "py.sock"];
-/// containerd's `Status.RUNNING`.
-const STATUS_RUNNING: i32 = 2;
 /// Most of CRIU's log a failure reports.
 const LOG_LINES: usize = 4;
 
@@ -142,10 +140,15 @@ impl LiveContainer {
         for d in [IMAGES_DIR, WORK_DIR, ROOTFS_DIR, AGENT_DIR] {
             std::fs::create_dir(dir.join(d)).map_err(io_err("making the checkpoint's directories"))?;
         }
-        let freeze = matches!(client.task_get(&self.id).await?, Some(p) if p.status == STATUS_RUNNING);
+        // Through the cgroup's freezer, as a session's pause (`freezer`): CRIU finds the cgroup
+        // frozen and leaves it so.
+        let freeze = matches!(
+            freezer::state(&self.cgroup).await,
+            Ok(Some(freezer::FreezeState::Thawed))
+        );
         let frozen_at = Instant::now();
         if freeze {
-            client.task_pause(&self.id).await?;
+            freezer::freeze(&self.cgroup).await?;
         }
         let dumped = async {
             let (rootfs, agent_copy) = (dir.join(ROOTFS_DIR), dir.join(AGENT_DIR));
@@ -167,7 +170,7 @@ impl LiveContainer {
         .await;
         let frozen_ms = frozen_at.elapsed().as_millis() as u64;
         if freeze {
-            client.task_resume(&self.id).await?;
+            freezer::thaw(&self.cgroup).await?;
         }
         let files_bytes = dumped?;
         // Readable for the restores that will link them (see `open_images`); the checkpoint's

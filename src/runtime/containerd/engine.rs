@@ -155,7 +155,16 @@ impl Engine {
             // Status 3 is STOPPED (containerd.v1.types.Status); anything else may still run.
             if process.status != STATUS_STOPPED {
                 // A frozen task takes no signal on cgroup v1 until it is thawed: a paused
-                // sandbox is resumed to be killed.
+                // sandbox is thawed to be killed — through its cgroup, as runner froze it
+                // (containerd still calls the task running), and through containerd when
+                // something paused it there.
+                let cgroup = self.cgroup_path(id);
+                if let Ok(Some(s)) = freezer::state(&cgroup).await
+                    && s != freezer::FreezeState::Thawed
+                    && let Err(e) = freezer::thaw(&cgroup).await
+                {
+                    tracing::warn!(container = id, error = %e, "could not thaw the container to kill it");
+                }
                 if process.status == STATUS_PAUSED {
                     let _ = c.task_resume(id).await;
                 }

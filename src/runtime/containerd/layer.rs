@@ -162,9 +162,9 @@ struct Walk<'a, W: Write> {
 /// uncompressed layer tar, leaving out `exclude` (rootfs paths such as mount points, with or
 /// without a leading `/`). Blocking: call it on the blocking pool, with the sandbox frozen
 /// (its files then hold still).
-pub fn write_layer(
+pub fn write_layer<W: Write>(
     upper: &Path,
-    out: File,
+    out: W,
     shift: &IdShift,
     exclude: &[String],
     limits: LayerLimits,
@@ -207,6 +207,93 @@ pub fn write_layer(
         file_bytes: walk.file_bytes,
         skipped: walk.skipped,
     })
+}
+
+/// How far a layer file has been written, for a reader that follows it (`follow`) while
+/// the walk goes on: the walk never waits for the reader.
+#[derive(Clone, Default)]
+pub struct Growth(std::sync::Arc<(std::sync::Mutex<Grown>, std::sync::Condvar)>);
+
+#[derive(Default)]
+struct Grown {
+    written: u64,
+    /// The walk ended: `written` is the whole file (or it failed: nothing more is wanted).
+    done: bool,
+    failed: bool,
+}
+
+impl Growth {
+    fn add(&self, n: u64) {
+        let (state, cv) = &*self.0;
+        state.lock().expect("growth lock").written += n;
+        cv.notify_all();
+    }
+
+    /// The walk ended (`ok`: the file is whole).
+    pub fn finish(&self, ok: bool) {
+        let (state, cv) = &*self.0;
+        let mut g = state.lock().expect("growth lock");
+        g.done = true;
+        g.failed = !ok;
+        cv.notify_all();
+    }
+
+    /// A writer to the file that says how far it has got.
+    pub fn counting<W: Write>(&self, inner: W) -> Counting<W> {
+        Counting {
+            inner,
+            growth: self.clone(),
+        }
+    }
+}
+
+/// The layer file's writer, counted (`Growth`).
+pub struct Counting<W: Write> {
+    inner: W,
+    growth: Growth,
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.growth.add(n as u64);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Read the layer file `file` as it grows, in chunks of at most `chunk` bytes sent on
+/// `out`, until the walk says it is done; blocking (the blocking pool). Stops early, sending
+/// nothing more, when the walk failed or the receiver went away.
+pub fn follow(
+    mut file: File,
+    growth: &Growth,
+    chunk: usize,
+    out: &tokio::sync::mpsc::Sender<Vec<u8>>,
+) -> io::Result<()> {
+    let (state, cv) = &*growth.0;
+    let mut offset = 0u64;
+    loop {
+        let available = {
+            let mut g = state.lock().expect("growth lock");
+            while g.written == offset && !g.done {
+                g = cv.wait(g).expect("growth lock");
+            }
+            if g.failed || (g.done && g.written == offset) {
+                return Ok(());
+            }
+            g.written - offset
+        };
+        let mut buf = vec![0u8; available.min(chunk as u64) as usize];
+        file.read_exact(&mut buf)?;
+        offset += buf.len() as u64;
+        if out.blocking_send(buf).is_err() {
+            return Ok(());
+        }
+    }
 }
 
 impl<W: Write> Walk<'_, W> {
@@ -456,6 +543,104 @@ mod tests {
                 (path, kind, uid, gid, data)
             })
             .collect()
+    }
+
+    fn xattr_set(path: &Path, name: &[u8]) {
+        let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: NUL-terminated strings, a one-byte value.
+        let rc = unsafe { libc::lsetxattr(p.as_ptr(), name.as_ptr().cast(), b"y".as_ptr().cast(), 1, 0) };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+    }
+
+    fn xattr_get(path: &Path, name: &[u8]) -> Option<u8> {
+        let p = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        let mut v = [0u8; 4];
+        // SAFETY: NUL-terminated strings, a writable buffer of the length given.
+        let n = unsafe { libc::lgetxattr(p.as_ptr(), name.as_ptr().cast(), v.as_mut_ptr().cast(), v.len()) };
+        (n == 1).then_some(v[0])
+    }
+
+    #[test]
+    fn a_written_layer_unpacks_to_the_same_tree_with_whiteouts() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        use std::path::PathBuf;
+        let src = tempfile::tempdir().unwrap();
+        let s = src.path();
+        std::fs::create_dir_all(s.join("opt/d")).unwrap();
+        std::fs::write(s.join("opt/d/blob"), vec![7u8; 100_000]).unwrap();
+        std::fs::set_permissions(s.join("opt/d/blob"), std::fs::Permissions::from_mode(0o4750)).unwrap();
+        std::fs::hard_link(s.join("opt/d/blob"), s.join("opt/hard")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", s.join("opt/link")).unwrap();
+        // A deletion, as overlayfs records it.
+        nix::sys::stat::mknod(
+            &s.join("gone"),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::empty(),
+            0,
+        )
+        .unwrap();
+        // A directory whose lower contents are hidden (overlayfs's opaque mark).
+        std::fs::create_dir(s.join("fresh")).unwrap();
+        xattr_set(&s.join("fresh"), b"user.overlay.opaque\0");
+        let tar = tempfile::NamedTempFile::new().unwrap();
+        write_layer(
+            s,
+            tar.reopen().unwrap(),
+            &IdShift::default(),
+            &[],
+            LayerLimits::default(),
+        )
+        .unwrap();
+
+        let dst = tempfile::tempdir().unwrap();
+        let d = dst.path();
+        crate::image::layer_apply::apply_layer(tar.path(), d, crate::image::layer_apply::XattrSpace::User).unwrap();
+        assert_eq!(std::fs::read(d.join("opt/d/blob")).unwrap(), vec![7u8; 100_000]);
+        let blob = std::fs::metadata(d.join("opt/d/blob")).unwrap();
+        assert_eq!(blob.mode() & 0o7777, 0o4750);
+        assert_eq!(std::fs::metadata(d.join("opt/hard")).unwrap().ino(), blob.ino());
+        assert_eq!(
+            std::fs::read_link(d.join("opt/link")).unwrap(),
+            PathBuf::from("/etc/passwd")
+        );
+        assert_eq!(xattr_get(&d.join("fresh"), b"user.overlay.opaque\0"), Some(b'y'));
+        assert!(!d.join("fresh/.wh..wh..opq").exists());
+        let gone = std::fs::symlink_metadata(d.join("gone")).unwrap();
+        use std::os::unix::fs::FileTypeExt;
+        assert!(gone.file_type().is_char_device() && gone.rdev() == 0);
+    }
+
+    #[test]
+    fn a_follower_reads_the_whole_file_as_it_grows_and_stops_when_the_walk_fails() {
+        for ok in [true, false] {
+            let file = tempfile::NamedTempFile::new().unwrap();
+            let growth = Growth::default();
+            let (tx, mut rx) = tokio::sync::mpsc::channel(2);
+            let follower = {
+                let (growth, reader) = (growth.clone(), file.reopen().unwrap());
+                std::thread::spawn(move || follow(reader, &growth, 1000, &tx))
+            };
+            let mut out = growth.counting(file.reopen().unwrap());
+            let mut written = Vec::new();
+            for i in 0..50u8 {
+                let part = vec![i; 777];
+                out.write_all(&part).unwrap();
+                written.extend_from_slice(&part);
+            }
+            // The walk ends before the follower has read it all (the channel holds two).
+            growth.finish(ok);
+            let mut read = Vec::new();
+            while let Some(chunk) = rx.blocking_recv() {
+                assert!(chunk.len() <= 1000);
+                read.extend_from_slice(&chunk);
+            }
+            follower.join().unwrap().unwrap();
+            if ok {
+                assert_eq!(read, written);
+            } else {
+                assert!(read.len() < written.len(), "a failed walk's file is not sent whole");
+            }
+        }
     }
 
     #[test]

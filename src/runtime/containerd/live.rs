@@ -792,7 +792,9 @@ impl Runtime for LiveContainer {
     async fn pause(&self) -> Result<(), RuntimeError> {
         self.check_live()?;
         let began = Instant::now();
-        self.engine.client.task_pause(&self.id).await?;
+        // The cgroup's freezer itself, as `runc pause` would write it, without a runc process
+        // (see `freezer`).
+        freezer::freeze(&self.cgroup).await?;
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "pause")], began.elapsed());
         Ok(())
     }
@@ -809,7 +811,7 @@ impl Runtime for LiveContainer {
     async fn resume(&self) -> Result<(), RuntimeError> {
         self.check_live()?;
         let began = Instant::now();
-        self.engine.client.task_resume(&self.id).await?;
+        freezer::thaw(&self.cgroup).await?;
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "resume")], began.elapsed());
         Ok(())
     }

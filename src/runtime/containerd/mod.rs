@@ -9,6 +9,7 @@
 pub mod agent;
 pub mod attach_lock;
 pub mod checkpoint;
+pub mod freezer;
 mod io;
 pub mod layer;
 pub mod logger;

@@ -109,57 +109,52 @@ impl Engine {
                 what: "creating the snapshot's layer file".into(),
                 source,
             })?;
-        let out = file.reopen().map_err(|source| RuntimeError::Io {
-            what: "opening the snapshot's layer file".into(),
-            source,
-        })?;
-        // Frozen while its layer is read: one moment of the sandbox, and nothing it does can
-        // race the walk. A paused sandbox stays paused; a stopped task has nothing to freeze.
-        let freeze = matches!(self.client.task_get(&c.id).await?, Some(p) if p.status == STATUS_RUNNING);
-        let frozen_at = Instant::now();
-        if freeze {
-            self.client.task_pause(&c.id).await?;
+        let reopen = || {
+            file.reopen().map_err(|source| RuntimeError::Io {
+                what: "opening the snapshot's layer file".into(),
+                source,
+            })
+        };
+        let (out, follower_file) = (reopen()?, reopen()?);
+        let lease = image_commit::lease(&self.client).await?;
+        // The layer goes to containerd's content store while it is written: a follower
+        // reads the file behind the walk (which never waits for it) and the upload sends
+        // what it reads; the digest and size go with the commit, once the walk has them.
+        let growth = layer::Growth::default();
+        let (chunks_tx, chunks_rx) = tokio::sync::mpsc::channel(4);
+        let (end_tx, end_rx) = tokio::sync::oneshot::channel::<crate::containerd::BlobEnd>();
+        let follower = {
+            let growth = growth.clone();
+            tokio::task::spawn_blocking(move || layer::follow(follower_file, &growth, FOLLOW_CHUNK, &chunks_tx))
+        };
+        let upload: image_commit::Upload = {
+            let client = self.client.clone();
+            let lease = lease.clone();
+            let reference = format!("{lease}-layer");
+            tokio::spawn(async move {
+                client
+                    .content_write_following(&lease, &reference, chunks_rx, end_rx)
+                    .await
+            })
+        };
+        let walk = Walk {
+            upper,
+            shift,
+            exclude,
+            out,
+            growth,
+            end: end_tx,
+            upload,
+        };
+        let result = self
+            .commit_walked(c, request, &info.parent, walk, &lease, file.path())
+            .await;
+        image_commit::release(&self.client, &lease).await;
+        if let (Err(_), Ok(Err(e))) = (&result, follower.await) {
+            tracing::warn!(error = %e, "reading the snapshot's layer file for its upload");
         }
-        let limits = request.limits;
-        let walked =
-            tokio::task::spawn_blocking(move || layer::write_layer(&upper, out, &shift, &exclude, limits)).await;
-        let frozen_ms = if freeze {
-            // A sandbox left frozen would hold every later call: a failed thaw (containerd
-            // restarting) is tried again before the snapshot gives up.
-            let mut thawed = self.client.task_resume(&c.id).await;
-            for _ in 0..THAW_RETRIES {
-                if thawed.is_ok() {
-                    break;
-                }
-                tokio::time::sleep(THAW_RETRY_DELAY).await;
-                thawed = self.client.task_resume(&c.id).await;
-            }
-            let ms = frozen_at.elapsed().as_millis() as u64;
-            thawed?;
-            ms
-        } else {
-            0
-        };
-        let report = walked
-            .map_err(|e| RuntimeError::Internal(format!("the snapshot task: {e}")))?
-            .map_err(|e| match e {
-                layer::LayerError::TooLarge { .. } | layer::LayerError::Changed { .. } => {
-                    RuntimeError::Refused(format!("snapshot of {}: {e}", c.id))
-                }
-                e => RuntimeError::Internal(format!("snapshot of {}: {e}", c.id)),
-            })?;
-        tracing::debug!(frozen_ms, bytes = report.size, "snapshot layer written");
-        let new_layer = NewLayer {
-            path: file.path(),
-            digest: &report.digest,
-            size: report.size,
-            created_by: request.created_by.clone(),
-        };
-        let mut labels = request.labels.clone();
-        labels.insert(LABEL_SNAPSHOT_LAYER_BYTES.into(), report.size.to_string());
-        let image =
-            image_commit::commit(&self.client, &c.image, &info.parent, &new_layer, &request.image, labels).await?;
         drop(file);
+        let (image, report, frozen_ms) = result?;
         let took = began.elapsed();
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "snapshot")], took);
         Ok(CommitOutcome {
@@ -169,6 +164,133 @@ impl Engine {
             frozen_ms,
             took_ms: took.as_millis() as u64,
         })
+    }
+}
+
+/// Bytes of the layer sent to containerd per message (as its own clients send).
+const FOLLOW_CHUNK: usize = 1 << 20;
+
+/// A walk of a sandbox's writable layer into the layer file, and where the file goes.
+struct Walk {
+    upper: std::path::PathBuf,
+    shift: IdShift,
+    exclude: Vec<String>,
+    out: std::fs::File,
+    growth: layer::Growth,
+    /// Tells the upload how the layer ended.
+    end: tokio::sync::oneshot::Sender<crate::containerd::BlobEnd>,
+    upload: image_commit::Upload,
+}
+
+impl Engine {
+    /// Freeze the sandbox (unless paused or stopped), walk its layer into the file, thaw it,
+    /// and make the image (on `base_chain`, in `lease`); the image, the layer and how long
+    /// the sandbox was frozen.
+    async fn commit_walked(
+        &self,
+        c: &Container,
+        request: &CommitRequest,
+        base_chain: &str,
+        walk: Walk,
+        lease: &str,
+        layer_path: &std::path::Path,
+    ) -> Result<(Committed, LayerReport, u64), RuntimeError> {
+        let Walk {
+            upper,
+            shift,
+            exclude,
+            out,
+            growth,
+            end,
+            upload,
+        } = walk;
+        let fail = |end: tokio::sync::oneshot::Sender<_>, growth: &layer::Growth, why: String| {
+            growth.finish(false);
+            let _ = end.send(Err(why));
+        };
+        // Frozen while its layer is read: one moment of the sandbox, and nothing it does can
+        // race the walk. A paused sandbox stays paused (runner pauses through the cgroup's
+        // freezer, which containerd does not see: the freezer is asked, not the task); a
+        // stopped task has nothing to freeze.
+        let cgroup = self.cgroup_path(&c.id);
+        let running = matches!(self.client.task_get(&c.id).await, Ok(Some(p)) if p.status == STATUS_RUNNING);
+        let freeze = running && matches!(freezer::state(&cgroup).await, Ok(Some(freezer::FreezeState::Thawed)));
+        let frozen_at = Instant::now();
+        if freeze && let Err(e) = freezer::freeze(&cgroup).await {
+            fail(end, &growth, e.to_string());
+            let _ = upload.await;
+            return Err(e);
+        }
+        let limits = request.limits;
+        let counting = growth.counting(out);
+        let walked =
+            tokio::task::spawn_blocking(move || layer::write_layer(&upper, counting, &shift, &exclude, limits)).await;
+        growth.finish(matches!(walked, Ok(Ok(_))));
+        let frozen_ms = if freeze {
+            // A sandbox left frozen would hold every later call: a failed thaw is tried again
+            // before the snapshot gives up.
+            let mut thawed = freezer::thaw(&cgroup).await;
+            for _ in 0..THAW_RETRIES {
+                if thawed.is_ok() {
+                    break;
+                }
+                tokio::time::sleep(THAW_RETRY_DELAY).await;
+                thawed = freezer::thaw(&cgroup).await;
+            }
+            let ms = frozen_at.elapsed().as_millis() as u64;
+            if let Err(e) = thawed {
+                fail(end, &growth, e.to_string());
+                let _ = upload.await;
+                return Err(e);
+            }
+            ms
+        } else {
+            0
+        };
+        let report = walked
+            .map_err(|e| RuntimeError::Internal(format!("the snapshot task: {e}")))
+            .and_then(|r| {
+                r.map_err(|e| match e {
+                    layer::LayerError::TooLarge { .. } | layer::LayerError::Changed { .. } => {
+                        RuntimeError::Refused(format!("snapshot of {}: {e}", c.id))
+                    }
+                    e => RuntimeError::Internal(format!("snapshot of {}: {e}", c.id)),
+                })
+            });
+        let report = match report {
+            Ok(r) => r,
+            Err(e) => {
+                fail(end, &growth, e.to_string());
+                let _ = upload.await;
+                return Err(e);
+            }
+        };
+        tracing::debug!(frozen_ms, bytes = report.size, "snapshot layer written");
+        let _ = end.send(Ok((
+            report.digest.clone(),
+            report.size,
+            image_commit::layer_labels(&report.digest),
+        )));
+        let new_layer = NewLayer {
+            path: layer_path,
+            digest: &report.digest,
+            size: report.size,
+            created_by: request.created_by.clone(),
+        };
+        let mut labels = request.labels.clone();
+        labels.insert(LABEL_SNAPSHOT_LAYER_BYTES.into(), report.size.to_string());
+        let image = image_commit::commit(
+            &self.client,
+            lease,
+            &c.image,
+            base_chain,
+            &new_layer,
+            upload,
+            &request.image,
+            labels,
+        )
+        .await?;
+        Ok((image, report, frozen_ms))
     }
 }
 
