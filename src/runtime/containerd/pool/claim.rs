@@ -204,10 +204,10 @@ impl Engine {
     }
 
     /// Why no pool has a member of this job's shape (`key`): the pools of its Environment and
-    /// what they serve instead.
+    /// what they serve instead. Workspace, assets, stdin, env and user never make a shape of
+    /// their own (`member_layout`); the job's own mounts and a changed Environment or image do.
     fn no_pool_fits(&self, plan: &RunPlan, key: &str) -> String {
         let env = &plan.env().name;
-        let (workspace, assets) = (plan.workspace.is_some(), !plan.assets.is_empty());
         let theirs: Vec<&crate::runtime::PoolInfo> =
             self.options.pools.iter().filter(|p| &p.environment == env).collect();
         if theirs.is_empty() {
@@ -219,17 +219,10 @@ impl Engine {
         let why: Vec<String> = theirs
             .iter()
             .map(|p| {
-                let mismatch = if workspace && !p.workspace {
-                    "serves jobs without a workspace (`pool create --workspace` serves them)".to_string()
-                } else if !workspace && p.workspace {
-                    "serves jobs with a workspace; this one has none".to_string()
-                } else if assets && !p.static_assets {
-                    "serves jobs without static assets (`pool create --static-assets` serves them)".to_string()
-                } else if !assets && p.static_assets {
-                    "serves jobs with static assets; this one has none".to_string()
+                let mismatch = if !plan.job_mounts.is_empty() {
+                    "serves jobs without mounts of their own (a Job's spec.mounts are bound where no member has a place)"
                 } else {
                     "was made for another spec of it (its image, user, resources or mounts changed: `pool create` it again)"
-                        .to_string()
                 };
                 format!("pool {} {mismatch}", p.name)
             })
@@ -237,12 +230,15 @@ impl Engine {
         why.join("; ")
     }
 
-    /// Bind the plan's workspace, mounts and static assets into a claimed member.
+    /// Bind the plan's workspace, mounts and static assets into a claimed member, and take out
+    /// of it what the job has no use for (`hide`): a member offers every place of its
+    /// Environment (`member_layout`). `init`: the member's init and cgroup.
     pub(super) fn bind_late(
         &self,
         id: &str,
         layout: &Layout,
         userns: Option<(spec::IdRange, (u32, u32))>,
+        init: (u32, &str),
         plan: &RunPlan,
     ) -> Result<(), RuntimeError> {
         let dir = self.late_dir(id);
@@ -250,10 +246,17 @@ impl Engine {
         let mut without_assets = plan.clone();
         without_assets.assets.clear();
         let binds = spec::merged_binds(&without_assets);
-        if binds.len() != layout.places.len() {
-            return Err(RuntimeError::Internal(
-                "the member's layout does not fit the job".into(),
-            ));
+        // Each bind's place in the member, by target.
+        let places = binds
+            .iter()
+            .map(|b| {
+                layout.places.iter().position(|p| p.target == b.target).ok_or_else(|| {
+                    RuntimeError::Internal(format!("the member has no place for {} (its layout does not fit the job)", b.target))
+                })
+            })
+            .collect::<Result<Vec<usize>, _>>()?;
+        if !plan.assets.is_empty() && !layout.static_assets {
+            return Err(RuntimeError::Internal("the member has no static-assets root".into()));
         }
         // The workspace's binds go through views, as in a cold container (see
         // `remap::workspace_views`): idmapped in a user namespace, and every path beneath the
@@ -280,7 +283,7 @@ impl Engine {
                 sources[i] = view;
             }
         }
-        for (i, (b, source)) in binds.iter().zip(&sources).enumerate() {
+        for ((b, source), &i) in binds.iter().zip(&sources).zip(&places) {
             late::bind_place(&dir, i, source, b.read_only).map_err(io(format!("binding {}", b.target)))?;
         }
         for a in &plan.assets {
@@ -292,6 +295,18 @@ impl Engine {
         }
         // The places hold their own copies of the views (see `Engine::create_task`).
         self.drop_host_mounts(id);
+        let unused: Vec<String> = layout
+            .places
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !places.contains(i))
+            .map(|(_, p)| p.target.clone())
+            .collect();
+        let static_unused = layout.static_assets && plan.assets.is_empty();
+        if !unused.is_empty() || static_unused {
+            let remove_static = static_unused && !self.run_dir.join(id).join(hide::STATIC_IN_IMAGE).exists();
+            hide::hide_unused(init.0, init.1, unused, static_unused, remove_static)?;
+        }
         Ok(())
     }
 }

@@ -33,6 +33,7 @@ use crate::runtime::{ExecResult, RuntimeError, SetupResult};
 use crate::spec::{self, RunPlan};
 
 mod claim;
+mod hide;
 mod run;
 
 /// The pool a member was made for (its name).
@@ -130,7 +131,9 @@ impl Member {
     }
 }
 
-/// The plan with everything that is bound late taken out: what a member is made from.
+/// The plan with everything that is bound late taken out: what a member is made from. The
+/// workspace goes too: a member's workspace place is added by `bend` whether the template job
+/// has one or not (see `member_layout`).
 pub fn member_plan(plan: &RunPlan) -> RunPlan {
     let mut p = plan.clone();
     p.bound.env.env.clear();
@@ -140,13 +143,20 @@ pub fn member_plan(plan: &RunPlan) -> RunPlan {
     p.bound.job.timeout = None;
     p.bound.job.active_deadline = None;
     p.bound.job.command = crate::manifest::Command::Argv(vec!["true".into()]);
+    p.workspace = None;
     p.assets.clear();
     p.labels.clear();
     p.stdin_file = None;
     p
 }
 
-/// The late places a plan needs, in mount order (and whether it has static assets).
+/// Whether two container paths are the same or one lies under the other.
+fn overlap(a: &str, b: &str) -> bool {
+    let under = |a: &str, b: &str| a == b || a.starts_with(&format!("{}/", b.trim_end_matches('/')));
+    under(a, b) || under(b, a)
+}
+
+/// The late places a plan's own binds need, in mount order (and whether it has static assets).
 pub fn layout_of(plan: &RunPlan) -> Layout {
     let mut without_assets = plan.clone();
     without_assets.assets.clear();
@@ -163,6 +173,33 @@ pub fn layout_of(plan: &RunPlan) -> Layout {
     }
 }
 
+/// The places every member of a plan's Environment offers, whatever the job that claims it:
+/// the mounts, the workspace at the workdir (unless `mountWorkspace: false`) and the
+/// static-assets root (unless a mount overlaps it). A job binds what it has; a place it has no
+/// use for is taken out of the member at claim (`claim::hide_unused`), so that one pool serves
+/// jobs with and without a workspace or assets, and each sees what a cold run shows. Only
+/// the job's own `mounts` still make a shape of their own (they are bound at their targets,
+/// which a member cannot know ahead).
+pub fn member_layout(plan: &RunPlan) -> Layout {
+    let env = plan.env();
+    let mut without_workspace = plan.clone();
+    without_workspace.workspace = None;
+    let mut layout = layout_of(&without_workspace);
+    // Not where a mount lies above or below the workdir: a late mount would hide the other
+    // (`unpoolable` then refuses jobs with a workspace, and the others keep their pool).
+    if env.mount_workspace && !layout.places.iter().any(|p| overlap(&p.target, &env.workdir)) {
+        layout.places.push(Place {
+            target: env.workdir.clone(),
+            read_only: false,
+            file: false,
+        });
+        // Mount order, as `spec::merged_binds` sorts (stable: the rest keep theirs).
+        layout.places.sort_by_key(|p| p.target.matches('/').count());
+    }
+    layout.static_assets = !layout.places.iter().any(|p| overlap(&p.target, spec::STATIC_ROOT));
+    layout
+}
+
 /// Why a plan cannot run in a pool member, if it cannot. A late mount lands on the *root* of
 /// the member's mount at its place and would hide a place mounted under it, so no place may
 /// lie under another; and an asset is mounted on the host under the static root, where a
@@ -175,7 +212,7 @@ pub fn unpoolable(plan: &RunPlan) -> Option<String> {
         return Some("a bridge-network container is attached for its own job (name, egress rules, ports)".into());
     }
     let under = |a: &str, b: &str| a == b || a.starts_with(&format!("{}/", b.trim_end_matches('/')));
-    let layout = layout_of(plan);
+    let layout = member_layout(plan);
     for p in &layout.places {
         if let Some(q) = layout
             .places
@@ -184,9 +221,22 @@ pub fn unpoolable(plan: &RunPlan) -> Option<String> {
         {
             return Some(format!("{} lies under {}", p.target, q.target));
         }
-        if layout.static_assets && (under(spec::STATIC_ROOT, &p.target) || under(&p.target, spec::STATIC_ROOT)) {
-            return Some(format!("{} and the static assets overlap", p.target));
-        }
+    }
+    let env = plan.env();
+    if plan.workspace.is_some() && env.mount_workspace && !layout.places.iter().any(|p| p.target == env.workdir) {
+        let mount = layout.places.iter().find(|p| overlap(&p.target, &env.workdir));
+        return Some(format!(
+            "the workspace at {} and the mount at {} overlap",
+            env.workdir,
+            mount.map_or("?", |m| m.target.as_str())
+        ));
+    }
+    if !plan.assets.is_empty() && !layout.static_assets {
+        let mount = layout.places.iter().find(|p| overlap(&p.target, spec::STATIC_ROOT));
+        return Some(format!(
+            "{} and the static assets overlap",
+            mount.map_or("?", |m| m.target.as_str())
+        ));
     }
     for (i, a) in plan.assets.iter().enumerate() {
         if let Some(b) = plan
@@ -202,7 +252,8 @@ pub fn unpoolable(plan: &RunPlan) -> Option<String> {
 }
 
 /// Bend a spec built from `member_plan` into a member's: binds come from the places in
-/// `late_dir`, propagating from the host (`rslave`, root included), and a neutral hostname.
+/// `late_dir`, propagating from the host (`rslave`, root included), a place the plan has no
+/// bind for (the workspace) is added, and a neutral hostname.
 fn bend(spec: &mut Spec, layout: &Layout, late_dir: &Path) -> Result<(), RuntimeError> {
     let options = |ro: bool| -> Vec<String> {
         ["rbind", "nosuid", "nodev", "rslave", if ro { "ro" } else { "rw" }]
@@ -211,12 +262,27 @@ fn bend(spec: &mut Spec, layout: &Layout, late_dir: &Path) -> Result<(), Runtime
             .collect()
     };
     let mut mounts = spec.mounts().clone().unwrap_or_default();
+    let mut bent = vec![false; layout.places.len()];
     for m in mounts.iter_mut().filter(|m| m.typ().as_deref() == Some("bind")) {
         let target = m.destination().to_string_lossy().into_owned();
         if let Some(i) = layout.places.iter().position(|p| p.target == target) {
             m.set_source(Some(late_dir.join(late::place_name(i))));
             m.set_options(Some(options(layout.places[i].read_only)));
+            bent[i] = true;
         }
+    }
+    // After the plan's binds, as a cold container's workspace comes after the base mounts;
+    // places never lie under one another (`unpoolable`), so their order among themselves is free.
+    for (i, place) in layout.places.iter().enumerate().filter(|(i, _)| !bent[*i]) {
+        mounts.push(
+            MountBuilder::default()
+                .destination(&place.target)
+                .typ("bind")
+                .source(late_dir.join(late::place_name(i)))
+                .options(options(place.read_only))
+                .build()
+                .map_err(|e| RuntimeError::Internal(format!("{} mount: {e}", place.target)))?,
+        );
     }
     if layout.static_assets {
         mounts.push(
@@ -284,7 +350,7 @@ impl Engine {
         .await?;
         let mut member = member_plan(plan);
         member.image_env = image.config.env.clone().unwrap_or_default();
-        let layout = layout_of(plan);
+        let layout = member_layout(plan);
         let spec = member_spec(&member, &self.host, &layout, Path::new("/late"))?;
         let json = spec::to_json(&spec).map_err(|e| RuntimeError::Internal(format!("encoding the spec: {e}")))?;
         let mut h = Sha256::new();
@@ -320,7 +386,18 @@ impl Engine {
             .create(&member, Some(image), Some(args), KIND_POOL, true, Some(&shape))
             .await?;
         let id = created.id.clone();
+        let static_root = shape.layout.static_assets;
         let started = async {
+            // Before runc makes its mount points: whether `/static` is the image's own.
+            let rootfs_dir = self.root_dir(&id).join(super::remap::ROOTFS_DIR);
+            if static_root && hide::image_has(&created.rootfs, &rootfs_dir, spec::STATIC_ROOT.trim_start_matches('/')) {
+                std::fs::write(self.run_dir.join(&id).join(hide::STATIC_IN_IMAGE), b"").map_err(|source| {
+                    RuntimeError::Io {
+                        what: "noting the image's /static".into(),
+                        source,
+                    }
+                })?;
+            }
             // Nothing reads a member's own output: its init writes none, and a FIFO without
             // a reader would stop it after the runner that made it exits.
             let (_, mounts) = self
