@@ -291,7 +291,7 @@ impl Engine {
                 .target
                 .strip_prefix(&format!("{}/", spec::STATIC_ROOT))
                 .unwrap_or(&a.target);
-            late::bind_asset(&dir, save_path, &a.source).map_err(io(format!("binding {}", a.target)))?;
+            late::bind_asset(&dir, save_path, &a.source, userns.map(|(range, _)| range.host_id(0))).map_err(io(format!("binding {}", a.target)))?;
         }
         // The places hold their own copies of the views (see `Engine::create_task`).
         self.drop_host_mounts(id);
