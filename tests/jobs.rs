@@ -971,7 +971,10 @@ fn whether_a_pool_served_a_job_is_said_and_why_not() {
         &job(
             "with-mount",
             r#"["true"]"#,
-            &format!("  mounts: [{{source: {}, target: /data}}]\n", dir.path().join("ws").display()),
+            &format!(
+                "  mounts: [{{source: {}, target: /data}}]\n",
+                dir.path().join("ws").display()
+            ),
         ),
     );
     let out = runner_ctd(&["apply", "-f", with_mount.to_str().unwrap()], &state);
@@ -990,10 +993,7 @@ fn whether_a_pool_served_a_job_is_said_and_why_not() {
     assert!(described.contains("ColdStart"), "{described}");
     for (name, extra) in [
         ("plain", String::new()),
-        (
-            "with-ws",
-            format!("  workspace: {}\n", dir.path().join("ws").display()),
-        ),
+        ("with-ws", format!("  workspace: {}\n", dir.path().join("ws").display())),
     ] {
         let file = write_manifest(dir.path(), &format!("{name}.yaml"), &job(name, r#"["true"]"#, &extra));
         let out = runner_ctd(&["apply", "-f", file.to_str().unwrap()], &state);

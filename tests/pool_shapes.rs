@@ -128,7 +128,11 @@ fn workspace_files(dir: &Path) -> Vec<(String, String)> {
                 .flatten()
                 .map(move |f| {
                     (
-                        format!("{}/{}", ws.file_name().to_string_lossy(), f.file_name().to_string_lossy()),
+                        format!(
+                            "{}/{}",
+                            ws.file_name().to_string_lossy(),
+                            f.file_name().to_string_lossy()
+                        ),
                         std::fs::read_to_string(f.path()).unwrap(),
                     )
                 })
@@ -171,7 +175,11 @@ fn make_pools(state: &Path, envs: &Path) {
     }
     let ls = json_of(&runner_ctd(&["pool", "ls", "-o", "json"], state));
     for p in ls.as_array().unwrap() {
-        assert_eq!((&p["workspace"], &p["staticAssets"]), (&true.into(), &true.into()), "{ls}");
+        assert_eq!(
+            (&p["workspace"], &p["staticAssets"]),
+            (&true.into(), &true.into()),
+            "{ls}"
+        );
     }
 }
 
@@ -186,19 +194,34 @@ fn check_cold(cold: &[(String, serde_json::Value, Option<String>)]) {
     // Without a workspace the cwd is the rootfs's: made by runc, owned by the container's
     // root, not writable by uid 1000; with one, the job's files.
     let bare = stdout("eval-bare");
-    assert!(bare.starts_with("uid=1000(user) gid=1000(user)\n/workspace\nhello\n"), "{bare}");
-    assert!(bare.contains("drwxr-xr-x 2 0 0 .\n") && bare.contains("write=1\n"), "{bare}");
+    assert!(
+        bare.starts_with("uid=1000(user) gid=1000(user)\n/workspace\nhello\n"),
+        "{bare}"
+    );
+    assert!(
+        bare.contains("drwxr-xr-x 2 0 0 .\n") && bare.contains("write=1\n"),
+        "{bare}"
+    );
     assert!(!bare.contains("static") && !bare.contains("input.txt"), "{bare}");
     let full = stdout("eval-full");
     assert!(full.contains("drwxrwxrwx 2 1000 1000 .\n"), "{full}");
-    assert!(full.contains("input.txt\n") && full.contains("/static/data/sub:\n"), "{full}");
+    assert!(
+        full.contains("input.txt\n") && full.contains("/static/data/sub:\n"),
+        "{full}"
+    );
     // The directories above a nested asset are the container root's, as runc makes them.
-    assert!(full.contains("/static/nested/deeper:\n") && full.contains("drwxr-xr-x 0 0 deeper\n"), "{full}");
+    assert!(
+        full.contains("/static/nested/deeper:\n") && full.contains("drwxr-xr-x 0 0 deeper\n"),
+        "{full}"
+    );
     assert!(full.contains("from stdin\nwrite=0\nwritten\n"), "{full}");
     // Root in a cold rootfs cwd writes there (its file is gone with the container).
     let rooted = stdout("rooted-bare");
     assert!(rooted.starts_with("uid=0(root) gid=0(root)"), "{rooted}");
-    assert!(rooted.contains("/srv/work\n") && rooted.contains("write=0\nwritten\nout.txt\n"), "{rooted}");
+    assert!(
+        rooted.contains("/srv/work\n") && rooted.contains("write=0\nwritten\nout.txt\n"),
+        "{rooted}"
+    );
 }
 
 #[test]

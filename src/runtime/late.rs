@@ -320,7 +320,7 @@ mod tests {
             }],
             static_assets: true,
         };
-        prepare(&member, &layout).expect("prepare (the suite runs as root)");
+        prepare(&member, &layout, None).expect("prepare (the suite runs as root)");
         bind_place(&member, 0, &workspace, false).unwrap();
         bind_asset(&member, "data/f", &workspace.join("precious"), None).unwrap();
         assert_eq!(std::fs::read_to_string(member.join("m0/precious")).unwrap(), "keep me");

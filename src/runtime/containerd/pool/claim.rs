@@ -251,7 +251,10 @@ impl Engine {
             .iter()
             .map(|b| {
                 layout.places.iter().position(|p| p.target == b.target).ok_or_else(|| {
-                    RuntimeError::Internal(format!("the member has no place for {} (its layout does not fit the job)", b.target))
+                    RuntimeError::Internal(format!(
+                        "the member has no place for {} (its layout does not fit the job)",
+                        b.target
+                    ))
                 })
             })
             .collect::<Result<Vec<usize>, _>>()?;
@@ -291,7 +294,8 @@ impl Engine {
                 .target
                 .strip_prefix(&format!("{}/", spec::STATIC_ROOT))
                 .unwrap_or(&a.target);
-            late::bind_asset(&dir, save_path, &a.source, userns.map(|(range, _)| range.host_id(0))).map_err(io(format!("binding {}", a.target)))?;
+            late::bind_asset(&dir, save_path, &a.source, userns.map(|(range, _)| range.host_id(0)))
+                .map_err(io(format!("binding {}", a.target)))?;
         }
         // The places hold their own copies of the views (see `Engine::create_task`).
         self.drop_host_mounts(id);

@@ -91,3 +91,48 @@ pub(super) fn hide_unused(
     .join()
     .map_err(|_| RuntimeError::Internal("the thread unmounting unused places panicked".into()))?
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use containerd_client::types::Mount;
+
+    fn overlay(lowers: &[&Path]) -> Vec<Mount> {
+        let lowers: Vec<String> = lowers.iter().map(|l| l.display().to_string()).collect();
+        vec![Mount {
+            r#type: "overlay".into(),
+            source: "overlay".into(),
+            options: vec![format!("lowerdir={}", lowers.join(":")), "upperdir=/nowhere".into()],
+            ..Default::default()
+        }]
+    }
+
+    #[test]
+    fn the_image_has_a_path_when_its_topmost_layer_naming_it_is_no_whiteout() {
+        let dir = tempfile::tempdir().unwrap();
+        let (top, bottom) = (dir.path().join("top"), dir.path().join("bottom"));
+        std::fs::create_dir_all(&top).unwrap();
+        std::fs::create_dir_all(bottom.join("static")).unwrap();
+        let nowhere = Path::new("/nonexistent");
+        assert!(image_has(&overlay(&[&top, &bottom]), nowhere, "static"));
+        assert!(!image_has(&overlay(&[&top]), nowhere, "static"));
+        // A whiteout in an upper layer removes what the lower one has.
+        nix::sys::stat::mknod(
+            &top.join("static"),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            0,
+        )
+        .expect("mknod of a whiteout (the suite runs as root)");
+        assert!(!image_has(&overlay(&[&top, &bottom]), nowhere, "static"));
+        // A bind (a snapshot without parents) and a rootfs runner mounted itself.
+        let bind = vec![Mount {
+            r#type: "bind".into(),
+            source: bottom.display().to_string(),
+            ..Default::default()
+        }];
+        assert!(image_has(&bind, nowhere, "static"));
+        assert!(image_has(&[], &bottom, "static"));
+        assert!(!image_has(&[], &top.join("missing"), "static"));
+    }
+}

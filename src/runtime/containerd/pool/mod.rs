@@ -482,3 +482,82 @@ impl Engine {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plan of a job of Environment `env` (of `ENVS`) with the extra job fields, paths
+    /// under `dir`.
+    fn plan(dir: &Path, env: &str, extra: &str) -> RunPlan {
+        let envs = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: plain}\nspec:\n  image: x\n  workdir: /workspace\n  user: \"1000:1000\"\n---\napiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: static-mount}\nspec:\n  image: x\n  mounts: [{source: MOUNT, target: /static}]\n---\napiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: above-workdir}\nspec:\n  image: x\n  workdir: /data/work\n  mounts: [{source: MOUNT, target: /data}]\n"
+            .replace("MOUNT", &dir.join("m").display().to_string());
+        for d in ["m", "ws", "assets"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        let text = format!(
+            "{envs}---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: j}}\nspec:\n  environment: {env}\n  command: [\"true\"]\n{extra}"
+        );
+        let set = crate::manifest::parse_str(&text, dir, None).unwrap();
+        let bound = set.bind(&set.jobs[0], None).unwrap();
+        let host = spec::HostEnv::detect(Path::new("/var/lib/runner-unit-state"));
+        spec::resolve(&bound, &host).unwrap()
+    }
+
+    const SHAPES: &[&str] = &[
+        "",
+        "  workspace: ./ws\n",
+        "  staticAssets: [{source: ./assets, savePath: data}]\n  stdin: \"x\"\n",
+        "  workspace: ./ws\n  staticAssets: [{source: ./assets, savePath: a/b}]\n  stdin: \"x\"\n  timeoutSeconds: 5\n",
+    ];
+
+    #[test]
+    fn jobs_of_every_shape_make_the_same_member() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = spec::HostEnv::detect(Path::new("/var/lib/runner-unit-state"));
+        let made: Vec<(Layout, String)> = SHAPES
+            .iter()
+            .map(|extra| {
+                let p = plan(dir.path(), "plain", extra);
+                assert_eq!(unpoolable(&p), None, "{extra}");
+                let layout = member_layout(&p);
+                let spec = member_spec(&member_plan(&p), &host, &layout, Path::new("/late")).unwrap();
+                (layout, spec::to_json(&spec).unwrap().to_string())
+            })
+            .collect();
+        for m in &made[1..] {
+            assert_eq!(m, &made[0]);
+        }
+        let layout = &made[0].0;
+        assert!(layout.static_assets);
+        assert_eq!(layout.places.len(), 1);
+        assert_eq!(
+            (layout.places[0].target.as_str(), layout.places[0].read_only),
+            ("/workspace", false)
+        );
+        // The workspace place is in the spec, from the late directory, though no job's plan
+        // had to have one.
+        assert!(made[0].1.contains("\"destination\":\"/workspace\""), "{}", made[0].1);
+        assert!(made[0].1.contains("\"source\":\"/late/m0\""), "{}", made[0].1);
+    }
+
+    #[test]
+    fn a_mount_over_a_late_place_keeps_the_jobs_it_does_not_touch_poolable() {
+        let dir = tempfile::tempdir().unwrap();
+        // A mount at /static: no static root; jobs without assets still pool.
+        let p = plan(dir.path(), "static-mount", "");
+        assert!(!member_layout(&p).static_assets);
+        assert_eq!(unpoolable(&p), None);
+        let p = plan(dir.path(), "static-mount", SHAPES[2]);
+        assert_eq!(unpoolable(&p).as_deref(), Some("/static and the static assets overlap"));
+        // A mount above the workdir: no workspace place; jobs without a workspace still pool.
+        let p = plan(dir.path(), "above-workdir", "");
+        assert_eq!(member_layout(&p).places.len(), 1);
+        assert_eq!(unpoolable(&p), None);
+        let p = plan(dir.path(), "above-workdir", SHAPES[1]);
+        assert_eq!(
+            unpoolable(&p).as_deref(),
+            Some("the workspace at /data/work and the mount at /data overlap")
+        );
+    }
+}

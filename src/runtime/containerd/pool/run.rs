@@ -223,7 +223,13 @@ impl Engine {
             }
         });
         let built = async {
-            self.bind_late(&member.id, &member.layout, userns, (member.init_pid, &member.cgroup), plan)?;
+            self.bind_late(
+                &member.id,
+                &member.layout,
+                userns,
+                (member.init_pid, &member.cgroup),
+                plan,
+            )?;
             let init_exited = CancellationToken::new();
             {
                 let engine = self.clone();
