@@ -34,8 +34,9 @@ spec:
 "#;
 
 /// What every job prints: who it is, where, what its cwd holds (modes, links, owners, names:
-/// not times), what `/` and `/static` hold, its stdin, and whether it can write in its cwd.
-const PROBE: &str = r#"["sh", "-c", "id; pwd; echo $GREETING; ls -lan . | awk 'NR>1 {print $1, $2, $3, $4, $NF}'; ls /; ls -lanR /static 2>&1 | awk '{print $1, $3, $4, $NF}'; cat; echo written > out.txt; echo write=$?; cat out.txt; ls"]"#;
+/// not times), what `/` and `/static` hold, its stdin, and whether it can write in its cwd and
+/// in `/static` (root can, as in a cold container's rootfs).
+const PROBE: &str = r#"["sh", "-c", "id; pwd; echo $GREETING; ls -lan . | awk 'NR>1 {print $1, $2, $3, $4, $NF}'; ls /; ls -lanR /static 2>&1 | awk '{print $1, $3, $4, $NF}'; cat; echo written > out.txt; echo write=$?; cat out.txt; ls; touch /static/new 2>/dev/null; echo static-write=$?; ls /static"]"#;
 
 /// Per Environment, the jobs: every combination of workspace, assets and stdin.
 const SHAPES: &[(&str, bool, bool, bool)] = &[
@@ -202,7 +203,7 @@ fn check_cold(cold: &[(String, serde_json::Value, Option<String>)]) {
         bare.contains("drwxr-xr-x 2 0 0 .\n") && bare.contains("write=1\n"),
         "{bare}"
     );
-    assert!(!bare.contains("static") && !bare.contains("input.txt"), "{bare}");
+    assert!(!bare.contains("\nstatic\n") && !bare.contains("input.txt"), "{bare}");
     let full = stdout("eval-full");
     assert!(full.contains("drwxrwxrwx 2 1000 1000 .\n"), "{full}");
     assert!(
@@ -222,6 +223,9 @@ fn check_cold(cold: &[(String, serde_json::Value, Option<String>)]) {
         rooted.contains("/srv/work\n") && rooted.contains("write=0\nwritten\nout.txt\n"),
         "{rooted}"
     );
+    let rooted = stdout("rooted-full");
+    assert!(rooted.contains("static-write=0\ndata\nnested\nnew\n"), "{rooted}");
+    assert!(full.contains("static-write=1\n"), "{full}");
 }
 
 #[test]

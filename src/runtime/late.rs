@@ -52,7 +52,9 @@ fn errno(what: impl Into<String>) -> impl FnOnce(nix::Error) -> io::Error {
 
 /// Make a member's directory: a shared mount holding an empty directory or file per place,
 /// and the static root when the layout has one, owned by `root` (the host id of the
-/// container's root, with a user namespace) as runc makes a cold container's `/static`.
+/// container's root, with a user namespace), mode 0755, as runc makes a cold container's
+/// `/static`. The container's root may write there as in a cold container's rootfs: the
+/// claimant counts the static root against the job's ephemeral storage (`pool::run`).
 ///
 /// Known gap (review of the pool code): on a host whose `/` is a shared mount, the bind
 /// joins `/`'s peer group, so what is mounted under it is also copied into the mount

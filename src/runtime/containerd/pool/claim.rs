@@ -308,8 +308,10 @@ impl Engine {
             .collect();
         let static_unused = layout.static_assets && plan.assets.is_empty();
         if !unused.is_empty() || static_unused {
+            let t0 = Instant::now();
             let remove_static = static_unused && !self.run_dir.join(id).join(hide::STATIC_IN_IMAGE).exists();
             hide::hide_unused(init.0, init.1, unused, static_unused, remove_static)?;
+            tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "unused places taken out");
         }
         Ok(())
     }

@@ -6,6 +6,12 @@
 //! command, timeouts and output through the agent. Everything else is in the member's spec,
 //! and a pool's *key* is a hash of that spec (with the late places as placeholders), the
 //! image's layers and the tools shipped in: a job whose key has no ready member runs cold.
+//! Every member offers every place of its Environment, the workspace and the static-assets
+//! root included (`member_layout`), so whether a job has a workspace, assets or stdin is not
+//! in the key; what a job does not use is taken out of the member at claim (`hide`).
+//!
+//! Parts: `claim` (taking a member, late binds), `hide` (taking unused places out), `run`
+//! (a job or a session in a claimed member).
 //!
 //! A ready member has a `ready` file in its run directory. Claiming renames it to
 //! `claimed-<owner>`: a rename succeeds once, so exactly one runner process gets the member,

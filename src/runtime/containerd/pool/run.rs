@@ -170,6 +170,15 @@ impl Engine {
         agent: Option<&std::path::Path>,
     ) -> std::sync::Arc<crate::runtime::storage::StorageWatch> {
         let storage = self.watch_storage(plan, id, cgroup, None, agent);
+        // The static root is the container root's to write in, as a cold container's `/static`
+        // in its rootfs is; here it is a host directory, counted as the rootfs would be (the
+        // walk crosses no mount point: the assets bound in it are not counted).
+        if !plan.assets.is_empty() {
+            storage.add(
+                crate::runtime::storage::Tree::WritableLayer,
+                self.late_dir(id).join(late::STATIC_DIR),
+            );
+        }
         let (client, id, watch) = (self.client.clone(), id.to_string(), std::sync::Arc::downgrade(&storage));
         tokio::spawn(async move {
             let upper = match client.snapshot_mounts(&id).await {
