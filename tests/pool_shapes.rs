@@ -305,3 +305,62 @@ fn jobs_over_http_claim_from_one_pool_whatever_their_shape() {
     }
     assert_eq!(workspace_files(cold_dir.path()), workspace_files(pool_dir.path()));
 }
+
+/// A root job writing past its ephemeral storage into `/static` is evicted from a pool member
+/// as from a cold container (where `/static` is in the rootfs): the member's static root is a
+/// host directory, and it is counted, not left to fill the host's disk.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn writes_in_a_members_static_root_count_against_ephemeral_storage() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cold_state, pool_state) = (dir.path().join("cold"), dir.path().join("pooled"));
+    import_busybox(&cold_state);
+    import_busybox(&pool_state);
+    std::fs::create_dir_all(dir.path().join("assets")).unwrap();
+    std::fs::write(dir.path().join("assets/f.txt"), "asset\n").unwrap();
+    let env = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: tight}\nspec:\n  image: local/busybox:1.35\n  resources: {memory: 128Mi, pids: 64, ephemeralStorage: 8Mi}\n";
+    let envs = write_manifest(dir.path(), "env.yaml", env);
+    // 1 MiB files (each under RLIMIT_FSIZE), 24 of them, then a wait the eviction cuts short.
+    let job = format!(
+        "{env}---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: filler}}\nspec:\n  environment: tight\n  staticAssets: [{{source: {}, savePath: data}}]\n  timeoutSeconds: 60\n  command: [\"sh\", \"-c\", \"for i in $(seq 1 24); do head -c 1048576 /dev/zero > /static/f$i || exit 3; done; sleep 30; echo survived\"]\n",
+        dir.path().join("assets").display()
+    );
+    let file = write_manifest(dir.path(), "job.yaml", &job);
+    let out = runner_ctd(
+        &["pool", "create", "tight", "-f", envs.to_str().unwrap(), "--size", "1"],
+        &pool_state,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    struct Rm(PathBuf);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            runner_ctd(&["pool", "rm", "tight"], &self.0);
+        }
+    }
+    let _rm = Rm(pool_state.clone());
+    let mut seen = Vec::new();
+    for state in [&cold_state, &pool_state] {
+        let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], state);
+        let all = json_of(&out);
+        let job = if all["items"].is_array() {
+            &all["items"][0]
+        } else {
+            &all
+        };
+        let status = &job["status"];
+        assert_eq!(status["reason"], "Evicted", "{job}");
+        assert!(status.to_string().contains("ephemeral"), "{job}");
+        assert!(
+            !status["result"]["stdout"].as_str().unwrap_or("").contains("survived"),
+            "{job}"
+        );
+        seen.push((
+            status["phase"].clone(),
+            status["reason"].clone(),
+            status["result"]["pool"].clone(),
+        ));
+    }
+    assert_eq!(seen[0].2, serde_json::Value::Null);
+    assert_eq!(seen[1].2, "tight", "the pooled run was not served by the pool");
+    assert_eq!((&seen[0].0, &seen[0].1), (&seen[1].0, &seen[1].1));
+}
