@@ -3,39 +3,6 @@
 
 use super::*;
 
-/// Set the hostname of the UTS namespace `init_pid` is in. setns of a UTS namespace affects
-/// only the calling thread: a thread of our own does it and ends, so no other work ever runs
-/// in the container's namespace. The PID is only trusted once the namespace is opened: the
-/// process must then still be in the member's cgroup (a PID reused by a host process fails
-/// that), and the namespace must not be ours (the host's hostname is never touched).
-fn set_hostname(init_pid: u32, cgroup: &str, name: &str) -> Result<(), RuntimeError> {
-    use std::os::unix::fs::MetadataExt;
-    let path = format!("/proc/{init_pid}/ns/uts");
-    let name = name.to_string();
-    let cgroup = cgroup.to_string();
-    let io = |what: &str, e: std::io::Error| RuntimeError::Io {
-        what: format!("{what} of the claimed container"),
-        source: e,
-    };
-    std::thread::spawn(move || -> Result<(), RuntimeError> {
-        let ns = std::fs::File::open(&path).map_err(|e| io("opening the UTS namespace", e))?;
-        let in_member = std::fs::read_to_string(format!("/proc/{init_pid}/cgroup"))
-            .is_ok_and(|c| c.lines().any(|l| l.ends_with(&cgroup)));
-        let own = std::fs::metadata("/proc/thread-self/ns/uts").map(|m| m.ino()).ok();
-        let theirs = ns.metadata().map(|m| m.ino()).ok();
-        if !in_member || own.is_none() || own == theirs {
-            return Err(RuntimeError::Internal(format!(
-                "process {init_pid} is not the claimed container's init"
-            )));
-        }
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWUTS)
-            .map_err(|e| io("entering the UTS namespace", e.into()))?;
-        nix::unistd::sethostname(&name).map_err(|e| io("setting the hostname", e.into()))
-    })
-    .join()
-    .map_err(|_| RuntimeError::Internal("the hostname thread panicked".into()))?
-}
-
 /// Whether a spec gives its container a PID namespace of its own (then its init's death is
 /// every process's).
 fn own_pid_namespace(spec: &Spec) -> bool {
@@ -159,11 +126,17 @@ impl Engine {
                     None => (uid, gid),
                 };
                 let agent = Agent::open(&dir.join("agent"), uid, gid)?;
-                // Pinned before `set_hostname` checks that the PID is the member's init (in
+                // Pinned before `hide::enter` checks that the PID is the member's init (in
                 // its cgroup), so what is pinned is what was checked.
                 let init = own_pid_namespace(&spec).then(|| pin(init_pid)).flatten();
                 let hostname: String = plan.job().name.chars().take(63).collect();
-                set_hostname(init_pid, &self.cgroup_path(&c.id), &hostname)?;
+                let unused = hide::Unused::of(&layout, plan, &dir);
+                let t1 = Instant::now();
+                hide::enter(init_pid, &self.cgroup_path(&c.id), &hostname, unused)?;
+                tracing::debug!(
+                    ms = t1.elapsed().as_secs_f64() * 1e3,
+                    "hostname set, unused places taken out"
+                );
                 Ok::<_, RuntimeError>(Member {
                     id: c.id.clone(),
                     pool: c.labels.get(LABEL_POOL).cloned().unwrap_or_default(),
@@ -230,15 +203,13 @@ impl Engine {
         why.join("; ")
     }
 
-    /// Bind the plan's workspace, mounts and static assets into a claimed member, and take out
-    /// of it what the job has no use for (`hide`): a member offers every place of its
-    /// Environment (`member_layout`). `init`: the member's init and cgroup.
+    /// Bind the plan's workspace, mounts and static assets into a claimed member (what it has
+    /// no use for was taken out at claim: `hide`).
     pub(super) fn bind_late(
         &self,
         id: &str,
         layout: &Layout,
         userns: Option<(spec::IdRange, (u32, u32))>,
-        init: (u32, &str),
         plan: &RunPlan,
     ) -> Result<(), RuntimeError> {
         let dir = self.late_dir(id);
@@ -299,20 +270,6 @@ impl Engine {
         }
         // The places hold their own copies of the views (see `Engine::create_task`).
         self.drop_host_mounts(id);
-        let unused: Vec<String> = layout
-            .places
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !places.contains(i))
-            .map(|(_, p)| p.target.clone())
-            .collect();
-        let static_unused = layout.static_assets && plan.assets.is_empty();
-        if !unused.is_empty() || static_unused {
-            let t0 = Instant::now();
-            let remove_static = static_unused && !self.run_dir.join(id).join(hide::STATIC_IN_IMAGE).exists();
-            hide::hide_unused(init.0, init.1, unused, static_unused, remove_static)?;
-            tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "unused places taken out");
-        }
         Ok(())
     }
 }

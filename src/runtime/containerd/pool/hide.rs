@@ -3,9 +3,8 @@
 //! workdir is the rootfs's, as runc makes a cold container's cwd) and the static-assets root
 //! of a job without assets (gone, unless the image has a `/static` of its own).
 //!
-//! Done in the member's mount namespace by a thread of our own that ends after it: the mounts
-//! are runc's binds in that namespace (made there, so not locked), and a slave of the host's
-//! place, so nothing of it reaches the host. Only runner's agent has run in the member.
+//! Done at claim, in the member's mount namespace, by the thread that sets its hostname
+//! (`enter`). Only runner's agent has run in the member then.
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
@@ -40,56 +39,108 @@ pub(super) fn image_has(rootfs: &[containerd_client::types::Mount], mounted: &Pa
     }
 }
 
-/// Unmount `targets` and, with `static_root`, the static-assets root (removing its mount point
-/// when `remove_static`: runc made it, the image has none) in the mount namespace of
-/// `init_pid`, checked to be the member's init as `set_hostname` checks it.
-pub(super) fn hide_unused(
-    init_pid: u32,
-    cgroup: &str,
-    targets: Vec<String>,
-    static_root: bool,
-    remove_static: bool,
-) -> Result<(), RuntimeError> {
-    let path = format!("/proc/{init_pid}/ns/mnt");
+/// What a job has no use for in a member: the places it binds nothing at (only the workspace
+/// can be one: every other place is in the pool's key) and whether the static root goes, with
+/// its mount point when the image has no `/static`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Unused {
+    pub targets: Vec<String>,
+    pub static_root: bool,
+    pub remove_static: bool,
+}
+
+impl Unused {
+    /// For `plan` in a member of `layout` whose run directory is `run`.
+    pub(super) fn of(layout: &Layout, plan: &RunPlan, run: &Path) -> Self {
+        let mut without_assets = plan.clone();
+        without_assets.assets.clear();
+        let bound: Vec<String> = spec::merged_binds(&without_assets)
+            .into_iter()
+            .map(|b| b.target)
+            .collect();
+        let static_root = layout.static_assets && plan.assets.is_empty();
+        Unused {
+            targets: layout
+                .places
+                .iter()
+                .filter(|p| !bound.contains(&p.target))
+                .map(|p| p.target.clone())
+                .collect(),
+            static_root,
+            remove_static: static_root && !run.join(STATIC_IN_IMAGE).exists(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.targets.is_empty() && !self.static_root
+    }
+}
+
+/// Ready a claimed member for its job from inside its namespaces: take out what the job has no
+/// use for (in its mount namespace) and set its hostname (in its UTS namespace). setns affects
+/// only the calling thread: a thread of our own does both and ends, so no other work ever runs
+/// in the container's namespaces. The PID is only trusted once the namespaces are opened: the
+/// process must then still be in the member's cgroup (a PID reused by a host process fails
+/// that), and neither namespace may be ours (the host's mounts and hostname are never touched).
+pub(super) fn enter(init_pid: u32, cgroup: &str, hostname: &str, unused: Unused) -> Result<(), RuntimeError> {
     let cgroup = cgroup.to_string();
+    let hostname = hostname.to_string();
     let io = |what: String, e: std::io::Error| RuntimeError::Io {
-        what: format!("{what} in the claimed container"),
+        what: format!("{what} of the claimed container"),
         source: e,
     };
     std::thread::spawn(move || -> Result<(), RuntimeError> {
-        let ns = std::fs::File::open(&path).map_err(|e| io("opening the mount namespace".into(), e))?;
+        let open = |kind: &str| -> Result<std::fs::File, RuntimeError> {
+            let ns = std::fs::File::open(format!("/proc/{init_pid}/ns/{kind}"))
+                .map_err(|e| io(format!("opening the {kind} namespace"), e))?;
+            let own = std::fs::metadata(format!("/proc/thread-self/ns/{kind}"))
+                .map(|m| m.ino())
+                .ok();
+            if own.is_none() || own == ns.metadata().map(|m| m.ino()).ok() {
+                return Err(RuntimeError::Internal(format!(
+                    "process {init_pid} shares our {kind} namespace: it is not the claimed container's init"
+                )));
+            }
+            Ok(ns)
+        };
+        let uts = open("uts")?;
+        let mnt = if unused.is_empty() { None } else { Some(open("mnt")?) };
         let in_member = std::fs::read_to_string(format!("/proc/{init_pid}/cgroup"))
             .is_ok_and(|c| c.lines().any(|l| l.ends_with(&cgroup)));
-        let own = std::fs::metadata("/proc/thread-self/ns/mnt").map(|m| m.ino()).ok();
-        let theirs = ns.metadata().map(|m| m.ino()).ok();
-        if !in_member || own.is_none() || own == theirs {
+        if !in_member {
             return Err(RuntimeError::Internal(format!(
                 "process {init_pid} is not the claimed container's init"
             )));
         }
-        // A thread shares its process's root and cwd until it unshares them; setns into a
-        // mount namespace refuses a thread that shares them.
-        nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS)
-            .map_err(|e| io("leaving the process's filesystem context".into(), e.into()))?;
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNS)
-            .map_err(|e| io("entering the mount namespace".into(), e.into()))?;
-        // The thread's root is now the container's: paths resolve in its rootfs.
-        let mut unmount = targets;
-        if static_root {
-            unmount.push(spec::STATIC_ROOT.to_string());
+        if let Some(mnt) = mnt {
+            // A thread shares its process's root and cwd until it unshares them; setns into
+            // a mount namespace refuses a thread that shares them.
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS)
+                .map_err(|e| io("leaving the process's filesystem context".into(), e.into()))?;
+            nix::sched::setns(&mnt, nix::sched::CloneFlags::CLONE_NEWNS)
+                .map_err(|e| io("entering the mount namespace".into(), e.into()))?;
+            // The thread's root is now the container's: paths resolve in its rootfs. The
+            // mounts are runc's binds, made in this namespace (so not locked), slaves of the
+            // member's places: nothing of this reaches the host.
+            let mut targets = unused.targets;
+            if unused.static_root {
+                targets.push(spec::STATIC_ROOT.to_string());
+            }
+            for target in &targets {
+                nix::mount::umount2(target.as_str(), nix::mount::MntFlags::MNT_DETACH)
+                    .map_err(|e| io(format!("unmounting the unused {target}"), e.into()))?;
+            }
+            if unused.remove_static {
+                std::fs::remove_dir(spec::STATIC_ROOT)
+                    .map_err(|e| io(format!("removing the unused {}", spec::STATIC_ROOT), e))?;
+            }
         }
-        for target in &unmount {
-            nix::mount::umount2(target.as_str(), nix::mount::MntFlags::MNT_DETACH)
-                .map_err(|e| io(format!("unmounting the unused {target}"), e.into()))?;
-        }
-        if static_root && remove_static {
-            std::fs::remove_dir(spec::STATIC_ROOT)
-                .map_err(|e| io(format!("removing the unused {}", spec::STATIC_ROOT), e))?;
-        }
-        Ok(())
+        nix::sched::setns(&uts, nix::sched::CloneFlags::CLONE_NEWUTS)
+            .map_err(|e| io("entering the UTS namespace".into(), e.into()))?;
+        nix::unistd::sethostname(&hostname).map_err(|e| io("setting the hostname".into(), e.into()))
     })
     .join()
-    .map_err(|_| RuntimeError::Internal("the thread unmounting unused places panicked".into()))?
+    .map_err(|_| RuntimeError::Internal("the thread readying the claimed container panicked".into()))?
 }
 
 #[cfg(test)]

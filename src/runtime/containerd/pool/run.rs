@@ -89,13 +89,7 @@ impl Engine {
     ) -> Result<ExecResult, RuntimeError> {
         let job = plan.job();
         let env = plan.env();
-        self.bind_late(
-            &member.id,
-            &member.layout,
-            member.userns(),
-            (member.init_pid, &member.cgroup),
-            plan,
-        )?;
+        self.bind_late(&member.id, &member.layout, member.userns(), plan)?;
         let argv = crate::spec::entry::compose(&env.setup, job.disable_setup, None, &job.command.argv());
         let vars: Vec<(String, String)> = env.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let cwd = member.process.cwd().to_string_lossy().into_owned();
@@ -232,13 +226,7 @@ impl Engine {
             }
         });
         let built = async {
-            self.bind_late(
-                &member.id,
-                &member.layout,
-                userns,
-                (member.init_pid, &member.cgroup),
-                plan,
-            )?;
+            self.bind_late(&member.id, &member.layout, userns, plan)?;
             let init_exited = CancellationToken::new();
             {
                 let engine = self.clone();
