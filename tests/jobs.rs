@@ -1005,11 +1005,13 @@ fn whether_a_pool_served_a_job_is_said_and_why_not() {
             "{described}"
         );
     }
-    // The pool made again from a changed Environment, once the claims' refills are done: its
-    // members of the old shape are outdated, not broken.
+    // The pool made again from a changed Environment, once the claims' refills are done (two
+    // claims: a filler may be queued behind the one that refilled, and it would be the one to
+    // find the old members outdated): its members of the old shape are outdated, not broken.
     let ls = || json_of(&runner_ctd(&["pool", "ls", "-o", "json"], &state));
     assert!(
-        eventually(Duration::from_secs(60), || ls()[0]["ready"] == 2),
+        eventually(Duration::from_secs(60), || ls()[0]["ready"] == 2
+            && fillers(&state, "bb").is_empty()),
         "{}",
         ls()
     );
