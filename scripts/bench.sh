@@ -4,6 +4,8 @@
 #   one-shot: `runner apply` of a busybox `sh -c true` job  vs  `ctr run --rm` of the same
 #   exec:     exec round trip of /bin/true in a live container (library)  vs  `ctr task exec`
 #   pooled:   `runner apply` of the same job from a warm pool  vs  `ctr run --rm`
+#   eval pool: an evaluation-shaped job (workspace, assets, user, stdin) cold and from a pool
+#             made without shape flags  vs  `ctr run --rm`
 #   throughput: N concurrent one-shot jobs (library), cold and from a warm pool
 #   pause:    pause and resume of a live session over HTTP  vs  `ctr task pause/resume`
 #   snapshot: a snapshot of a 100 MiB change; a job from the snapshot vs from its base image
@@ -20,6 +22,7 @@
 #             BENCH_FLOOD=0 skips it)
 # BENCH_ONLY=network runs only the one-shot row (for the ratio to ctr) and the network rows;
 # BENCH_ONLY=state the one-shot row and the pause and snapshot rows;
+# BENCH_ONLY=eval the one-shot row and the eval pool rows;
 # BENCH_RUNNER=PATH measures that runner binary instead of building this tree (a before/after
 # pair: build the other tree's release binary, keep it, pass it here).
 #   pull:     the Python image from a loopback registry (docker-registry): `runner image pull`
@@ -140,6 +143,52 @@ network_rows() {
   echo "network    $concurrent concurrent runner apply: bridge $(awk "BEGIN{printf \"%.1f\", $concurrent*1000/$cb_med}") jobs/s (${cb_med} ms)   none $(awk "BEGIN{printf \"%.1f\", $concurrent*1000/$cn_med}") jobs/s (${cn_med} ms)  (median of 3 rounds)"
 
 }
+eval_pool_rows() {
+  # An evaluation-shaped Job (issue 36, item 4): a workspace, static assets, `user: 1000:1000`
+  # and stdin; cold, and from a pool made without shape flags (one pool serves every shape of
+  # its Environment's jobs), in its steady state as above; ctr runs beside both.
+  mkdir -p "$work/eval-ws" "$work/eval-assets"
+  echo data > "$work/eval-assets/f.txt"
+  chmod 777 "$work/eval-ws"
+  cat > "$work/eval.yaml" <<YAML
+apiVersion: runner/v1alpha1
+kind: Environment
+metadata: {name: ev}
+spec:
+  image: local/busybox:1.35
+  workdir: /workspace
+  user: "1000:1000"
+---
+apiVersion: runner/v1alpha1
+kind: Job
+metadata: {name: eval-bench}
+spec:
+  environment: ev
+  workspace: $work/eval-ws
+  staticAssets: [{source: $work/eval-assets, savePath: data}]
+  stdin: "answer"
+  command: ["sh", "-c", "cat /static/data/f.txt - > out.txt"]
+YAML
+  "$runner" apply $replace -f "$work/eval.yaml" >/dev/null
+  ec=(); c3=()
+  for i in $(seq 1 "$runs"); do
+    ec+=("$(ms_of "$runner" apply $replace -f "$work/eval.yaml")")
+    c3+=("$(ms_of ctr_ run --rm local/busybox:1.35 "e$i" sh -c true)")
+  done
+  "$runner" pool create ev -f "$work/eval.yaml" --size 3 >/dev/null
+  ep=()
+  for i in $(seq 1 "$runs"); do
+    ep+=("$(ms_of "$runner" apply $replace -f "$work/eval.yaml")")
+    "$runner" pool fill ev >/dev/null
+  done
+  served=$("$runner" get job eval-bench -o json | grep -c '"pool": "ev"' || true)
+  "$runner" pool rm ev >/dev/null
+  [ "$served" -ge 1 ] || { echo "bench: the evaluation-shaped job was not served by pool ev" >&2; exit 1; }
+  ec_med=$(printf '%s\n' "${ec[@]}" | median)
+  ep_med=$(printf '%s\n' "${ep[@]}" | median)
+  c3_med=$(printf '%s\n' "${c3[@]}" | median)
+  echo "eval pool  evaluation-shaped Job (workspace, assets, user, stdin) from a pool: ${ep_med} ms   cold: ${ec_med} ms   ctr run --rm: ${c3_med} ms   ratio pooled $(awk "BEGIN{printf \"%.2f\", $ep_med/$c3_med}") cold $(awk "BEGIN{printf \"%.2f\", $ec_med/$c3_med}")  (median of $runs)"
+}
 
 
 # ctr running runner's own hardened spec (seccomp allowlist, limits, masked paths, cgroup
@@ -176,6 +225,10 @@ if [ "${BENCH_ONLY:-}" = state ]; then
   state_only
   exit 0
 fi
+if [ "${BENCH_ONLY:-}" = eval ]; then
+  eval_pool_rows
+  exit 0
+fi
 # Where the floor is: the container lifecycle alone (create, Tasks.Create/Start/Wait/Delete,
 # remove) driven by the library without a CLI process or the durable logger, and what ctr's own
 # client costs (process start + connect), to read the ratio above against.
@@ -195,6 +248,7 @@ done
 p_med=$(printf '%s\n' "${p[@]}" | median)
 c2_med=$(printf '%s\n' "${c2[@]}" | median)
 echo "pooled     runner apply from a warm pool: ${p_med} ms   ctr run --rm: ${c2_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $p_med/$c2_med}")  (median of $runs)"
+eval_pool_rows
 echo "floor      lifecycle alone (library): ${l_med} ms = $(awk "BEGIN{printf \"%.2f\", $l_med/$c_med}")x ctr run --rm;  ctr version: ${v_med} ms"
 # What a user namespace costs per job (a range lease, idmapped layers and workspace view, the
 # overlay mounted by runner, runc entering the namespace): the library lifecycle with a

@@ -947,9 +947,10 @@ fn the_32bit_syscall_abi_is_refused_unless_the_environment_allows_it() {
 }
 
 /// Whether a pool served a job is said: `pool=NAME`, or `cold (why)` naming the pool and what it
-/// serves instead (here: made without --workspace, and a job with a workspace), in apply's
-/// status line, `describe` and the events. Making the pool again removes its members of the old
-/// shape as outdated, not as broken.
+/// serves instead (here: a job with mounts of its own, which no member has a place for), in
+/// apply's status line, `describe` and the events; a job with a workspace claims from the same
+/// pool as one without. Making the pool again from a changed Environment removes its members
+/// of the old shape as outdated, not as broken.
 #[test]
 #[ignore = "needs a private containerd: run scripts/test.sh"]
 fn whether_a_pool_served_a_job_is_said_and_why_not() {
@@ -964,56 +965,63 @@ fn whether_a_pool_served_a_job_is_said_and_why_not() {
     );
     assert_eq!(made.status.code(), Some(0), "{}", String::from_utf8_lossy(&made.stderr));
     std::fs::create_dir_all(dir.path().join("ws")).unwrap();
-    let with_ws = write_manifest(
+    let with_mount = write_manifest(
         dir.path(),
-        "ws.yaml",
+        "mounted.yaml",
         &job(
-            "with-ws",
+            "with-mount",
             r#"["true"]"#,
-            &format!("  workspace: {}\n", dir.path().join("ws").display()),
+            &format!(
+                "  mounts: [{{source: {}, target: /data}}]\n",
+                dir.path().join("ws").display()
+            ),
         ),
     );
-    let out = runner_ctd(&["apply", "-f", with_ws.to_str().unwrap()], &state);
+    let out = runner_ctd(&["apply", "-f", with_mount.to_str().unwrap()], &state);
     let line = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{line}");
     assert!(
-        line.contains("cold (pool bb serves jobs without a workspace (`pool create --workspace` serves them))"),
+        line.contains("cold (pool bb serves jobs without mounts of their own"),
         "{line}"
     );
-    let described = String::from_utf8_lossy(&runner_ctd(&["describe", "job", "with-ws"], &state).stdout).into_owned();
+    let described =
+        String::from_utf8_lossy(&runner_ctd(&["describe", "job", "with-mount"], &state).stdout).into_owned();
     assert!(
-        described.contains("Pool: none, cold (pool bb serves jobs without a workspace"),
+        described.contains("Pool: none, cold (pool bb serves jobs without mounts of their own"),
         "{described}"
     );
     assert!(described.contains("ColdStart"), "{described}");
-    let plain = write_manifest(dir.path(), "plain.yaml", &job("plain", r#"["true"]"#, ""));
-    let out = runner_ctd(&["apply", "-f", plain.to_str().unwrap()], &state);
-    let line = String::from_utf8_lossy(&out.stderr);
-    assert!(line.contains("pool=bb"), "{line}");
-    let described = String::from_utf8_lossy(&runner_ctd(&["describe", "job", "plain"], &state).stdout).into_owned();
-    assert!(
-        described.contains("Pool: bb") && described.contains("Pooled"),
-        "{described}"
-    );
-    // The pool made again with --workspace, once the claim's refill is done: its members of
-    // the old shape are outdated, not broken.
+    for (name, extra) in [
+        ("plain", String::new()),
+        ("with-ws", format!("  workspace: {}\n", dir.path().join("ws").display())),
+    ] {
+        let file = write_manifest(dir.path(), &format!("{name}.yaml"), &job(name, r#"["true"]"#, &extra));
+        let out = runner_ctd(&["apply", "-f", file.to_str().unwrap()], &state);
+        let line = String::from_utf8_lossy(&out.stderr);
+        assert!(line.contains("pool=bb"), "{name}: {line}");
+        let described = String::from_utf8_lossy(&runner_ctd(&["describe", "job", name], &state).stdout).into_owned();
+        assert!(
+            described.contains("Pool: bb") && described.contains("Pooled"),
+            "{described}"
+        );
+    }
+    // The pool made again from a changed Environment, once the claims' refills are done (two
+    // claims: a filler may be queued behind the one that refilled, and it would be the one to
+    // find the old members outdated): its members of the old shape are outdated, not broken.
     let ls = || json_of(&runner_ctd(&["pool", "ls", "-o", "json"], &state));
     assert!(
-        eventually(Duration::from_secs(60), || ls()[0]["ready"] == 2),
+        eventually(Duration::from_secs(60), || ls()[0]["ready"] == 2
+            && fillers(&state, "bb").is_empty()),
         "{}",
         ls()
     );
+    let changed = write_manifest(
+        dir.path(),
+        "changed.yaml",
+        &format!("{ENV}  resources: {{memory: 48Mi}}\n"),
+    );
     let again = runner_ctd(
-        &[
-            "pool",
-            "create",
-            "bb",
-            "-f",
-            envs.to_str().unwrap(),
-            "--size",
-            "1",
-            "--workspace",
-        ],
+        &["pool", "create", "bb", "-f", changed.to_str().unwrap(), "--size", "1"],
         &state,
     );
     let said = String::from_utf8_lossy(&again.stdout);

@@ -30,9 +30,9 @@ pub struct CreatePool {
     environment: serde_json::Value,
     /// Members kept ready (default 2).
     size: Option<u32>,
-    /// Members offer a workspace (default true: every session has one).
+    /// No longer needed (accepted for older clients): every member offers a workspace.
     workspace: Option<bool>,
-    /// Members offer the static-assets root (default false).
+    /// No longer needed (accepted for older clients): every member offers the static-assets root.
     #[serde(default)]
     static_assets: bool,
 }
@@ -47,7 +47,10 @@ pub struct PoolView {
     ready: usize,
     /// Members whose init is not running (removed by the next fill).
     broken: usize,
+    /// Members offer a workspace at the Environment's workdir (unless `mountWorkspace: false`
+    /// or a mount overlaps it).
     workspace: bool,
+    /// Members offer the static-assets root (unless a mount overlaps `/static`).
     static_assets: bool,
     /// What members can serve: a session or job whose Environment hashes to it claims one.
     key: String,

@@ -629,10 +629,10 @@ pub enum PoolVerb {
         /// The pool's name [default: the Environment's].
         #[arg(long)]
         name: Option<String>,
-        /// Members serve jobs that have a workspace (sessions always do).
+        /// No longer needed (kept for older scripts): every pool serves jobs with and without a workspace.
         #[arg(long)]
         workspace: bool,
-        /// Members serve jobs that have static assets.
+        /// No longer needed (kept for older scripts): every pool serves jobs with and without static assets.
         #[arg(long)]
         static_assets: bool,
     },

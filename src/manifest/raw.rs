@@ -203,9 +203,11 @@ pub struct WarmPoolDoc {
 pub struct WarmPoolSpec {
     pub environment: Spanned<String>,
     pub size: Spanned<u32>,
-    /// Members serve jobs with a workspace (default true).
+    /// No longer needed (accepted for older manifests): every pool serves jobs with and
+    /// without a workspace.
     pub workspace: Option<bool>,
-    /// Members serve jobs with static assets (default false).
+    /// No longer needed (accepted for older manifests): every pool serves jobs with and
+    /// without static assets.
     pub static_assets: Option<bool>,
 }
 

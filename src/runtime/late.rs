@@ -51,14 +51,17 @@ fn errno(what: impl Into<String>) -> impl FnOnce(nix::Error) -> io::Error {
 }
 
 /// Make a member's directory: a shared mount holding an empty directory or file per place,
-/// and the static root when the layout has one.
+/// and the static root when the layout has one, owned by `root` (the host id of the
+/// container's root, with a user namespace), mode 0755, as runc makes a cold container's
+/// `/static`. The container's root may write there as in a cold container's rootfs: the
+/// claimant counts the static root against the job's ephemeral storage (`pool::run`).
 ///
 /// Known gap (review of the pool code): on a host whose `/` is a shared mount, the bind
 /// joins `/`'s peer group, so what is mounted under it is also copied into the mount
 /// namespaces that share `/`. A private base mount for the member directories fixed that but
 /// broke other sandboxes' resident shells in the suite for a reason not found yet; see the
 /// stop note.
-pub fn prepare(dir: &Path, layout: &Layout) -> io::Result<()> {
+pub fn prepare(dir: &Path, layout: &Layout, root: Option<u32>) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
     nix::mount::mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>)
         .map_err(errno(format!("binding {} onto itself", dir.display())))?;
@@ -78,6 +81,7 @@ pub fn prepare(dir: &Path, layout: &Layout) -> io::Result<()> {
             dir.join(STATIC_DIR),
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
         )?;
+        std::os::unix::fs::lchown(dir.join(STATIC_DIR), root, root)?;
     }
     Ok(())
 }
@@ -137,19 +141,32 @@ pub fn bind_place(dir: &Path, i: usize, source: &Path, read_only: bool) -> io::R
 }
 
 /// Bind a static asset at `save_path` under the static root (read-only), making the
-/// directories and the mount point it needs. Nothing of the job has run yet: what is made
+/// directories and the mount point it needs; the directories are `root`'s, 0755, as runc
+/// makes them in a cold container's rootfs. Nothing of the job has run yet: what is made
 /// here is runner's own.
-pub fn bind_asset(dir: &Path, save_path: &str, source: &Path) -> io::Result<()> {
-    let root = dir.join(STATIC_DIR);
-    let target = root.join(save_path);
-    if !target.starts_with(&root) || save_path.split('/').any(|c| c == ".." || c.is_empty()) {
+pub fn bind_asset(dir: &Path, save_path: &str, source: &Path, root: Option<u32>) -> io::Result<()> {
+    let base = dir.join(STATIC_DIR);
+    let target = base.join(save_path);
+    if !target.starts_with(&base) || save_path.split('/').any(|c| c == ".." || c.is_empty()) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("static asset path {save_path:?} leaves the static root"),
         ));
     }
     if let Some(parent) = target.parent() {
-        std::fs::create_dir_all(parent)?;
+        // One level at a time, each new directory given its owner and mode.
+        let mut at = base.clone();
+        for part in parent.strip_prefix(&base).unwrap_or(Path::new("")).components() {
+            at.push(part);
+            match std::fs::create_dir(&at) {
+                Ok(()) => {
+                    std::fs::set_permissions(&at, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+                    std::os::unix::fs::lchown(&at, root, root)?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
     if !target.exists() {
         if std::fs::metadata(source)?.is_file() {
@@ -305,9 +322,9 @@ mod tests {
             }],
             static_assets: true,
         };
-        prepare(&member, &layout).expect("prepare (the suite runs as root)");
+        prepare(&member, &layout, None).expect("prepare (the suite runs as root)");
         bind_place(&member, 0, &workspace, false).unwrap();
-        bind_asset(&member, "data/f", &workspace.join("precious")).unwrap();
+        bind_asset(&member, "data/f", &workspace.join("precious"), None).unwrap();
         assert_eq!(std::fs::read_to_string(member.join("m0/precious")).unwrap(), "keep me");
         assert_eq!(
             std::fs::read_to_string(member.join("static/data/f")).unwrap(),
@@ -328,7 +345,7 @@ mod tests {
         let src = dir.path().join("src");
         std::fs::write(&src, "x").unwrap();
         std::fs::create_dir(dir.path().join(STATIC_DIR)).unwrap();
-        let err = bind_asset(dir.path(), "../escape", &src).unwrap_err();
+        let err = bind_asset(dir.path(), "../escape", &src, None).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         assert!(!dir.path().join("escape").exists());
     }

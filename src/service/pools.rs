@@ -36,9 +36,10 @@ pub struct PoolDef {
     pub name: String,
     pub environment: String,
     pub size: u32,
-    /// Members offer a workspace at the Environment's workdir.
+    /// Members offer a workspace at the Environment's workdir (unless it has
+    /// `mountWorkspace: false`): found from the Environment, whatever `--workspace` said.
     pub workspace: bool,
-    /// Members offer the static-assets root.
+    /// Members offer the static-assets root (unless a mount overlaps it): likewise.
     pub static_assets: bool,
     /// The manifest the Environment was read from, as read, and where its relative paths
     /// resolve.
@@ -266,9 +267,9 @@ fn spawn_filler(ctx: &Context, pool: &str) -> Result<(), ServiceError> {
     Ok(())
 }
 
-/// The job a pool's members are made for: the Environment's, with a placeholder workspace
-/// and asset when the pool offers them (only their shape matters; `placeholder` is a
-/// directory outside the state dir that lives while the plan is used).
+/// The job a pool's members are made for: the Environment's. Every member offers the
+/// workspace and the static-assets root whatever the template (see
+/// `pool::member_layout`); `placeholder` is where the template's relative paths resolve.
 fn template(ctx: &Context, def: &PoolDef, placeholder: &Path) -> Result<RunPlan, ServiceError> {
     let set = manifest::parse_str(&def.manifest, &def.base_dir, def.file.as_deref())?;
     let set = match &def.env_dir {
@@ -295,27 +296,11 @@ fn template(ctx: &Context, def: &PoolDef, placeholder: &Path) -> Result<RunPlan,
             ),
         ));
     }
-    let mut job = format!(
+    let job = format!(
         "apiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: pool-{}}}\nspec:\n  environment: {}\n  command: [\"true\"]\n",
         def.name,
         serde_json::to_string(&def.environment).unwrap_or_default()
     );
-    if def.workspace {
-        let ws = placeholder.join("workspace");
-        std::fs::create_dir_all(&ws).map_err(|e| ServiceError::internal("making the placeholder workspace", e))?;
-        job.push_str(&format!(
-            "  workspace: {}\n",
-            serde_json::to_string(&ws.display().to_string()).unwrap_or_default()
-        ));
-    }
-    if def.static_assets {
-        let asset = placeholder.join("asset");
-        std::fs::write(&asset, "").map_err(|e| ServiceError::internal("making the placeholder asset", e))?;
-        job.push_str(&format!(
-            "  staticAssets:\n    - {{source: {}, savePath: placeholder}}\n",
-            serde_json::to_string(&asset.display().to_string()).unwrap_or_default()
-        ));
-    }
     let jobs = manifest::parse_str(&job, placeholder, None)?;
     let job = jobs
         .jobs
@@ -415,7 +400,11 @@ pub async fn create_from(
         ));
     }
     let engine = member_engine(ctx).await?;
-    def.key = engine.pool_key(&plan).await?.0;
+    let (key, layout, _) = engine.pool_key(&plan).await?;
+    def.key = key;
+    // What members offer, whatever was asked: a pool serves jobs with and without either.
+    def.workspace = layout.places.iter().any(|p| p.target == plan.env().workdir);
+    def.static_assets = layout.static_assets;
     std::fs::create_dir_all(pools_dir(ctx)).map_err(|e| ServiceError::internal("creating the pools directory", e))?;
     write_def(ctx, &def)?;
     let report = fill(ctx, name).await?;

@@ -478,7 +478,7 @@ impl Engine {
                 (pool::LABEL_POOL.to_string(), shape.pool.clone()),
                 (pool::LABEL_POOL_KEY.to_string(), shape.key.clone()),
             ]);
-            if let Err(source) = late::prepare(&self.late_dir(&id), &shape.layout) {
+            if let Err(source) = late::prepare(&self.late_dir(&id), &shape.layout, plan.userns.map(|r| r.host_id(0))) {
                 return Err(RuntimeError::Io {
                     what: "preparing the member's late binds".into(),
                     source,

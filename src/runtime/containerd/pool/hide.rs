@@ -1,0 +1,189 @@
+//! What a member offers and a job has no use for, taken out of the member at claim so the job
+//! sees what a cold run shows: the workspace place of a job without a workspace (then the
+//! workdir is the rootfs's, as runc makes a cold container's cwd) and the static-assets root
+//! of a job without assets (gone, unless the image has a `/static` of its own).
+//!
+//! Done at claim, in the member's mount namespace, by the thread that sets its hostname
+//! (`enter`). Only runner's agent has run in the member then.
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::Path;
+
+use super::*;
+
+/// In a member's run directory: present when its image has a `/static` of its own (then a
+/// job without assets finds it there, as in a cold container).
+pub(super) const STATIC_IN_IMAGE: &str = "static-in-image";
+
+/// Whether the image under a member's rootfs has `name` at its root, from the snapshot's mounts
+/// before the container starts (runc has made no mount point yet). `rootfs` is empty when
+/// runner mounted the (remapped) rootfs itself at `mounted`.
+pub(super) fn image_has(rootfs: &[containerd_client::types::Mount], mounted: &Path, name: &str) -> bool {
+    let present = |dir: &Path| -> Option<bool> {
+        let m = std::fs::symlink_metadata(dir.join(name)).ok()?;
+        // An overlay whiteout (a 0/0 character device) hides what the layers below have.
+        Some(!(m.file_type().is_char_device() && m.rdev() == 0))
+    };
+    match rootfs {
+        [] => std::fs::symlink_metadata(mounted.join(name)).is_ok(),
+        [m] if m.r#type == "overlay" => m
+            .options
+            .iter()
+            .find_map(|o| o.strip_prefix("lowerdir="))
+            // Top layer first, as overlay lists them.
+            .is_some_and(|lowers| lowers.split(':').find_map(|l| present(Path::new(l))).unwrap_or(false)),
+        [m] if m.r#type == "bind" || m.r#type == "rbind" => present(Path::new(&m.source)).unwrap_or(false),
+        // A snapshotter runner cannot read: keep the mount point (an empty directory is less
+        // wrong than an image's directory removed).
+        _ => true,
+    }
+}
+
+/// What a job has no use for in a member: the places it binds nothing at (only the workspace
+/// can be one: every other place is in the pool's key) and whether the static root goes, with
+/// its mount point when the image has no `/static`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Unused {
+    pub targets: Vec<String>,
+    pub static_root: bool,
+    pub remove_static: bool,
+}
+
+impl Unused {
+    /// For `plan` in a member of `layout` whose run directory is `run`.
+    pub(super) fn of(layout: &Layout, plan: &RunPlan, run: &Path) -> Self {
+        let mut without_assets = plan.clone();
+        without_assets.assets.clear();
+        let bound: Vec<String> = spec::merged_binds(&without_assets)
+            .into_iter()
+            .map(|b| b.target)
+            .collect();
+        let static_root = layout.static_assets && plan.assets.is_empty();
+        Unused {
+            targets: layout
+                .places
+                .iter()
+                .filter(|p| !bound.contains(&p.target))
+                .map(|p| p.target.clone())
+                .collect(),
+            static_root,
+            remove_static: static_root && !run.join(STATIC_IN_IMAGE).exists(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.targets.is_empty() && !self.static_root
+    }
+}
+
+/// Ready a claimed member for its job from inside its namespaces: take out what the job has no
+/// use for (in its mount namespace) and set its hostname (in its UTS namespace). setns affects
+/// only the calling thread: a thread of our own does both and ends, so no other work ever runs
+/// in the container's namespaces. The PID is only trusted once the namespaces are opened: the
+/// process must then still be in the member's cgroup (a PID reused by a host process fails
+/// that), and neither namespace may be ours (the host's mounts and hostname are never touched).
+pub(super) fn enter(init_pid: u32, cgroup: &str, hostname: &str, unused: Unused) -> Result<(), RuntimeError> {
+    let cgroup = cgroup.to_string();
+    let hostname = hostname.to_string();
+    let io = |what: String, e: std::io::Error| RuntimeError::Io {
+        what: format!("{what} of the claimed container"),
+        source: e,
+    };
+    std::thread::spawn(move || -> Result<(), RuntimeError> {
+        let open = |kind: &str| -> Result<std::fs::File, RuntimeError> {
+            let ns = std::fs::File::open(format!("/proc/{init_pid}/ns/{kind}"))
+                .map_err(|e| io(format!("opening the {kind} namespace"), e))?;
+            let own = std::fs::metadata(format!("/proc/thread-self/ns/{kind}"))
+                .map(|m| m.ino())
+                .ok();
+            if own.is_none() || own == ns.metadata().map(|m| m.ino()).ok() {
+                return Err(RuntimeError::Internal(format!(
+                    "process {init_pid} shares our {kind} namespace: it is not the claimed container's init"
+                )));
+            }
+            Ok(ns)
+        };
+        let uts = open("uts")?;
+        let mnt = if unused.is_empty() { None } else { Some(open("mnt")?) };
+        let in_member = std::fs::read_to_string(format!("/proc/{init_pid}/cgroup"))
+            .is_ok_and(|c| c.lines().any(|l| l.ends_with(&cgroup)));
+        if !in_member {
+            return Err(RuntimeError::Internal(format!(
+                "process {init_pid} is not the claimed container's init"
+            )));
+        }
+        if let Some(mnt) = mnt {
+            // A thread shares its process's root and cwd until it unshares them; setns into
+            // a mount namespace refuses a thread that shares them.
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS)
+                .map_err(|e| io("leaving the process's filesystem context".into(), e.into()))?;
+            nix::sched::setns(&mnt, nix::sched::CloneFlags::CLONE_NEWNS)
+                .map_err(|e| io("entering the mount namespace".into(), e.into()))?;
+            // The thread's root is now the container's: paths resolve in its rootfs. The
+            // mounts are runc's binds, made in this namespace (so not locked), slaves of the
+            // member's places: nothing of this reaches the host.
+            let mut targets = unused.targets;
+            if unused.static_root {
+                targets.push(spec::STATIC_ROOT.to_string());
+            }
+            for target in &targets {
+                nix::mount::umount2(target.as_str(), nix::mount::MntFlags::MNT_DETACH)
+                    .map_err(|e| io(format!("unmounting the unused {target}"), e.into()))?;
+            }
+            if unused.remove_static {
+                std::fs::remove_dir(spec::STATIC_ROOT)
+                    .map_err(|e| io(format!("removing the unused {}", spec::STATIC_ROOT), e))?;
+            }
+        }
+        nix::sched::setns(&uts, nix::sched::CloneFlags::CLONE_NEWUTS)
+            .map_err(|e| io("entering the UTS namespace".into(), e.into()))?;
+        nix::unistd::sethostname(&hostname).map_err(|e| io("setting the hostname".into(), e.into()))
+    })
+    .join()
+    .map_err(|_| RuntimeError::Internal("the thread readying the claimed container panicked".into()))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use containerd_client::types::Mount;
+
+    fn overlay(lowers: &[&Path]) -> Vec<Mount> {
+        let lowers: Vec<String> = lowers.iter().map(|l| l.display().to_string()).collect();
+        vec![Mount {
+            r#type: "overlay".into(),
+            source: "overlay".into(),
+            options: vec![format!("lowerdir={}", lowers.join(":")), "upperdir=/nowhere".into()],
+            ..Default::default()
+        }]
+    }
+
+    #[test]
+    fn the_image_has_a_path_when_its_topmost_layer_naming_it_is_no_whiteout() {
+        let dir = tempfile::tempdir().unwrap();
+        let (top, bottom) = (dir.path().join("top"), dir.path().join("bottom"));
+        std::fs::create_dir_all(&top).unwrap();
+        std::fs::create_dir_all(bottom.join("static")).unwrap();
+        let nowhere = Path::new("/nonexistent");
+        assert!(image_has(&overlay(&[&top, &bottom]), nowhere, "static"));
+        assert!(!image_has(&overlay(&[&top]), nowhere, "static"));
+        // A whiteout in an upper layer removes what the lower one has.
+        nix::sys::stat::mknod(
+            &top.join("static"),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            0,
+        )
+        .expect("mknod of a whiteout (the suite runs as root)");
+        assert!(!image_has(&overlay(&[&top, &bottom]), nowhere, "static"));
+        // A bind (a snapshot without parents) and a rootfs runner mounted itself.
+        let bind = vec![Mount {
+            r#type: "bind".into(),
+            source: bottom.display().to_string(),
+            ..Default::default()
+        }];
+        assert!(image_has(&bind, nowhere, "static"));
+        assert!(image_has(&[], &bottom, "static"));
+        assert!(!image_has(&[], &top.join("missing"), "static"));
+    }
+}
