@@ -364,8 +364,14 @@ impl Engine {
         };
         // The container's mount namespace holds what it needs now (see `drop_host_mounts`).
         {
-            let (engine, id) = (self.clone(), id.clone());
-            let _ = tokio::task::spawn_blocking(move || engine.drop_host_mounts(&id)).await;
+            let (engine, id, alias) = (self.clone(), id.clone(), self.root_dir(&id).join(RUN_ALIAS));
+            let _ = tokio::task::spawn_blocking(move || {
+                engine.drop_host_mounts(&id);
+                if let Err(e) = crate::runtime::late::release(&alias) {
+                    tracing::warn!(container = id, error = %e, "could not release the restore's view of the run directory");
+                }
+            })
+            .await;
         }
         let init_pid = restored.map_err(|e| criu_failure("restore", e, &work, "restore.log"))?;
         let _ = std::fs::remove_dir_all(&images);
@@ -421,6 +427,47 @@ pub(super) const RESTORE_LIMITS: Limits = Limits {
     bytes: u64::MAX,
     entries: u64::MAX,
 };
+
+/// Where a restored container's run directory is seen by CRIU (see `bind_sources_for_restore`).
+const RUN_ALIAS: &str = "run";
+
+/// CRIU mounts a restored container's binds from inside its new user namespace, by path
+/// (mount-v2's `open_tree`), unlike runc at a create: every directory above a source must be
+/// searchable by the container's root. The run directory's (agent, tools, workspace views) lie
+/// in the state dir, whose parents may be closed (a state dir under a 0700 directory); its
+/// rootfs directory's parents are open (`prepare_created`). So the run directory is bound
+/// (recursively, with the views mounted in it) into the rootfs directory, and the spec's
+/// sources in it are named through there; the host's copy goes after the restore.
+pub(super) fn bind_sources_for_restore(
+    run: &Path,
+    root_dir: &Path,
+    spec: &mut oci_spec::runtime::Spec,
+) -> Result<(), RuntimeError> {
+    use nix::mount::MsFlags;
+    let alias = root_dir.join(RUN_ALIAS);
+    std::fs::create_dir(&alias).map_err(io_err("making the restore's view of the run directory"))?;
+    nix::mount::mount(
+        Some(run),
+        &alias,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| RuntimeError::Internal(format!("binding the run directory for a restore: {e}")))?;
+    let mut mounts = spec.mounts().clone().unwrap_or_default();
+    for m in mounts.iter_mut() {
+        let rel = m
+            .source()
+            .as_ref()
+            .and_then(|s| s.strip_prefix(run).ok())
+            .map(Path::to_path_buf);
+        if let Some(rel) = rel {
+            m.set_source(Some(alias.join(rel)));
+        }
+    }
+    spec.set_mounts(Some(mounts));
+    Ok(())
+}
 
 /// Every FIFO at the top of `dir` (a restored container's agent directory, filled from its
 /// checkpoint before the container runs), opened read-write without blocking.

@@ -462,6 +462,9 @@ impl Engine {
         } else {
             None
         };
+        if plan.restore.is_some() && plan.userns.is_some() {
+            checkpoint::bind_sources_for_restore(&self.run_dir.join(&id), &self.root_dir(&id), &mut built)?;
+        }
         let process = built
             .process()
             .clone()
