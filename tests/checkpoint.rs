@@ -129,6 +129,34 @@ fn a_forked_session_has_the_source_state_and_diverges() {
     }
 }
 
+/// busybox's `sh` reads its shell's FIFO as a script file it opens read-only: a fork's shell
+/// must find a writer on it from its restore on (the host holds one until the session adopts
+/// it), or it sees EOF and exits, and the copy's state is lost.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_forked_busybox_shell_keeps_its_state() {
+    let served = serve_test_images();
+    let s = &served.served;
+    let body = json!({"environment": {"image": "local/busybox:1.35"}});
+    let (code, v) = s.call("POST", "/v1/sessions", Some(&body.to_string()));
+    assert_eq!(code, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    shell(s, &id, "export X=bb; cd /tmp");
+    let (code, v) = s.call(
+        "POST",
+        &format!("/v1/sessions/{id}/fork"),
+        Some(&json!({"count": 1}).to_string()),
+    );
+    assert_eq!(code, 201, "{v}");
+    let fork = v["sessions"][0]["id"].as_str().unwrap().to_string();
+    // Long enough for a shell that saw EOF at its restore to be gone.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(shell(s, &fork, "echo $X; pwd"), "bb\n/tmp\n");
+    for id in [fork, id] {
+        s.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    }
+}
+
 #[test]
 #[ignore = "needs a private containerd: run scripts/test.sh"]
 fn a_checkpoint_restores_after_its_source_is_gone() {

@@ -542,6 +542,18 @@ impl Containerd {
     // ---- tasks
 
     pub async fn task_create(&self, id: &str, rootfs: Vec<Mount>, stdio: &Stdio) -> Result<u32, CtdError> {
+        self.task_create_with(id, rootfs, stdio, None, "task create").await
+    }
+
+    /// Tasks.Create with runtime `options` (runc's, for a restore: `criu`).
+    pub(super) async fn task_create_with(
+        &self,
+        id: &str,
+        rootfs: Vec<Mount>,
+        stdio: &Stdio,
+        options: Option<Any>,
+        op: &'static str,
+    ) -> Result<u32, CtdError> {
         let mut client = svc::tasks_client::TasksClient::new(self.channel.clone());
         Ok(client
             .create(self.request(svc::CreateTaskRequest {
@@ -552,11 +564,11 @@ impl Containerd {
                 stderr: stdio.stderr.clone(),
                 terminal: false,
                 checkpoint: None,
-                options: None,
+                options,
                 runtime_path: String::new(),
             }))
             .await
-            .map_err(rpc("task create"))?
+            .map_err(rpc(op))?
             .into_inner()
             .pid)
     }

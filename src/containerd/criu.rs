@@ -81,27 +81,13 @@ impl Containerd {
         images: &Path,
         work: &Path,
     ) -> Result<u32, CtdError> {
-        let mut client = svc::tasks_client::TasksClient::new(self.channel.clone());
         let options = RuncOptions {
             criu_image_path: path(images),
             criu_work_path: path(work),
         };
-        Ok(client
-            .create(self.request(svc::CreateTaskRequest {
-                container_id: id.to_string(),
-                rootfs,
-                stdin: stdio.stdin.clone(),
-                stdout: stdio.stdout.clone(),
-                stderr: stdio.stderr.clone(),
-                terminal: false,
-                checkpoint: None,
-                options: Some(any("containerd.runc.v1.Options", &options)),
-                runtime_path: String::new(),
-            }))
+        let options = any("containerd.runc.v1.Options", &options);
+        self.task_create_with(id, rootfs, stdio, Some(options), "task create (restoring)")
             .await
-            .map_err(rpc("task create (restoring)"))?
-            .into_inner()
-            .pid)
     }
 }
 

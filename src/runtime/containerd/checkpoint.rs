@@ -42,6 +42,17 @@ const AGENT_SKIP: [&str; 2] = ["ctl", "py.sock"];
 /// Most of CRIU's log a failure reports.
 const LOG_LINES: usize = 4;
 
+/// Most bytes read of a checkpoint's records and user-namespace images (each a few hundred).
+pub const RECORD_LIMIT: u64 = 1 << 20;
+
+/// A file's first `limit` bytes.
+pub fn read_capped(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut data = Vec::new();
+    std::fs::File::open(path)?.take(limit).read_to_end(&mut data)?;
+    Ok(data)
+}
+
 /// What a checkpoint says of the container it was taken of.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -53,9 +64,6 @@ pub struct Dumped {
     pub sequence: u64,
     /// A pool member's Environment variables, exported before each agent command.
     pub base_env: Vec<(String, String)>,
-    /// Bytes copied of the writable layer and agent directory, and of CRIU's images.
-    pub files_bytes: u64,
-    pub images_bytes: u64,
     /// How long the sandbox was frozen.
     pub frozen_ms: u64,
 }
@@ -92,18 +100,6 @@ fn criu_errors(work: &Path, name: &str) -> String {
     errors[start..].join("; ")
 }
 
-/// Total bytes of the regular files directly in `dir`.
-fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.metadata().ok())
-        .filter(|m| m.is_file())
-        .map(|m| m.len())
-        .sum()
-}
-
 /// A failed RPC of a checkpoint or restore, said with CRIU's own words from its log.
 fn criu_failure(what: &str, e: CtdError, work: &Path, log: &str) -> RuntimeError {
     let errors = criu_errors(work, log);
@@ -126,9 +122,7 @@ impl LiveContainer {
                 "a session claimed from warm pool {pool:?} cannot be checkpointed (its workspace was mounted after its processes started); create it without a pool to checkpoint or fork it"
             )));
         }
-        let range_base = std::fs::read_to_string(self.engine.run_dir.join(&self.id).join(remap::RANGE_FILE))
-            .ok()
-            .and_then(|s| s.trim().parse::<u32>().ok());
+        let range_base = self.engine.recorded_range(&self.id).map(|r| r.host_base);
         let mounts = client.snapshot_mounts(&self.id).await?;
         let upper = remap::writable_layer(&mounts)
             .ok_or_else(|| RuntimeError::Internal(format!("container {}: no writable layer in its mounts", self.id)))?;
@@ -152,12 +146,11 @@ impl LiveContainer {
         }
         let dumped = async {
             let (rootfs, agent_copy) = (dir.join(ROOTFS_DIR), dir.join(AGENT_DIR));
-            let copied = tokio::task::spawn_blocking(move || {
-                let a = copytree::copy(&upper, &rootfs, Shift::NONE, limits, &[])
-                    .map_err(copy_err("the sandbox's files"))?;
-                let b = copytree::copy(&agent, &agent_copy, Shift::NONE, AGENT_LIMITS, &AGENT_SKIP)
+            tokio::task::spawn_blocking(move || {
+                copytree::copy(&upper, &rootfs, Shift::NONE, limits, &[]).map_err(copy_err("the sandbox's files"))?;
+                copytree::copy(&agent, &agent_copy, Shift::NONE, AGENT_LIMITS, &AGENT_SKIP)
                     .map_err(copy_err("the sandbox's agent directory"))?;
-                Ok::<_, RuntimeError>(a.bytes + b.bytes)
+                Ok::<_, RuntimeError>(())
             })
             .await
             .map_err(|e| RuntimeError::Internal(format!("the checkpoint's copy: {e}")))??;
@@ -165,14 +158,14 @@ impl LiveContainer {
                 .task_checkpoint(&self.id, &dir.join(IMAGES_DIR), &work)
                 .await
                 .map_err(|e| criu_failure("checkpoint", e, &work, "dump.log"))?;
-            Ok::<_, RuntimeError>(copied)
+            Ok::<_, RuntimeError>(())
         }
         .await;
         let frozen_ms = frozen_at.elapsed().as_millis() as u64;
         if freeze {
             freezer::thaw(&self.cgroup).await?;
         }
-        let files_bytes = dumped?;
+        dumped?;
         // Readable for the restores that will link them (see `open_images`); the checkpoint's
         // own directory stays root's alone.
         open_images(&dir.join(IMAGES_DIR)).map_err(io_err("opening CRIU's images"))?;
@@ -180,8 +173,6 @@ impl LiveContainer {
             range_base,
             sequence: self.sequence.load(std::sync::atomic::Ordering::SeqCst),
             base_env: self.base_env.clone(),
-            files_bytes,
-            images_bytes: dir_bytes(&dir.join(IMAGES_DIR)),
             frozen_ms,
         };
         let json = serde_json::to_vec_pretty(&dumped).map_err(|e| RuntimeError::Internal(e.to_string()))?;
@@ -192,7 +183,7 @@ impl LiveContainer {
 
 /// What a checkpoint directory says of its source.
 pub fn read_dumped(dir: &Path) -> Result<Dumped, RuntimeError> {
-    let text = std::fs::read(dir.join(RUNTIME_FILE)).map_err(io_err("reading the checkpoint's record"))?;
+    let text = read_capped(&dir.join(RUNTIME_FILE), RECORD_LIMIT).map_err(io_err("reading the checkpoint's record"))?;
     serde_json::from_slice(&text).map_err(|e| RuntimeError::Refused(format!("the checkpoint's record: {e}")))
 }
 
@@ -264,7 +255,7 @@ fn rewrite_userns(images: &Path, from: u32, to: u32) -> Result<(), RuntimeError>
         if !(name.starts_with("userns-") && name.ends_with(".img")) {
             continue;
         }
-        let data = std::fs::read(entry.path()).map_err(io_err("reading CRIU's user-namespace image"))?;
+        let data = read_capped(&entry.path(), RECORD_LIMIT).map_err(io_err("reading CRIU's user-namespace image"))?;
         let out = criu_image::shift_userns(&data, from, to)
             .map_err(|e| RuntimeError::Refused(format!("CRIU's image {name}: {e}")))?;
         std::fs::write(entry.path(), out).map_err(io_err("writing CRIU's user-namespace image"))?;
@@ -317,10 +308,7 @@ impl Engine {
         let images = run.join("criu-images");
         let work = run.join("criu-work");
         // (`plan` is the caller's: the range `create` took is in the run directory.)
-        let range = std::fs::read_to_string(run.join(remap::RANGE_FILE))
-            .ok()
-            .and_then(|s| s.trim().parse::<u32>().ok())
-            .map(|host_base| spec::IdRange { host_base });
+        let range = self.recorded_range(&id);
         if range.is_some() != dumped.range_base.is_some() {
             return Err(RuntimeError::Refused(
                 "the checkpoint was taken with a different hostUsers setting".into(),
@@ -346,7 +334,12 @@ impl Engine {
         // between the restore and the session's taking it over: the host holds every FIFO of
         // the agent directory open until then (`Runtime::release_restore_holds`).
         let holds = match created.agent.as_ref() {
-            Some(agent) => hold_fifos(agent.dir())?,
+            Some(agent) => {
+                let dir = agent.dir().to_path_buf();
+                tokio::task::spawn_blocking(move || hold_fifos(&dir))
+                    .await
+                    .map_err(|e| RuntimeError::Internal(format!("holding the shells' FIFOs: {e}")))??
+            }
             None => Vec::new(),
         };
         let fifos = Fifos::create(&run, "init", false, true)?;
@@ -469,8 +462,14 @@ pub(super) fn bind_sources_for_restore(
     Ok(())
 }
 
-/// Every FIFO at the top of `dir` (a restored container's agent directory, filled from its
-/// checkpoint before the container runs), opened read-write without blocking.
+/// Shells' input FIFOs held per restore: more than a session makes (its shells are named by
+/// its calls) is not held (a shell past it may see EOF and the session start it again).
+const HELD_FIFOS: usize = 64;
+
+/// The shells' input FIFOs (`sh-NAME.in`) at the top of `dir` (a restored container's agent
+/// directory, filled from its checkpoint before the container runs), opened read-write without
+/// blocking, at most `HELD_FIFOS` of them: a `sh` reads its FIFO as a script file, which it
+/// opens read-only itself, and would see EOF without a writer (bash holds its own read-write).
 fn hold_fifos(dir: &Path) -> Result<Vec<std::os::fd::OwnedFd>, RuntimeError> {
     use nix::fcntl::{OFlag, openat};
     use nix::sys::stat::{Mode, SFlag, fstat};
@@ -483,11 +482,20 @@ fn hold_fifos(dir: &Path) -> Result<Vec<std::os::fd::OwnedFd>, RuntimeError> {
     let mut holds = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io_err("reading the agent directory"))? {
         let entry = entry.map_err(io_err("reading the agent directory"))?;
-        if !entry
-            .file_type()
-            .is_ok_and(|t| std::os::unix::fs::FileTypeExt::is_fifo(&t))
+        let name = entry.file_name();
+        let shell_input = name
+            .to_str()
+            .is_some_and(|n| n.starts_with("sh-") && n.ends_with(".in"));
+        if !shell_input
+            || !entry
+                .file_type()
+                .is_ok_and(|t| std::os::unix::fs::FileTypeExt::is_fifo(&t))
         {
             continue;
+        }
+        if holds.len() == HELD_FIFOS {
+            tracing::warn!(dir = %dir.display(), "more shells than are held at a restore");
+            break;
         }
         let Ok(fd) = openat(
             &dir_fd,

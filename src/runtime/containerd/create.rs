@@ -35,6 +35,20 @@ impl Engine {
         Ok(range)
     }
 
+    /// The range `allocate_range` recorded for container `id` (`None`: it has none). The file
+    /// is the host's, in the run directory; read bounded all the same.
+    pub(super) fn recorded_range(&self, id: &str) -> Option<spec::IdRange> {
+        use std::io::Read;
+        let mut text = String::new();
+        std::fs::File::open(self.run_dir.join(id).join(remap::RANGE_FILE))
+            .and_then(|f| f.take(32).read_to_string(&mut text))
+            .ok()?;
+        text.trim()
+            .parse::<u32>()
+            .ok()
+            .map(|host_base| spec::IdRange { host_base })
+    }
+
     /// What `create` needs before containerd: the user-namespace range, the stdin file of a
     /// one-shot task, the spec, and with a range, the spec's rootfs path and the idmapped
     /// views of the workspace.
@@ -187,10 +201,7 @@ impl Engine {
                 .detach(&net)
                 .map_err(|e| RuntimeError::Internal(format!("detaching {id} from the bridge network: {e}")))?;
         }
-        let range = std::fs::read_to_string(dir.join(remap::RANGE_FILE))
-            .ok()
-            .and_then(|t| t.trim().parse::<u32>().ok())
-            .map(|host_base| spec::IdRange { host_base });
+        let range = self.recorded_range(id);
         let removed = late::release(&self.root_dir(id))
             .and_then(|()| late::release(&dir))
             .map_err(|source| RuntimeError::Io {

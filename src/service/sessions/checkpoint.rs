@@ -37,6 +37,8 @@ pub const FORK_LIMIT: usize = 100;
 /// Restores of one fork at once: each is a container start and a CRIU restore; more at once
 /// only queue on 2 cores and on containerd.
 const FORK_PARALLEL: usize = 4;
+/// How long `criu check` may take (it answers in about 50 ms).
+const CRIU_CHECK_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// A workspace in a checkpoint (apparent sizes).
 const WORKSPACE_LIMITS: Limits = Limits {
     bytes: 10 << 30,
@@ -149,7 +151,11 @@ fn disk_bytes(dir: &Path) -> u64 {
 }
 
 fn read_record(dir: &Path) -> Result<Record, ServiceError> {
-    let text = std::fs::read(dir.join(RECORD_FILE)).map_err(|e| ServiceError::internal("reading a checkpoint", e))?;
+    let text = crate::runtime::containerd::checkpoint::read_capped(
+        &dir.join(RECORD_FILE),
+        crate::runtime::containerd::checkpoint::RECORD_LIMIT,
+    )
+    .map_err(|e| ServiceError::internal("reading a checkpoint", e))?;
     serde_json::from_slice(&text).map_err(|e| ServiceError::internal("reading a checkpoint", e))
 }
 
@@ -159,7 +165,14 @@ async fn check_criu() -> Result<(), ServiceError> {
     static CHECKED: tokio::sync::OnceCell<Result<(), String>> = tokio::sync::OnceCell::const_new();
     let checked = CHECKED
         .get_or_init(|| async {
-            let out = tokio::process::Command::new("criu").arg("check").output().await;
+            let run = tokio::process::Command::new("criu")
+                .arg("check")
+                .kill_on_drop(true)
+                .output();
+            let out = match tokio::time::timeout(CRIU_CHECK_LIMIT, run).await {
+                Ok(out) => out,
+                Err(_) => return Err(format!("`criu check` did not answer within {CRIU_CHECK_LIMIT:?}")),
+            };
             match out {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     Err("CRIU is not installed (no `criu` on PATH); see docs/guide/snapshots.md".to_string())
