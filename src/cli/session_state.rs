@@ -60,31 +60,9 @@ pub async fn run(
     Ok(0)
 }
 
-trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
-
 /// POST `path` with an empty body; the status and the body.
 async fn post(server: &ServerArgs, path: &str) -> Result<(u16, Vec<u8>), ServiceError> {
-    let url = server.url.trim_end_matches('/');
-    let bad = |m: String| ServiceError::field("--url", m);
-    let (mut stream, host, prefix): (Box<dyn Stream>, String, String) = if let Some(socket) = url.strip_prefix("unix:")
-    {
-        let s = tokio::net::UnixStream::connect(socket)
-            .await
-            .map_err(|e| bad(format!("{url}: {e}")))?;
-        (Box::new(s), "localhost".into(), String::new())
-    } else if let Some(rest) = url.strip_prefix("http://") {
-        let (authority, prefix) = match rest.find('/') {
-            Some(i) => (&rest[..i], rest[i..].to_string()),
-            None => (rest, String::new()),
-        };
-        let s = tokio::net::TcpStream::connect(authority)
-            .await
-            .map_err(|e| bad(format!("{url}: {e}")))?;
-        (Box::new(s), authority.to_string(), prefix)
-    } else {
-        return Err(bad(format!("{url}: expected http://HOST:PORT or unix:PATH")));
-    };
+    let (mut stream, host, prefix) = super::terminal::open_stream(server).await?;
     let mut request =
         format!("POST {prefix}{path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n");
     if let Some(token) = server.token()? {

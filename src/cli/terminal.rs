@@ -91,21 +91,19 @@ fn percent(s: &str) -> String {
     out
 }
 
-trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+pub(super) trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
 
-/// Connect to the server and open the terminal; its socket.
-async fn connect(
-    server: &ServerArgs,
-    path_and_query: &str,
-) -> Result<tokio_tungstenite::WebSocketStream<Box<dyn Stream>>, ServiceError> {
+/// A connection to the server `--url` names (`http://HOST:PORT[/PREFIX]` or `unix:PATH`), the
+/// Host header to send and the path prefix of its routes.
+pub(super) async fn open_stream(server: &ServerArgs) -> Result<(Box<dyn Stream>, String, String), ServiceError> {
     let url = server.url.trim_end_matches('/');
     let bad = |m: String| ServiceError::field("--url", m);
-    let (stream, host, prefix): (Box<dyn Stream>, String, String) = if let Some(path) = url.strip_prefix("unix:") {
+    if let Some(path) = url.strip_prefix("unix:") {
         let s = tokio::net::UnixStream::connect(path)
             .await
             .map_err(|e| bad(format!("{url}: {e}")))?;
-        (Box::new(s), "localhost".into(), String::new())
+        Ok((Box::new(s), "localhost".into(), String::new()))
     } else if let Some(rest) = url.strip_prefix("http://") {
         let (authority, prefix) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].to_string()),
@@ -114,10 +112,18 @@ async fn connect(
         let s = tokio::net::TcpStream::connect(authority)
             .await
             .map_err(|e| bad(format!("{url}: {e}")))?;
-        (Box::new(s), authority.to_string(), prefix)
+        Ok((Box::new(s), authority.to_string(), prefix))
     } else {
-        return Err(bad(format!("{url}: expected http://HOST:PORT or unix:PATH")));
-    };
+        Err(bad(format!("{url}: expected http://HOST:PORT or unix:PATH")))
+    }
+}
+
+/// Connect to the server and open the terminal; its socket.
+async fn connect(
+    server: &ServerArgs,
+    path_and_query: &str,
+) -> Result<tokio_tungstenite::WebSocketStream<Box<dyn Stream>>, ServiceError> {
+    let (stream, host, prefix) = open_stream(server).await?;
     let mut request = format!("ws://{host}{prefix}{path_and_query}")
         .into_client_request()
         .map_err(|e| ServiceError::internal("building the request", e))?;
