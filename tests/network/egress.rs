@@ -36,7 +36,12 @@ fn egress_is_denied_unless_allowed_by_address_and_port() {
     assert!(port.contains("icmp none"), "{port}");
     let open = run(
         "egress-cidr",
-        &format!("\"{}/30\"", a.trim_end_matches(".2").to_string() + ".0"),
+        // The upstream is 10.199.N.2 of 10.199.N.0/30 (`upstream`): its /30. (trim_end_matches
+        // took slot 2's "10.199.2.2" down to "10.199", a wrong rule and a failing test.)
+        &format!(
+            "\"{}.0/30\"",
+            a.strip_suffix(".2").expect("the upstream's address ends in .2")
+        ),
         "from-cidr",
     );
     assert!(reached(&open, "tcp8080") && reached(&open, "tcp8081"), "{open}");
