@@ -356,10 +356,17 @@ pub fn assert_no_elements_of(ip: &str) {
 /// The published ports `runner get job NAME -o json` reports for the job's first attempt,
 /// once its container is attached.
 pub fn published_ports(state: &Path, job: &str) -> Vec<serde_json::Value> {
-    let mut ports = Vec::new();
+    let (mut ports, mut last) = (Vec::new(), String::new());
+    // Generous: two of these tests run side by side on 2 cores, one of them may be the
+    // resolver's flood; the failure quotes what `get` said last (a failed job says why).
     assert!(
-        eventually(Duration::from_secs(20), || {
+        eventually(Duration::from_secs(60), || {
             let out = runner_ctd(&["get", "job", job, "-o", "json"], state);
+            last = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
             let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
             match v["status"]["attempts"][0]["network"]["ports"].as_array() {
                 Some(p) => {
@@ -369,7 +376,7 @@ pub fn published_ports(state: &Path, job: &str) -> Vec<serde_json::Value> {
                 None => false,
             }
         }),
-        "job {job} never reported its ports"
+        "job {job} never reported its ports; `runner get job {job} -o json` said:\n{last}"
     );
     ports
 }

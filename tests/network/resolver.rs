@@ -254,27 +254,47 @@ time.sleep(120)
         .replace(IMAGE, PYTHON);
         let file = write_manifest(dir.path(), &format!("{name}.yaml"), &text);
         let mut cmd = runner_ctd_command(&["apply", "-f", file.to_str().unwrap()], &state);
+        // What apply says goes to a file the failure message quotes.
+        let log = std::fs::File::create(dir.path().join(format!("{name}.log"))).unwrap();
         cmd.env("RUNNER_DNS_UPSTREAM", &a)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
         Stop(cmd.spawn().unwrap())
     };
-    let calm = start("bystander", &calm_ws, "calm.py", "calm.test");
-    let attack = start("attacker", &attack_ws, "attack.py", "*.flood.test");
+    let said = |name: &str| std::fs::read_to_string(dir.path().join(format!("{name}.log"))).unwrap_or_default();
+    let mut calm = start("bystander", &calm_ws, "calm.py", "calm.test");
+    let mut attack = start("attacker", &attack_ws, "attack.py", "*.flood.test");
+    // Either script's job ending early (apply exits) fails at once, with what apply said.
+    let alive = |stop: &mut Stop, name: &str| {
+        if let Some(status) = stop.0.try_wait().unwrap() {
+            panic!("{name}'s apply ended early ({status}):\n{}", said(name));
+        }
+    };
     assert!(
-        eventually(Duration::from_secs(60), || attack_ws.join("started").exists()),
-        "the attacker never started"
+        eventually(Duration::from_secs(60), || {
+            alive(&mut attack, "attacker");
+            alive(&mut calm, "bystander");
+            attack_ws.join("started").exists()
+        }),
+        "the attacker never started:\n{}",
+        said("attacker")
     );
     std::fs::write(calm_ws.join("go"), "").unwrap();
     let (mut helpers, mut rss) = (0usize, 0u64);
     let t0 = std::time::Instant::now();
     while !calm_ws.join("out").exists() && t0.elapsed() < Duration::from_secs(30) {
+        alive(&mut calm, "bystander");
         helpers = helpers.max(networking_helpers());
         rss = rss.max(resolver_rss().unwrap_or(0));
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert!(eventually(Duration::from_secs(20), || attack_ws.join("sent").exists()));
-    let out = std::fs::read_to_string(calm_ws.join("out")).unwrap();
+    assert!(
+        eventually(Duration::from_secs(20), || attack_ws.join("sent").exists()),
+        "the attacker never finished:\n{}",
+        said("attacker")
+    );
+    let out = std::fs::read_to_string(calm_ws.join("out"))
+        .unwrap_or_else(|e| panic!("the bystander wrote nothing ({e}):\n{}", said("bystander")));
     let sent = std::fs::read_to_string(attack_ws.join("sent")).unwrap();
     let connections = std::fs::read_to_string(attack_ws.join("started")).unwrap();
     drop(attack);

@@ -1,8 +1,12 @@
-//! Answers kept for their TTL, keyed by (name, type): a name asked again costs no upstream
-//! query (and, once its addresses are in the asking container's sets, no kernel work).
+//! Answers kept for their TTL, keyed by (upstream servers, name, type): a name asked again
+//! costs no upstream query (and, once its addresses are in the asking container's sets, no
+//! kernel work). The servers are part of the key because one resolver serves the containers
+//! of every runner on the host, and runners may be configured with different upstreams: one
+//! upstream's answer must never be handed to a container whose policy names another.
 //! Bounded: at most `capacity` entries; when full, expired ones go, then the oldest.
 
 use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use hickory_proto::rr::RecordType;
@@ -12,10 +16,12 @@ use super::wire::Resolved;
 /// The shortest time an answer is kept (a TTL of 0 would send every repeat upstream).
 pub const MIN_CACHE: Duration = Duration::from_secs(5);
 
+type Key = (Vec<SocketAddr>, String, RecordType);
+
 pub struct Cache {
     capacity: usize,
-    entries: HashMap<(String, RecordType), (Resolved, Instant)>,
-    order: VecDeque<(String, RecordType)>,
+    entries: HashMap<Key, (Resolved, Instant)>,
+    order: VecDeque<Key>,
 }
 
 impl Cache {
@@ -28,15 +34,15 @@ impl Cache {
     }
 
     /// A live answer and the seconds it has left.
-    pub fn get(&self, name: &str, qtype: RecordType, now: Instant) -> Option<(Resolved, u32)> {
-        let (r, until) = self.entries.get(&(name.to_string(), qtype))?;
+    pub fn get(&self, servers: &[SocketAddr], name: &str, qtype: RecordType, now: Instant) -> Option<(Resolved, u32)> {
+        let (r, until) = self.entries.get(&(servers.to_vec(), name.to_string(), qtype))?;
         let left = until.checked_duration_since(now)?;
         Some((r.clone(), left.as_secs().max(1) as u32))
     }
 
-    pub fn put(&mut self, name: &str, qtype: RecordType, r: Resolved, now: Instant) {
+    pub fn put(&mut self, servers: &[SocketAddr], name: &str, qtype: RecordType, r: Resolved, now: Instant) {
         let keep = Duration::from_secs(u64::from(r.ttl())).max(MIN_CACHE);
-        let key = (name.to_string(), qtype);
+        let key = (servers.to_vec(), name.to_string(), qtype);
         if self.entries.len() >= self.capacity && !self.entries.contains_key(&key) {
             self.entries.retain(|_, (_, until)| *until > now);
             self.order.retain(|k| self.entries.contains_key(k));
@@ -78,24 +84,48 @@ mod tests {
         }
     }
 
+    const UP: [SocketAddr; 1] = [SocketAddr::V4(std::net::SocketAddrV4::new(
+        std::net::Ipv4Addr::new(192, 0, 2, 1),
+        53,
+    ))];
+
     #[test]
     fn answers_live_for_their_ttl_and_the_cache_stays_bounded() {
         let t0 = Instant::now();
         let mut c = Cache::new(3);
-        c.put("a.test", RecordType::A, resolved(60), t0);
+        c.put(&UP, "a.test", RecordType::A, resolved(60), t0);
         assert_eq!(
-            c.get("a.test", RecordType::A, t0 + Duration::from_secs(20)).unwrap().1,
+            c.get(&UP, "a.test", RecordType::A, t0 + Duration::from_secs(20))
+                .unwrap()
+                .1,
             40
         );
-        assert!(c.get("a.test", RecordType::A, t0 + Duration::from_secs(61)).is_none());
-        assert!(c.get("a.test", RecordType::AAAA, t0).is_none());
+        assert!(
+            c.get(&UP, "a.test", RecordType::A, t0 + Duration::from_secs(61))
+                .is_none()
+        );
+        assert!(c.get(&UP, "a.test", RecordType::AAAA, t0).is_none());
         // A TTL of 0 is kept for MIN_CACHE.
-        c.put("zero.test", RecordType::A, resolved(0), t0);
-        assert!(c.get("zero.test", RecordType::A, t0 + Duration::from_secs(4)).is_some());
+        c.put(&UP, "zero.test", RecordType::A, resolved(0), t0);
+        assert!(
+            c.get(&UP, "zero.test", RecordType::A, t0 + Duration::from_secs(4))
+                .is_some()
+        );
         for i in 0..10 {
-            c.put(&format!("n{i}.test"), RecordType::A, resolved(60), t0);
+            c.put(&UP, &format!("n{i}.test"), RecordType::A, resolved(60), t0);
         }
         assert_eq!(c.len(), 3);
-        assert!(c.get("n9.test", RecordType::A, t0).is_some());
+        assert!(c.get(&UP, "n9.test", RecordType::A, t0).is_some());
+    }
+
+    #[test]
+    fn one_upstreams_answer_is_never_given_for_another() {
+        let t0 = Instant::now();
+        let other: [SocketAddr; 1] = ["192.0.2.2:53".parse().unwrap()];
+        let mut c = Cache::new(8);
+        c.put(&UP, "a.test", RecordType::A, resolved(60), t0);
+        assert!(c.get(&other, "a.test", RecordType::A, t0).is_none());
+        assert!(c.get(&[], "a.test", RecordType::A, t0).is_none());
+        assert!(c.get(&UP, "a.test", RecordType::A, t0).is_some());
     }
 }

@@ -346,7 +346,16 @@ async fn answer(state: &State, msg: &[u8], from: IpAddr) -> Option<Vec<u8>> {
         // Fail closed: what the host keeps to itself cannot be told apart.
         return Some(wire::empty(&q, ResponseCode::Refused));
     };
-    let cached = state.cache.lock().expect("cache").get(&q.name, q.qtype, Instant::now());
+    let servers = if policy.upstream.is_empty() {
+        state.host_upstream.read().expect("upstream").clone()
+    } else {
+        policy.upstream.clone()
+    };
+    let cached = state
+        .cache
+        .lock()
+        .expect("cache")
+        .get(&servers, &q.name, q.qtype, Instant::now());
     let (resolved, left) = match cached {
         Some(hit) => hit,
         None => {
@@ -356,11 +365,6 @@ async fn answer(state: &State, msg: &[u8], from: IpAddr) -> Option<Vec<u8>> {
             let Some(_upstream) = state.limits.upstream(from) else {
                 return Some(wire::empty(&q, ResponseCode::Refused));
             };
-            let servers = if policy.upstream.is_empty() {
-                state.host_upstream.read().expect("upstream").clone()
-            } else {
-                policy.upstream.clone()
-            };
             let Some(r) = ask_upstream(&servers, &q.name, q.qtype, state.limits.config.upstream_timeout).await else {
                 return Some(wire::empty(&q, ResponseCode::ServFail));
             };
@@ -369,7 +373,7 @@ async fn answer(state: &State, msg: &[u8], from: IpAddr) -> Option<Vec<u8>> {
                 .cache
                 .lock()
                 .expect("cache")
-                .put(&q.name, q.qtype, r.clone(), Instant::now());
+                .put(&servers, &q.name, q.qtype, r.clone(), Instant::now());
             (r, ttl.max(1))
         }
     };
@@ -757,6 +761,37 @@ mod tests {
         // A port rule's form.
         answer(&st, &query("port.test"), from).await.unwrap();
         assert!(format!("{:?}", rec.batches.lock().unwrap().last().unwrap()).contains("port: Some(443)"));
+    }
+
+    /// Runners with different upstreams share the host's one resolver: each container gets
+    /// its own upstream's answer for the same name, never the other's cached one.
+    #[tokio::test]
+    async fn containers_with_different_upstreams_get_their_own_answers() {
+        let (one, two) = (Ipv4Addr::new(198, 51, 100, 1), Ipv4Addr::new(198, 51, 100, 2));
+        let (up1, count1) = upstream(vec![one]).await;
+        let (up2, count2) = upstream(vec![two]).await;
+        let (st, _rec) = state(Some(HostNets::read(std::path::Path::new("/sys/class/net")).unwrap()));
+        let (me1, me2) = (Ipv4Addr::new(10, 89, 0, 2), Ipv4Addr::new(10, 89, 0, 3));
+        for (id, ip, up) in [("c1", me1, up1), ("c2", me2, up2)] {
+            let p = Policy {
+                id: id.into(),
+                ip,
+                name: String::new(),
+                network: "runner".into(),
+                domains: vec![domain("same.test")],
+                upstream: vec![up],
+            };
+            control(&st, Message::Attach(p)).await;
+        }
+        for _ in 0..2 {
+            let a = answer(&st, &query("same.test"), IpAddr::V4(me1)).await.unwrap();
+            assert!(a.ends_with(&one.octets()), "{a:?}");
+            let b = answer(&st, &query("same.test"), IpAddr::V4(me2)).await.unwrap();
+            assert!(b.ends_with(&two.octets()), "{b:?}");
+        }
+        // Each upstream was asked once: the cache still serves repeats.
+        assert_eq!(count1.load(Ordering::SeqCst), 1);
+        assert_eq!(count2.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
