@@ -275,8 +275,37 @@ fn what_cannot_be_checkpointed_is_refused_cleanly() {
         Some(r#"{"name": "pooled"}"#),
     );
     assert!((400..500).contains(&code), "{code} {v}");
-    assert!(v["error"].as_str().unwrap().contains("without a pool"), "{v}");
+    assert!(v["error"].as_str().unwrap().contains("\"pool\": false"), "{v}");
     s.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    // What the answer says to do: the same Environment with `"pool": false` gets a sandbox
+    // of its own while the pool has a ready member, and that one checkpoints.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while s.call("GET", "/v1/pools", None).1[0]["ready"] != 1 {
+        assert!(std::time::Instant::now() < deadline, "the pool did not refill");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let body = json!({"environment": {"image": "local/python:3.11"}, "pool": false});
+    let (code, v) = s.call("POST", "/v1/sessions", Some(&body.to_string()));
+    assert_eq!(code, 201, "{v}");
+    assert!(v["pool"].is_null(), "{v}");
+    let own = v["id"].as_str().unwrap().to_string();
+    assert_eq!(s.call("GET", "/v1/pools", None).1[0]["ready"], 1, "the member stayed ready");
+    let (code, v) = s.call(
+        "POST",
+        &format!("/v1/sessions/{own}/checkpoint"),
+        Some(r#"{"name": "unpooled"}"#),
+    );
+    assert_eq!(code, 201, "{v}");
+    s.call("DELETE", "/v1/checkpoints/unpooled", None);
+    s.call("DELETE", &format!("/v1/sessions/{own}"), None);
+    // `pool` is a new session's choice: a restore never claims.
+    let (code, v) = s.call(
+        "POST",
+        "/v1/sessions",
+        Some(r#"{"fromCheckpoint": "x", "pool": false}"#),
+    );
+    assert_eq!(code, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().starts_with("pool:"), "{v}");
     s.call("DELETE", "/v1/pools/ck", None);
 
     // Without CRIU on the server's PATH: a clear answer, at once.
