@@ -289,7 +289,11 @@ fn what_cannot_be_checkpointed_is_refused_cleanly() {
     assert_eq!(code, 201, "{v}");
     assert!(v["pool"].is_null(), "{v}");
     let own = v["id"].as_str().unwrap().to_string();
-    assert_eq!(s.call("GET", "/v1/pools", None).1[0]["ready"], 1, "the member stayed ready");
+    assert_eq!(
+        s.call("GET", "/v1/pools", None).1[0]["ready"],
+        1,
+        "the member stayed ready"
+    );
     let (code, v) = s.call(
         "POST",
         &format!("/v1/sessions/{own}/checkpoint"),
