@@ -178,9 +178,10 @@ def query(name, qid):
 "#;
 
 /// Issue 31's attack: one bridge container with `*.flood.test` allowed opens 900 idle TCP
-/// connections to the resolver and floods it with distinct allowed names for 8 s; another
-/// container's lookups (an allowed name, and a name of its network) must all answer within
-/// 100 ms (p99), the host must never run more than 4 networking helpers at once, and the
+/// connections to the resolver and floods it with distinct allowed names for as long as
+/// another container looks names up (8 s and at least 120 lookups: a loaded host runs the
+/// loop slower, and the count is not what is tested); those lookups (an allowed name, and a
+/// name of its network) must all answer within 100 ms (p99), the host must never run more than 4 networking helpers at once, and the
 /// resolver must stay under 64 MiB.
 #[test]
 #[ignore = "needs a private containerd, the CNI plugins and dnsmasq: run scripts/test.sh"]
@@ -204,8 +205,9 @@ for i in range(900):
         break
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.setblocking(False)
 open("/workspace/started", "w").write(str(len(conns)))
-end, n = time.monotonic() + 8, 0
-while time.monotonic() < end:
+# Until the test says the bystander is done (at most 60 s).
+end, n = time.monotonic() + 60, 0
+while time.monotonic() < end and not os.path.exists("/workspace/stop"):
     try:
         u.sendto(query("a%d.flood.test" % n, n & 0xFFFF), ("10.89.0.1", 53)); n += 1
     except OSError:
@@ -224,8 +226,9 @@ time.sleep(120)
 while not os.path.exists("/workspace/go"):
     time.sleep(0.01)
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)
-out, end, i = [], time.monotonic() + 8, 0
-while time.monotonic() < end:
+# 8 s and at least 120 lookups (a loaded host runs this loop slower; at most 40 s).
+out, end, cap, i = [], time.monotonic() + 8, time.monotonic() + 40, 0
+while (time.monotonic() < end or len(out) < 120) and time.monotonic() < cap:
     name = "calm.test" if i % 2 == 0 else "bystander"
     t = time.monotonic(); u.sendto(query(name, i), ("10.89.0.1", 53))
     try:
@@ -282,12 +285,13 @@ time.sleep(120)
     std::fs::write(calm_ws.join("go"), "").unwrap();
     let (mut helpers, mut rss) = (0usize, 0u64);
     let t0 = std::time::Instant::now();
-    while !calm_ws.join("out").exists() && t0.elapsed() < Duration::from_secs(30) {
+    while !calm_ws.join("out").exists() && t0.elapsed() < Duration::from_secs(60) {
         alive(&mut calm, "bystander");
         helpers = helpers.max(networking_helpers());
         rss = rss.max(resolver_rss().unwrap_or(0));
         std::thread::sleep(Duration::from_millis(5));
     }
+    std::fs::write(attack_ws.join("stop"), "").unwrap();
     assert!(
         eventually(Duration::from_secs(20), || attack_ws.join("sent").exists()),
         "the attacker never finished:\n{}",
@@ -316,7 +320,7 @@ time.sleep(120)
         .copied()
         .unwrap_or(f64::INFINITY);
     println!(
-        "flood: {sent} queries and {connections} TCP connections from the attacker in 8 s; bystander: {} lookups, p50 {:.2} ms, p99 {p99:.2} ms, max {:.2} ms, failed {}; networking helpers at once: max {helpers}; resolver RSS: max {:.1} MiB",
+        "flood: {sent} queries and {connections} TCP connections from the attacker; bystander: {} lookups, p50 {:.2} ms, p99 {p99:.2} ms, max {:.2} ms, failed {}; networking helpers at once: max {helpers}; resolver RSS: max {:.1} MiB",
         ms.len() + failed.len(),
         ms.get(ms.len() / 2).copied().unwrap_or(0.0),
         ms.last().copied().unwrap_or(0.0),
