@@ -796,8 +796,9 @@ class AsyncPools:
         size: Optional[int] = None,
         workspace: bool = True,
         static_assets: bool = False,
+        snapshot: Optional[str] = None,
     ) -> Pool:
-        return await self._t.call(_core.create_pool(name, environment, size, workspace, static_assets))
+        return await self._t.call(_core.create_pool(name, environment, size, workspace, static_assets, snapshot))
 
     async def list(self) -> List[Pool]:
         return await self._t.call(_core.list_pools())

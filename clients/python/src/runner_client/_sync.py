@@ -509,10 +509,13 @@ class Pools:
         size: Optional[int] = None,
         workspace: bool = True,
         static_assets: bool = False,
+        snapshot: Optional[str] = None,
     ) -> Pool:
         """Make (or resize) the pool `name` of `environment` (as for a session) and fill it;
-        sessions of that Environment then start from its members. Default size 2."""
-        return self._t.call(_core.create_pool(name, environment, size, workspace, static_assets))
+        sessions of that Environment then start from its members. Default size 2. With
+        `snapshot`, members start from that snapshot instead of the Environment's image and
+        serve sessions whose image is `snapshot:NAME` (with the Environment's other settings)."""
+        return self._t.call(_core.create_pool(name, environment, size, workspace, static_assets, snapshot))
 
     def list(self) -> List[Pool]:
         return self._t.call(_core.list_pools())
