@@ -23,6 +23,7 @@
 # BENCH_ONLY=network runs only the one-shot row (for the ratio to ctr) and the network rows;
 # BENCH_ONLY=state the one-shot row and the pause and snapshot rows;
 # BENCH_ONLY=eval the one-shot row and the eval pool rows;
+# BENCH_ONLY=clirate the one-shot row and the pooled CLI and HTTP burst rows (bench-clirate.sh);
 # BENCH_RUNNER=PATH measures that runner binary instead of building this tree (a before/after
 # pair: build the other tree's release binary, keep it, pass it here).
 #   pull:     the Python image from a loopback registry (docker-registry): `runner image pull`
@@ -40,6 +41,8 @@ concurrent=${2:-20}
 . scripts/bench-state.sh
 # shellcheck source=scripts/bench-checkpoint.sh
 . scripts/bench-checkpoint.sh
+# shellcheck source=scripts/bench-clirate.sh
+. scripts/bench-clirate.sh
 bench_env bench
 cleanup() {
   ctr_ tasks kill -a -s 9 anchor >/dev/null 2>&1 || true
@@ -229,6 +232,10 @@ if [ "${BENCH_ONLY:-}" = eval ]; then
   eval_pool_rows
   exit 0
 fi
+if [ "${BENCH_ONLY:-}" = clirate ]; then
+  clirate_rows
+  exit 0
+fi
 # Where the floor is: the container lifecycle alone (create, Tasks.Create/Start/Wait/Delete,
 # remove) driven by the library without a CLI process or the durable logger, and what ctr's own
 # client costs (process start + connect), to read the ratio above against.
@@ -271,29 +278,9 @@ echo "exec       runner live exec: ${x_med} ms   ctr task exec: ${e_med} ms   ra
 echo "throughput cold:   $("$bench" concurrent "$concurrent")"
 "$runner" pool create bb -f "$work/true.yaml" --size "$concurrent" >/dev/null
 echo "throughput pooled: $(BENCH_POOL=1 "$bench" concurrent "$concurrent")"
-# The same through the command line, as a CI matrix or a harness shelling out runs it: N
-# `runner apply` processes at once (each its own job name) from a full pool of N, to the last
-# result (issue 36's target: 100 jobs/s); beside it N `ctr run --rm` at once. Median of 3.
-for i in $(seq 1 "$concurrent"); do sed "s/name: bench}/name: cli$i}/" "$work/true.yaml" > "$work/cli$i.yaml"; done
-burst_ms() { # run "$@" N at once (with {} replaced by 1..N); print the wall time in ms
-  local s e i pids=()
-  s=$(date +%s%N)
-  for i in $(seq 1 "$concurrent"); do "${@//\{\}/$i}" >/dev/null 2>&1 & pids+=($!); done
-  wait "${pids[@]}"
-  e=$(date +%s%N)
-  echo $(((e - s) / 1000000))
-}
-rate() { awk "BEGIN{printf \"%.1f\", $concurrent * 1000 / $1}"; }
-cli=(); cb=()
-for _ in 1 2 3; do
-  "$runner" pool fill bb >/dev/null
-  cli+=("$(burst_ms "$runner" apply $replace -f "$work/cli{}.yaml")")
-  cb+=("$(burst_ms ctr_ run --rm local/busybox:1.35 "cb{}-$RANDOM" sh -c true)")
-done
-cli_med=$(printf '%s\n' "${cli[@]}" | sort -n | sed -n 2p)
-cb_med=$(printf '%s\n' "${cb[@]}" | sort -n | sed -n 2p)
-echo "cli pooled $concurrent concurrent runner apply from a pool of $concurrent: $(rate "$cli_med") jobs/s (target 100)   $concurrent concurrent ctr run --rm: $(rate "$cb_med") jobs/s   ratio $(awk "BEGIN{printf \"%.2f\", $cb_med/$cli_med}") (median of 3)"
 "$runner" pool rm bb >/dev/null
+# The same through the command line, and bursts over HTTP (issue 36, item 2).
+clirate_rows
 
 # Live sandboxes over HTTP (runner serve on loopback).
 echo "bench-token-$$-0123456789abcdef" > "$work/token"
@@ -337,16 +324,6 @@ sleep 1
 http_pool_py=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" BENCH_ENV=py BENCH_PAUSE_MS=800 "$bench" http "$runs")
 kill "$serve_pid"; wait "$serve_pid" 2>/dev/null || true
 "$runner" pool rm bb py >/dev/null
-# A burst: 100 sessions at once over HTTP from a pool of 100 (issue 36's target: 300/s).
-"$runner" serve --listen 127.0.0.1:0 --token-file "$work/token" --env-dir "$work/envs" --pool bb=100 > "$work/serve3.out" 2>"$work/serve3.err" &
-serve_pid=$!
-for _ in $(seq 1 200); do grep -q listening "$work/serve3.out" 2>/dev/null && break; sleep 0.05; done
-url=$(sed -n 's/^listening on //p' "$work/serve3.out")
-for _ in $(seq 1 600); do "$runner" pool ls -o json | grep -q '"ready": *100' && break; sleep 0.5; done
-http_burst=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" BENCH_ENV=bb "$bench" http-burst 100)
-kill "$serve_pid"; wait "$serve_pid" 2>/dev/null || true
-"$runner" pool rm bb >/dev/null
-echo "http burst 100 sessions at once from a pool of 100 (target 300/s): $http_burst"
 echo "http pool  busybox: $http_pool"
 echo "http pool  python: $http_pool_py"
 echo "http exec  session exec over HTTP: ${h_exec} ms   ctr task exec: ${e_med} ms   ratio $(awk "BEGIN{printf \"%.2f\", $h_exec/$e_med}")"
