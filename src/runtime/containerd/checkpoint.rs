@@ -419,6 +419,14 @@ impl Engine {
             let _ = dropping.await;
         }
         let init_pid = restored.map_err(|e| criu_failure("restore", e, &work, "restore.log"))?;
+        let t0 = Instant::now();
+        {
+            let cgroup = created.cgroup.clone();
+            tokio::task::spawn_blocking(move || loopback_up(init_pid, &cgroup))
+                .await
+                .map_err(|e| RuntimeError::Internal(format!("bringing up the loopback: {e}")))??;
+        }
+        restore_phase("loopback up", t0);
         tracing::debug!(ms = started.elapsed().as_secs_f64() * 1e3, "task restored");
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "restore")], started.elapsed());
         let waiter = {
@@ -511,6 +519,68 @@ pub(super) fn bind_sources_for_restore(
     }
     spec.set_mounts(Some(mounts));
     Ok(())
+}
+
+/// Bring up `lo` in a restored container's network namespace. runc brings it up in the
+/// namespaces it makes for a create; for a restore it has CRIU make an empty one (runc's
+/// checkpoints leave the network namespace out: `--empty-ns network`), whose `lo` is down:
+/// without this, nothing in a restored sandbox reaches 127.0.0.1 ("Network is unreachable").
+/// On a thread of its own that enters the namespace and ends (a namespace is per thread), as
+/// `pool::hide::enter`: the PID is trusted once the namespace is open — its process must then
+/// be in the container's cgroup, and the namespace must not be ours.
+fn loopback_up(init_pid: u32, cgroup: &str) -> Result<(), RuntimeError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let cgroup = cgroup.to_string();
+    let failed = |what: &str, e: std::io::Error| RuntimeError::Io {
+        what: format!("{what} of the restored container"),
+        source: e,
+    };
+    std::thread::spawn(move || -> Result<(), RuntimeError> {
+        let ns = std::fs::File::open(format!("/proc/{init_pid}/ns/net"))
+            .map_err(|e| failed("opening the network namespace", e))?;
+        let own = std::fs::metadata("/proc/thread-self/ns/net").map(|m| m.ino()).ok();
+        if own.is_none() || own == ns.metadata().map(|m| m.ino()).ok() {
+            return Err(RuntimeError::Internal(format!(
+                "process {init_pid} shares our network namespace: it is not the restored container's init"
+            )));
+        }
+        let in_container = std::fs::read_to_string(format!("/proc/{init_pid}/cgroup"))
+            .is_ok_and(|c| c.lines().any(|l| l.ends_with(&cgroup)));
+        if !in_container {
+            return Err(RuntimeError::Internal(format!(
+                "process {init_pid} is not the restored container's init"
+            )));
+        }
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| failed("entering the network namespace", e.into()))?;
+        let sock = nix::sys::socket::socket(
+            nix::sys::socket::AddressFamily::Inet,
+            nix::sys::socket::SockType::Datagram,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(|e| failed("a socket in the network namespace", e.into()))?;
+        // SAFETY: an all-zero `ifreq` is valid; the name is NUL-terminated within
+        // IFNAMSIZ; both ioctls read and write only that struct, on a socket this thread owns.
+        let up = unsafe {
+            let mut req: libc::ifreq = std::mem::zeroed();
+            for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+                *dst = *src as libc::c_char;
+            }
+            libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) == 0 && {
+                req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+                libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) == 0
+            }
+        };
+        if up {
+            Ok(())
+        } else {
+            Err(failed("bringing up lo", std::io::Error::last_os_error()))
+        }
+    })
+    .join()
+    .map_err(|_| RuntimeError::Internal("the thread bringing up the restored loopback panicked".into()))?
 }
 
 /// Shells' input FIFOs held per restore: more than a session makes (its shells are named by
