@@ -27,6 +27,8 @@
 #   session restored     the whole restore, as the server sees it
 # and the client's view: restore to first answer, fork into 10. A fork's phases overlap (its
 # restores run four at a time), so their medians are per restore under that load.
+# Then, unless BENCH_ROW=0, bench.sh's `checkpoint` row on the same server (its figures beside
+# a cold session's in the same run).
 # Usage: scripts/restore-phases.sh [N] [M]   (N defaults to 8 restores, M to 2 forks)
 # BENCH_RUNNER=PATH measures that binary (as bench.sh). With CONTAINERD_ADDRESS naming a running
 # containerd, that one is used (in a namespace of the script's own); else a private one starts.
@@ -93,11 +95,12 @@ for _ in $(seq 1 "$n"); do
 done
 tail -n +"$from" "$work/serve.err" > "$work/restore.log"
 from=$(($(wc -l < "$work/serve.err") + 1))
-forks=()
+forks=(); ck_ms=()
 for _ in $(seq 1 "$m"); do
   t0=$(date +%s.%N)
   post "/v1/sessions/$src/fork" '{"count": 10}' > "$work/fork.json"
   forks+=("$(ms_since "$t0")")
+  ck_ms+=("$(sed -n 's/.*"checkpointMs":\([0-9]*\).*/\1/p' "$work/fork.json")")
   for s in $(grep -o '"id":"[^"]*"' "$work/fork.json" | cut -d'"' -f4); do delete "$s"; done
 done
 tail -n +"$from" "$work/serve.err" > "$work/fork.log"
@@ -131,3 +134,12 @@ print("  client: %.1f ms median (%.1f..%.1f, %d)" % (statistics.median(c), min(c
 }
 report "restore of a Python session with 100 MiB of heap, to its first answer, one at a time" "$work/restore.log" "${client[@]}"
 report "fork of it into 10 (per restore; four at a time)" "$work/fork.log" "${forks[@]}"
+echo "  the fork's checkpoint of its source (checkpointMs): ${ck_ms[*]} ms"
+if [ "${BENCH_ROW:-1}" = 1 ]; then
+  # What bench.sh gives the row: its median (µs in, ms out) and runs.
+  median() { sort -n | awk '{a[NR]=$1} END {m=a[int((NR+1)/2)]; printf "%.1f", m/1000}'; }
+  runs=5
+  # shellcheck source=scripts/bench-checkpoint.sh
+  . scripts/bench-checkpoint.sh
+  checkpoint_rows "$url" "$(cat "$work/token")"
+fi
