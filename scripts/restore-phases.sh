@@ -45,6 +45,7 @@ cleanup() {
   if [ -n "${serve_pid:-}" ]; then kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null || true; fi
   if [ "$shared" = 1 ]; then
     "$runner" gc >/dev/null 2>&1 || true
+    "$runner" image rm local/python:3.11 >/dev/null 2>&1 || true
     rm -rf "$work"
   else
     bench_stop
@@ -138,7 +139,7 @@ echo "  the fork's checkpoint of its source (checkpointMs): ${ck_ms[*]} ms"
 if [ "${BENCH_ROW:-1}" = 1 ]; then
   # What bench.sh gives the row: its median (µs in, ms out) and runs.
   median() { sort -n | awk '{a[NR]=$1} END {m=a[int((NR+1)/2)]; printf "%.1f", m/1000}'; }
-  runs=5
+  runs=${BENCH_RUNS:-5}
   # shellcheck source=scripts/bench-checkpoint.sh
   . scripts/bench-checkpoint.sh
   checkpoint_rows "$url" "$(cat "$work/token")"
