@@ -45,6 +45,11 @@ const LOG_LINES: usize = 4;
 /// Most bytes read of a checkpoint's records and user-namespace images (each a few hundred).
 pub const RECORD_LIMIT: u64 = 1 << 20;
 
+/// One phase of a restore, at debug level (`scripts/restore-phases.sh` reads them).
+pub fn restore_phase(phase: &'static str, since: Instant) {
+    tracing::debug!(phase, ms = since.elapsed().as_secs_f64() * 1e3, "restore phase");
+}
+
 /// A file's first `limit` bytes.
 pub fn read_capped(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
@@ -166,6 +171,7 @@ impl LiveContainer {
             freezer::thaw(&self.cgroup).await?;
         }
         dumped?;
+        skip_network_lock(&dir.join(IMAGES_DIR))?;
         // Readable for the restores that will link them (see `open_images`); the checkpoint's
         // own directory stays root's alone.
         open_images(&dir.join(IMAGES_DIR)).map_err(io_err("opening CRIU's images"))?;
@@ -206,11 +212,14 @@ fn shift(dumped: &Dumped, plan: &RunPlan) -> Result<Shift, RuntimeError> {
 /// mounted).
 pub(super) fn fill_rootfs(plan: &RunPlan, upper: &Path, limits: Limits) -> Result<(), RuntimeError> {
     let Some(dir) = &plan.restore else { return Ok(()) };
+    let t0 = Instant::now();
     let shift = shift(&read_dumped(dir)?, plan)?;
     // runc and the snapshotter made nothing in a fresh upper directory: the copy lands in an
     // empty one.
-    copytree::copy(&dir.join(ROOTFS_DIR), upper, shift, limits, &[])
+    let copied = copytree::copy(&dir.join(ROOTFS_DIR), upper, shift, limits, &[])
         .map_err(copy_err("restoring the sandbox's files"))?;
+    tracing::debug!(bytes = copied.bytes, entries = copied.entries, "restored files");
+    restore_phase("rootfs filled", t0);
     Ok(())
 }
 
@@ -218,9 +227,11 @@ pub(super) fn fill_rootfs(plan: &RunPlan, upper: &Path, limits: Limits) -> Resul
 /// own already).
 pub(super) fn fill_agent(plan: &RunPlan, agent: &Path, limits: Limits) -> Result<(), RuntimeError> {
     let Some(dir) = &plan.restore else { return Ok(()) };
+    let t0 = Instant::now();
     let shift = shift(&read_dumped(dir)?, plan)?;
     copytree::copy(&dir.join(AGENT_DIR), agent, shift, limits, &AGENT_SKIP)
         .map_err(copy_err("restoring the sandbox's agent directory"))?;
+    restore_phase("agent filled", t0);
     Ok(())
 }
 
@@ -242,6 +253,26 @@ fn link_images(src: &Path, dst: &Path) -> Result<(), RuntimeError> {
         }
     }
     Ok(())
+}
+
+/// Have the restores of a checkpoint skip CRIU's network lock.
+///
+/// A restore locks the network of the namespace it makes (iptables-restore and
+/// ip6tables-restore in it, so no packet resets a TCP connection CRIU is bringing back) and
+/// unlocks it at the end, by the method its dump recorded in `inventory.img`: about 100 ms of
+/// each restore's path to its first answer here, seven process starts, and CPU the restores
+/// of a fork share. runner's checkpoints hold no TCP connection to protect: runc is not asked
+/// for `tcp-established`, so CRIU refuses to dump an established one, and a sandbox has no
+/// network but its own loopback (a bridge one is refused). runc 1.1 passes no lock method,
+/// and CRIU 4.1.1 crashes on `network-lock` in the configuration file runc names
+/// (`org.criu.config`; its check of the restore verb reads the absent argv), so the method is
+/// changed in the image, once per checkpoint: CRIU's "skip".
+fn skip_network_lock(images: &Path) -> Result<(), RuntimeError> {
+    let path = images.join("inventory.img");
+    let data = read_capped(&path, RECORD_LIMIT).map_err(io_err("reading CRIU's inventory image"))?;
+    let out = criu_image::skip_network_lock(&data)
+        .map_err(|e| RuntimeError::Internal(format!("CRIU's inventory image: {e}")))?;
+    std::fs::write(&path, out).map_err(io_err("writing CRIU's inventory image"))
 }
 
 /// CRIU's user-namespace images say which host ids the source's namespace mapped; a restored
@@ -283,7 +314,9 @@ impl Engine {
             "-c".to_string(),
             agent::AGENT_SCRIPT.to_string(),
         ];
+        let t0 = Instant::now();
         let mut created = self.create(plan, None, Some(args), "live", true, None).await?;
+        restore_phase("container created", t0);
         match self.start_restored(plan, &mut created, &dir, &dumped).await {
             Ok(live) => Ok(live),
             Err(e) => {
@@ -314,6 +347,7 @@ impl Engine {
                 "the checkpoint was taken with a different hostUsers setting".into(),
             ));
         }
+        let t0 = Instant::now();
         {
             let (src, images, work) = (dir.join(IMAGES_DIR), images.clone(), work.clone());
             let from = dumped.range_base;
@@ -330,6 +364,8 @@ impl Engine {
             .await
             .map_err(|e| RuntimeError::Internal(format!("preparing the images: {e}")))??;
         }
+        restore_phase("images linked", t0);
+        let t0 = Instant::now();
         // A restored shell reading its FIFO would see EOF (and exit) if no writer held it
         // between the restore and the session's taking it over: the host holds every FIFO of
         // the agent directory open until then (`Runtime::release_restore_holds`).
@@ -342,6 +378,7 @@ impl Engine {
             }
             None => Vec::new(),
         };
+        restore_phase("fifos held", t0);
         let fifos = Fifos::create(&run, "init", false, true)?;
         let pumps = OutputPump::start(&fifos, false, self.options.output_limit)?;
         let started = Instant::now();
@@ -351,23 +388,45 @@ impl Engine {
             .task_create_restoring(&id, created.rootfs.clone(), &fifos.stdio(), &images, &work)
             .await;
         drop(warm);
+        restore_phase("task create", started);
+        let t0 = Instant::now();
         let restored = match made {
             Ok(_) => self.client.task_start(&id, "").await,
             Err(e) => Err(e),
         };
-        // The container's mount namespace holds what it needs now (see `drop_host_mounts`).
-        {
+        restore_phase("task start (criu restore)", t0);
+        if restored.is_ok() && tracing::enabled!(tracing::Level::DEBUG) {
+            let work = work.clone();
+            let _ = tokio::task::spawn_blocking(move || criu_image::log_restore_phases(&work)).await;
+        }
+        // The container's mount namespace holds what it needs now (see `drop_host_mounts`),
+        // and CRIU is done with this restore's images. Off the restore's path when it
+        // succeeded (as a claim's); awaited when it failed, the teardown following.
+        let dropping = {
             let (engine, id, alias) = (self.clone(), id.clone(), self.root_dir(&id).join(RUN_ALIAS));
-            let _ = tokio::task::spawn_blocking(move || {
+            let images = images.clone();
+            tokio::task::spawn_blocking(move || {
+                let t0 = Instant::now();
                 engine.drop_host_mounts(&id);
                 if let Err(e) = crate::runtime::late::release(&alias) {
                     tracing::warn!(container = id, error = %e, "could not release the restore's view of the run directory");
                 }
+                let _ = std::fs::remove_dir_all(&images);
+                restore_phase("host mounts dropped (off the path)", t0);
             })
-            .await;
+        };
+        if restored.is_err() {
+            let _ = dropping.await;
         }
         let init_pid = restored.map_err(|e| criu_failure("restore", e, &work, "restore.log"))?;
-        let _ = std::fs::remove_dir_all(&images);
+        let t0 = Instant::now();
+        {
+            let cgroup = created.cgroup.clone();
+            tokio::task::spawn_blocking(move || loopback_up(init_pid, &cgroup))
+                .await
+                .map_err(|e| RuntimeError::Internal(format!("bringing up the loopback: {e}")))??;
+        }
+        restore_phase("loopback up", t0);
         tracing::debug!(ms = started.elapsed().as_secs_f64() * 1e3, "task restored");
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "restore")], started.elapsed());
         let waiter = {
@@ -460,6 +519,68 @@ pub(super) fn bind_sources_for_restore(
     }
     spec.set_mounts(Some(mounts));
     Ok(())
+}
+
+/// Bring up `lo` in a restored container's network namespace. runc brings it up in the
+/// namespaces it makes for a create; for a restore it has CRIU make an empty one (runc's
+/// checkpoints leave the network namespace out: `--empty-ns network`), whose `lo` is down:
+/// without this, nothing in a restored sandbox reaches 127.0.0.1 ("Network is unreachable").
+/// On a thread of its own that enters the namespace and ends (a namespace is per thread), as
+/// `pool::hide::enter`: the PID is trusted once the namespace is open — its process must then
+/// be in the container's cgroup, and the namespace must not be ours.
+fn loopback_up(init_pid: u32, cgroup: &str) -> Result<(), RuntimeError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let cgroup = cgroup.to_string();
+    let failed = |what: &str, e: std::io::Error| RuntimeError::Io {
+        what: format!("{what} of the restored container"),
+        source: e,
+    };
+    std::thread::spawn(move || -> Result<(), RuntimeError> {
+        let ns = std::fs::File::open(format!("/proc/{init_pid}/ns/net"))
+            .map_err(|e| failed("opening the network namespace", e))?;
+        let own = std::fs::metadata("/proc/thread-self/ns/net").map(|m| m.ino()).ok();
+        if own.is_none() || own == ns.metadata().map(|m| m.ino()).ok() {
+            return Err(RuntimeError::Internal(format!(
+                "process {init_pid} shares our network namespace: it is not the restored container's init"
+            )));
+        }
+        let in_container = std::fs::read_to_string(format!("/proc/{init_pid}/cgroup"))
+            .is_ok_and(|c| c.lines().any(|l| l.ends_with(&cgroup)));
+        if !in_container {
+            return Err(RuntimeError::Internal(format!(
+                "process {init_pid} is not the restored container's init"
+            )));
+        }
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| failed("entering the network namespace", e.into()))?;
+        let sock = nix::sys::socket::socket(
+            nix::sys::socket::AddressFamily::Inet,
+            nix::sys::socket::SockType::Datagram,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(|e| failed("a socket in the network namespace", e.into()))?;
+        // SAFETY: an all-zero `ifreq` is valid; the name is NUL-terminated within
+        // IFNAMSIZ; both ioctls read and write only that struct, on a socket this thread owns.
+        let up = unsafe {
+            let mut req: libc::ifreq = std::mem::zeroed();
+            for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+                *dst = *src as libc::c_char;
+            }
+            libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) == 0 && {
+                req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+                libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) == 0
+            }
+        };
+        if up {
+            Ok(())
+        } else {
+            Err(failed("bringing up lo", std::io::Error::last_os_error()))
+        }
+    })
+    .join()
+    .map_err(|_| RuntimeError::Internal("the thread bringing up the restored loopback panicked".into()))?
 }
 
 /// Shells' input FIFOs held per restore: more than a session makes (its shells are named by
@@ -586,9 +707,214 @@ mod criu_image {
         Ok(out)
     }
 
+    const INVENTORY_MAGIC: u32 = 0x5831_3116;
+    /// `inventory_entry.network_lock_method` (images/inventory.proto) and CRIU's
+    /// `NETWORK_LOCK_SKIP` (criu/include/cr_options.h: iptables 0, nftables 1, skip 2).
+    const NETWORK_LOCK_FIELD: u64 = 11;
+    const NETWORK_LOCK_SKIP: u64 = 2;
+
+    fn varint(data: &[u8], at: &mut usize) -> Result<u64, String> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = *data.get(*at).ok_or("truncated varint")?;
+            *at += 1;
+            value |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err("varint too long".into())
+    }
+
+    fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+
+    /// The inventory image (its magic, then one entry) with its network lock method set to
+    /// "skip"; every other field kept as it is, byte for byte (read at the wire level: the
+    /// entry has fields this code need not know).
+    pub fn skip_network_lock(data: &[u8]) -> Result<Vec<u8>, String> {
+        if u32_at(data, 0)? != INVENTORY_MAGIC {
+            return Err("not an inventory image".into());
+        }
+        let len = u32_at(data, 4)? as usize;
+        let body = data.get(8..8 + len).ok_or("truncated entry")?;
+        let mut entry = Vec::with_capacity(body.len() + 2);
+        let mut at = 0;
+        while at < body.len() {
+            let start = at;
+            let key = varint(body, &mut at)?;
+            match key & 7 {
+                0 => {
+                    varint(body, &mut at)?;
+                }
+                1 => at += 8,
+                2 => {
+                    let n = varint(body, &mut at)? as usize;
+                    at += n;
+                }
+                5 => at += 4,
+                t => return Err(format!("wire type {t} in the inventory")),
+            }
+            if at > body.len() {
+                return Err("truncated field".into());
+            }
+            if key >> 3 != NETWORK_LOCK_FIELD {
+                entry.extend_from_slice(&body[start..at]);
+            }
+        }
+        put_varint(&mut entry, NETWORK_LOCK_FIELD << 3);
+        put_varint(&mut entry, NETWORK_LOCK_SKIP);
+        let mut out = data[..4].to_vec();
+        out.extend_from_slice(&(entry.len() as u32).to_le_bytes());
+        out.extend_from_slice(&entry);
+        out.extend_from_slice(&data[8 + len..]);
+        Ok(out)
+    }
+
+    /// `images/stats.proto`: what `criu restore` says of itself in `stats-restore`.
+    #[derive(Clone, PartialEq, Message)]
+    pub struct RestoreStats {
+        #[prost(uint64, optional, tag = "3")]
+        pub forking_time: Option<u64>,
+        #[prost(uint64, optional, tag = "4")]
+        pub restore_time: Option<u64>,
+        #[prost(uint64, optional, tag = "5")]
+        pub pages_restored: Option<u64>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    pub struct StatsEntry {
+        #[prost(message, optional, tag = "2")]
+        pub restore: Option<RestoreStats>,
+    }
+
+    /// The restore stats of a `stats-restore` file (two magic words, then one entry).
+    pub fn restore_stats(data: &[u8]) -> Result<RestoreStats, String> {
+        let len = u32_at(data, 8)? as usize;
+        let body = data.get(12..12 + len).ok_or("truncated entry")?;
+        let entry = StatsEntry::decode(body).map_err(|e| e.to_string())?;
+        entry.restore.ok_or_else(|| "no restore stats".to_string())
+    }
+
+    /// The seconds of a CRIU log line's `(SS.UUUUUU)` stamp.
+    pub fn stamp(line: &str) -> Option<f64> {
+        let rest = line.strip_prefix('(')?;
+        let (t, _) = rest.split_once(')')?;
+        t.parse().ok()
+    }
+
+    /// Where `criu restore` spent its time, at debug level ("criu phase" events), from its
+    /// stats (`stats-restore`) and its log's time stamps (`restore.log`) in `work`: each
+    /// milestone's time since CRIU started. Blocking; both files read bounded.
+    pub fn log_restore_phases(work: &std::path::Path) {
+        let phase = |phase: &str, ms: f64| tracing::debug!(phase, ms, "criu phase");
+        if let Ok(data) = super::read_capped(&work.join("stats-restore"), 4096)
+            && let Ok(stats) = restore_stats(&data)
+        {
+            phase("forking (stats)", stats.forking_time.unwrap_or(0) as f64 / 1e3);
+            phase("restore (stats)", stats.restore_time.unwrap_or(0) as f64 / 1e3);
+            tracing::debug!(pages = stats.pages_restored.unwrap_or(0), "criu restored pages");
+        }
+        let Ok(log) = super::read_capped(&work.join("restore.log"), LOG_LIMIT) else {
+            return;
+        };
+        let log = String::from_utf8_lossy(&log);
+        let mut seen = [false; MILESTONES.len()];
+        let mut last = None;
+        for line in log.lines() {
+            let Some(t) = stamp(line) else { continue };
+            last = Some(t);
+            for (i, (name, needle)) in MILESTONES.iter().enumerate() {
+                if !seen[i] && line.contains(needle) {
+                    seen[i] = true;
+                    phase(name, t * 1e3);
+                }
+            }
+        }
+        if let Some(t) = last {
+            phase("h. last line", t * 1e3);
+        }
+    }
+
+    /// Most of a restore log read for its phases.
+    const LOG_LIMIT: u64 = 16 << 20;
+    /// Lines of CRIU's restore log that mark its phases (their first occurrence): its start
+    /// (kernel features, cgroups) done, the namespaces made, the mount tree restored, the
+    /// processes forked and their files opened, their memory read, the network unlocked, the
+    /// end.
+    const MILESTONES: [(&str, &str); 7] = [
+        ("a. pre-restore", "Running pre-restore scripts"),
+        ("b. namespaces", "Running setup-namespaces scripts"),
+        ("c. mounts", "Running post-setup-namespaces scripts"),
+        ("d. forked, files", "Restore via sigreturn"),
+        ("e. memory", "Running post-restore scripts"),
+        ("f. network unlock", "Running network-unlock scripts"),
+        ("g. finished", "Restore finished successfully"),
+    ];
+
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        /// A CRIU 4.1.1 dump's inventory (iptables lock, a plugins entry, a run id).
+        const INVENTORY: &str = "163131584e000000080210011a18080110011801200128013002380340044806500758086005200128013000580062006a2433663439366361662d643638302d346666352d626133662d653433366461633434336335";
+
+        fn hex(s: &str) -> Vec<u8> {
+            (0..s.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+                .collect()
+        }
+
+        #[test]
+        fn sets_the_network_lock_to_skip_keeping_the_rest() {
+            let data = hex(INVENTORY);
+            let out = skip_network_lock(&data).unwrap();
+            let body = &out[8..];
+            assert_eq!(u32_at(&out, 4).unwrap() as usize, body.len());
+            // The same length: field 11's value 0 became 2; it moved to the end.
+            assert_eq!(out.len(), data.len());
+            assert!(body.ends_with(&[0x58, 0x02]), "{body:02x?}");
+            assert!(!body[..body.len() - 2].windows(2).any(|w| w == [0x58, 0x00]));
+            // Everything else, in order: the run id still last before the lock.
+            let id = b"3f496caf-d680-4ff5-ba3f-e436dac443c5";
+            assert!(body[..body.len() - 2].ends_with(id));
+            // Idempotent, and an entry without the field gets it.
+            assert_eq!(skip_network_lock(&out).unwrap(), out);
+            let mut bare = INVENTORY_MAGIC.to_le_bytes().to_vec();
+            bare.extend_from_slice(&2u32.to_le_bytes());
+            bare.extend_from_slice(&[0x08, 0x02]);
+            let out = skip_network_lock(&bare).unwrap();
+            assert_eq!(&out[4..], &[4, 0, 0, 0, 0x08, 0x02, 0x58, 0x02]);
+            assert!(skip_network_lock(&data[..20]).is_err());
+            assert!(skip_network_lock(&hex(&INVENTORY.replace("16313158", "19435654"))).is_err());
+        }
+
+        #[test]
+        fn reads_restore_stats_and_stamps() {
+            let stats = StatsEntry {
+                restore: Some(RestoreStats {
+                    forking_time: Some(1500),
+                    restore_time: Some(42_000),
+                    pages_restored: Some(25_600),
+                }),
+            };
+            let body = stats.encode_to_vec();
+            let mut data = 0x5510_5940u32.to_le_bytes().to_vec();
+            data.extend_from_slice(&0x5709_3306u32.to_le_bytes());
+            data.extend_from_slice(&(body.len() as u32).to_le_bytes());
+            data.extend_from_slice(&body);
+            let back = restore_stats(&data).unwrap();
+            assert_eq!((back.forking_time, back.restore_time), (Some(1500), Some(42_000)));
+            assert!(restore_stats(&data[..10]).is_err());
+            assert_eq!(stamp("(00.433996) Writing stats"), Some(0.433996));
+            assert_eq!(stamp("no stamp"), None);
+        }
 
         #[test]
         fn moves_the_mapping_to_the_new_range() {

@@ -23,6 +23,7 @@ use serde_json::Value;
 use super::resident::{Resident, Saved};
 use super::{EnvironmentRef, NewSession, PausePolicy, Session, SessionManager, SessionView};
 use crate::manifest::Backend;
+use crate::runtime::containerd::checkpoint::restore_phase;
 use crate::runtime::copytree::{self, Limits, Shift};
 use crate::service::{Context, ServiceError};
 
@@ -202,26 +203,33 @@ pub(super) struct Restoring {
 impl Restoring {
     /// Fill a new session's scratch workspace with the checkpoint's.
     pub(super) async fn fill_workspace(&self, scratch: &Path) -> Result<(), ServiceError> {
+        let t0 = Instant::now();
         let (from, to) = (self.dir.join(WORKSPACE_DIR), scratch.to_path_buf());
         Context::blocking(move || {
             copytree::copy(&from, &to, Shift::NONE, WORKSPACE_LIMITS, &[])
                 .map(|_| ())
                 .map_err(|e| ServiceError::internal("restoring the workspace", e))
         })
-        .await
+        .await?;
+        restore_phase("workspace filled", t0);
+        Ok(())
     }
 
     /// Drive what was restored: the shells, the interpreter.
     pub(super) async fn adopt(&self, session: &Session) -> Result<(), ServiceError> {
+        let t0 = Instant::now();
         let sandbox = session.sandbox()?;
         for saved in &self.record.shells {
             let shell = Resident::adopt_restored(sandbox, saved)?;
             *session.shell_slot(&saved.name).lock().await = Some(shell);
         }
         session.runtime.release_restore_holds();
+        restore_phase("shells adopted", t0);
         if self.record.python {
+            let t0 = Instant::now();
             let driver = session.python_reattach().await?;
             *session.python.lock().await = Some(driver);
+            restore_phase("python reattached", t0);
         }
         Ok(())
     }
@@ -395,8 +403,10 @@ impl SessionManager {
     }
 
     async fn restore_from(&self, dir: &Path, pause: PausePolicy) -> Result<SessionView, ServiceError> {
+        let t0 = Instant::now();
         check_criu().await?;
         let record = read_record(dir)?;
+        restore_phase("checkpoint read", t0);
         let request = NewSession {
             environment: EnvironmentRef::from_json(record.environment.clone())?,
             workspace: None,
@@ -411,7 +421,9 @@ impl SessionManager {
             dir: dir.to_path_buf(),
             record,
         };
-        self.create_or_restore(request, Some(restoring)).await
+        let made = self.create_or_restore(request, Some(restoring)).await;
+        restore_phase("session restored", t0);
+        made
     }
 
     /// `count` new sessions, each a copy of session `id` as it is now
