@@ -7,13 +7,11 @@
 //! Refilling: after a claim, the claimant starts `runner pool fill NAME` in the background (a
 //! process of its own, so a CLI that claimed can exit at once). Fillers of one pool take an
 //! exclusive lock in turn, and each makes what is missing, so concurrent claims never
-//! overfill a pool. A filler a claim started first lets the claims pause (`Quiet`): a burst
-//! of claims is served before the refill's runc and containerd work competes with its jobs.
+//! overfill a pool.
 
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
@@ -28,18 +26,6 @@ use crate::spec::{self, RunPlan};
 const FILL_PARALLEL: usize = 2;
 /// The niceness of background fillers (jobs run at 0).
 const FILLER_NICE: libc::c_int = 10;
-/// A filler a claim started begins once the pool's ready index (which every claim takes a
-/// member out of) has been left alone this long: the containers it makes and removes are
-/// runc and containerd work at the jobs' priority, whatever the filler's niceness, and would
-/// otherwise be done in the middle of the burst it refills for.
-const QUIET_FOR: Duration = Duration::from_millis(150);
-/// ... but never later than this after it was started: a steady stream of claims still gets
-/// its pool refilled.
-const DEFER_AT_MOST: Duration = Duration::from_secs(2);
-/// How often a deferred filler looks at the ready index.
-const QUIET_POLL: Duration = Duration::from_millis(25);
-/// The most ready-index entries a deferred filler counts (a pool has at most `MAX_SIZE`).
-const INDEX_ENTRIES_READ: usize = 4 * MAX_SIZE as usize;
 /// The largest pool: each member is a running container.
 pub const MAX_SIZE: u32 = manifest::MAX_POOL_SIZE;
 
@@ -618,19 +604,10 @@ pub async fn fill(ctx: &Context, name: &str) -> Result<FillReport, ServiceError>
 /// lock, so a claim from then on queues the next filler.
 pub async fn fill_queued(ctx: &Context, name: &str, ticket: Option<QueueTicket>) -> Result<FillReport, ServiceError> {
     let engine = member_engine(ctx).await?;
-    let def = match read_def(ctx, name) {
-        Ok(def) => def,
-        Err(e) => {
-            // The pool is gone; its used members still go (they hold late binds).
-            remove_retired(&engine).await?;
-            return Err(e);
-        }
-    };
-    if ticket.is_some() {
-        // Still holding the queue's place: claims meanwhile start no filler, and this one
-        // reads the pool after them, so none of them goes without its refill.
-        let waited = await_quiet(engine.ready_index(&def.key)).await;
-        tracing::debug!(pool = name, ms = waited.as_secs_f64() * 1e3, "claims paused; filling");
+    if let Err(e) = read_def(ctx, name) {
+        // The pool is gone; its used members still go (they hold late binds).
+        remove_retired(&engine).await?;
+        return Err(e);
     }
     let lock = {
         let ctx = ctx.clone();
@@ -689,71 +666,6 @@ pub async fn fill_queued(ctx: &Context, name: &str, ticket: Option<QueueTicket>)
     report.ready = ready + made;
     drop(lock);
     Ok(report)
-}
-
-/// What a deferred filler watches of the ready index: its modification time and how many
-/// members it lists (a file system with coarse times still shows a claim by the count).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct IndexMark {
-    modified: Option<SystemTime>,
-    entries: usize,
-}
-
-/// The ready index now (a missing one is a mark like any other: a pool with no ready member
-/// sees no claims).
-fn index_mark(dir: &Path) -> IndexMark {
-    let modified = std::fs::metadata(dir).and_then(|m| m.modified()).ok();
-    let entries = std::fs::read_dir(dir)
-        .map(|d| d.take(INDEX_ENTRIES_READ).count())
-        .unwrap_or(0);
-    IndexMark { modified, entries }
-}
-
-/// Whether the claims on a pool have paused: the ready index unchanged for `QUIET_FOR`, or
-/// `DEFER_AT_MOST` since the filler began waiting.
-struct Quiet {
-    began: Instant,
-    last: IndexMark,
-    since: Instant,
-}
-
-impl Quiet {
-    fn new(mark: IndexMark, now: Instant) -> Self {
-        Quiet {
-            began: now,
-            last: mark,
-            since: now,
-        }
-    }
-
-    /// Look at the index again; true once the filler may start.
-    fn settled(&mut self, mark: IndexMark, now: Instant) -> bool {
-        if mark != self.last {
-            self.last = mark;
-            self.since = now;
-        }
-        now.duration_since(self.since) >= QUIET_FOR || now.duration_since(self.began) >= DEFER_AT_MOST
-    }
-}
-
-/// Wait until the claims on the pool of this ready index pause (see `Quiet`); how long that was.
-async fn await_quiet(index: PathBuf) -> Duration {
-    // A stat and a bounded directory read, off the async workers.
-    let look = |index: PathBuf| async move {
-        tokio::task::spawn_blocking(move || index_mark(&index))
-            .await
-            .unwrap_or(IndexMark {
-                modified: None,
-                entries: 0,
-            })
-    };
-    let mut quiet = Quiet::new(look(index.clone()).await, Instant::now());
-    loop {
-        tokio::time::sleep(QUIET_POLL).await;
-        if quiet.settled(look(index.clone()).await, Instant::now()) {
-            return quiet.began.elapsed();
-        }
-    }
 }
 
 /// Tear down the used members of this state dir.
@@ -821,60 +733,6 @@ pub async fn remove(ctx: &Context, name: &str) -> Result<Vec<String>, ServiceErr
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn mark(secs: u64, entries: usize) -> IndexMark {
-        IndexMark {
-            modified: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs)),
-            entries,
-        }
-    }
-
-    #[test]
-    fn a_deferred_filler_starts_once_the_claims_pause() {
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let mut quiet = Quiet::new(mark(1, 20), t0);
-        assert!(!quiet.settled(mark(1, 20), at(100)));
-        // A claim (the index lost an entry, within the same second): the wait starts again.
-        assert!(!quiet.settled(mark(1, 19), at(120)));
-        assert!(!quiet.settled(mark(1, 19), at(120 + QUIET_FOR.as_millis() as u64 - 1)));
-        assert!(quiet.settled(mark(1, 19), at(120 + QUIET_FOR.as_millis() as u64)));
-        // A newer time with the same count is a change too (a claim and a member made).
-        let mut quiet = Quiet::new(mark(1, 5), t0);
-        assert!(!quiet.settled(mark(2, 5), at(QUIET_FOR.as_millis() as u64)));
-    }
-
-    #[test]
-    fn a_steady_stream_of_claims_defers_a_filler_at_most_so_long() {
-        let t0 = Instant::now();
-        let mut quiet = Quiet::new(mark(0, MAX_SIZE as usize), t0);
-        let mut ms = 0;
-        let started = loop {
-            ms += QUIET_POLL.as_millis() as u64;
-            // A claim at every look.
-            let entries = MAX_SIZE as usize - (ms / QUIET_POLL.as_millis() as u64) as usize % 200;
-            if quiet.settled(mark(ms / 1000, entries), t0 + Duration::from_millis(ms)) {
-                break ms;
-            }
-            assert!(ms < 10_000, "never started");
-        };
-        assert_eq!(started, DEFER_AT_MOST.as_millis() as u64);
-    }
-
-    #[test]
-    fn the_index_mark_sees_a_claim_by_its_count() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(index_mark(&dir.path().join("none")).entries, 0);
-        for id in ["a", "b"] {
-            std::fs::write(dir.path().join(id), b"").unwrap();
-        }
-        let before = index_mark(dir.path());
-        assert_eq!(before.entries, 2);
-        std::fs::remove_file(dir.path().join("a")).unwrap();
-        let after = index_mark(dir.path());
-        assert_eq!(after.entries, 1);
-        assert_ne!(before, after);
-    }
 
     #[test]
     fn pool_names_are_checked() {

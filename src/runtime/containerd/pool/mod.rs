@@ -326,7 +326,7 @@ pub(super) fn member_spec(
 impl Engine {
     /// Where the ready members of pool key `key` are listed, an empty file per member (beside
     /// the run directories): what a claim reads.
-    pub fn ready_index(&self, key: &str) -> PathBuf {
+    fn ready_index(&self, key: &str) -> PathBuf {
         self.run_dir.with_file_name("ready").join(key)
     }
 
