@@ -275,8 +275,41 @@ fn what_cannot_be_checkpointed_is_refused_cleanly() {
         Some(r#"{"name": "pooled"}"#),
     );
     assert!((400..500).contains(&code), "{code} {v}");
-    assert!(v["error"].as_str().unwrap().contains("without a pool"), "{v}");
+    assert!(v["error"].as_str().unwrap().contains("\"pool\": false"), "{v}");
     s.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    // What the answer says to do: the same Environment with `"pool": false` gets a sandbox
+    // of its own while the pool has a ready member, and that one checkpoints.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while s.call("GET", "/v1/pools", None).1[0]["ready"] != 1 {
+        assert!(std::time::Instant::now() < deadline, "the pool did not refill");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let body = json!({"environment": {"image": "local/python:3.11"}, "pool": false});
+    let (code, v) = s.call("POST", "/v1/sessions", Some(&body.to_string()));
+    assert_eq!(code, 201, "{v}");
+    assert!(v["pool"].is_null(), "{v}");
+    let own = v["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        s.call("GET", "/v1/pools", None).1[0]["ready"],
+        1,
+        "the member stayed ready"
+    );
+    let (code, v) = s.call(
+        "POST",
+        &format!("/v1/sessions/{own}/checkpoint"),
+        Some(r#"{"name": "unpooled"}"#),
+    );
+    assert_eq!(code, 201, "{v}");
+    s.call("DELETE", "/v1/checkpoints/unpooled", None);
+    s.call("DELETE", &format!("/v1/sessions/{own}"), None);
+    // `pool` is a new session's choice: a restore never claims.
+    let (code, v) = s.call(
+        "POST",
+        "/v1/sessions",
+        Some(r#"{"fromCheckpoint": "x", "pool": false}"#),
+    );
+    assert_eq!(code, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().starts_with("pool:"), "{v}");
     s.call("DELETE", "/v1/pools/ck", None);
 
     // Without CRIU on the server's PATH: a clear answer, at once.
@@ -293,4 +326,62 @@ fn what_cannot_be_checkpointed_is_refused_cleanly() {
     assert_eq!(code, 503, "{v}");
     assert!(v["error"].as_str().unwrap().contains("CRIU is not installed"), "{v}");
     bare.call("DELETE", &format!("/v1/sessions/{id}"), None);
+}
+
+/// The host walks what the sandbox wrote when it checkpoints it: an agent directory stuffed
+/// past its bound is refused with the bound it broke, the sandbox is thawed and goes on,
+/// nothing of the attempt is left, and another session answers its calls meanwhile. (A tree
+/// deeper than the walker goes cannot be made: the storage watcher evicts a sandbox nesting
+/// past 256 levels first.)
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_hostile_tree_is_refused_and_the_sandbox_and_its_neighbour_go_on() {
+    let served = serve_test_images();
+    let s = &served.served;
+    let id = create(s);
+    let bystander = create(s);
+    let attempt = |name: &str| {
+        std::thread::scope(|scope| {
+            let ck = scope.spawn(|| {
+                s.call(
+                    "POST",
+                    &format!("/v1/sessions/{id}/checkpoint"),
+                    Some(&json!({ "name": name }).to_string()),
+                )
+            });
+            // The neighbour's calls go on answering while the host walks the tree.
+            let mut calls = 0;
+            while !ck.is_finished() || calls == 0 {
+                assert_eq!(shell(s, &bystander, "echo up"), "up\n");
+                calls += 1;
+            }
+            ck.join().unwrap()
+        })
+    };
+    // The agent directory (which the sandbox can write) past its 10,000 entries.
+    shell(
+        s,
+        &id,
+        "mkdir /.runner/junk && cd /.runner/junk && seq 10001 | xargs touch && cd / && echo ok",
+    );
+    let (code, v) = attempt("stuffed");
+    assert!((400..500).contains(&code), "{code} {v}");
+    assert!(v["error"].as_str().unwrap().contains("entries"), "{v}");
+    // Thawed, and the same shell: its processes run.
+    assert_eq!(shell(s, &id, "echo still here"), "still here\n");
+    let (_, v) = s.call("GET", "/v1/checkpoints", None);
+    assert_eq!(v.as_array().map(|a| a.len()), Some(0), "{v}");
+    let left: Vec<_> = std::fs::read_dir(served.dir.path().join("state").join("checkpoints"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "the refused checkpoint left {left:?}");
+
+    // Cleaned up, the same sandbox checkpoints.
+    shell(s, &id, "rm -rf /.runner/junk");
+    let (code, v) = attempt("clean");
+    assert_eq!(code, 201, "{v}");
+    s.call("DELETE", "/v1/checkpoints/clean", None);
+    for session in [&id, &bystander] {
+        s.call("DELETE", &format!("/v1/sessions/{session}"), None);
+    }
 }

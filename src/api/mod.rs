@@ -536,7 +536,7 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
         .collect::<Result<Vec<_>, _>>()?;
     for (env, size) in &pools {
         let file = crate::service::pools::env_dir_file(&ctx, env)?;
-        let (def, report) = crate::service::pools::create(&ctx, env, env, &file, *size, true, false).await?;
+        let (def, report) = crate::service::pools::create(&ctx, env, env, &file, *size, true, false, None).await?;
         tracing::info!(pool = def.name, ready = report.ready, "warm pool ready");
     }
     let state = Arc::new(AppState::new(token, ctx.clone(), serve.session_ttl));

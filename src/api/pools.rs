@@ -35,6 +35,10 @@ pub struct CreatePool {
     /// No longer needed (accepted for older clients): every member offers the static-assets root.
     #[serde(default)]
     static_assets: bool,
+    /// Members start from this snapshot (`GET /v1/snapshots`) instead of the Environment's
+    /// image: they serve the sessions that start from `snapshot:NAME` with the Environment's
+    /// other settings.
+    snapshot: Option<String>,
 }
 
 /// A pool and what its members are doing now.
@@ -54,6 +58,9 @@ pub struct PoolView {
     static_assets: bool,
     /// What members can serve: a session or job whose Environment hashes to it claims one.
     key: String,
+    /// The snapshot members start from, when not the Environment's image.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    snapshot: Option<String>,
     created: String,
 }
 
@@ -107,6 +114,7 @@ async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> AppResult<Re
         request.size.unwrap_or(DEFAULT_SIZE),
         request.workspace.unwrap_or(true),
         request.static_assets,
+        request.snapshot,
     )
     .await?;
     let view = PoolView {
@@ -147,6 +155,7 @@ fn view(def: pools::PoolDef) -> PoolView {
         workspace: def.workspace,
         static_assets: def.static_assets,
         key: def.key,
+        snapshot: def.snapshot,
         created: def.created,
     }
 }

@@ -42,6 +42,10 @@ pub struct CreateSession {
     pub auto_resume: bool,
     /// Pause the session once it has been idle this long (containerd sessions).
     pub idle_pause_seconds: Option<f64>,
+    /// Claim a ready member of a warm pool when one fits (default `true`). `false`: the
+    /// session gets a sandbox started for it — one meant to be checkpointed or forked (a
+    /// pool member's workspace was mounted after its processes started: CRIU cannot take it).
+    pub pool: Option<bool>,
 }
 
 /// How `environment` may be given.
@@ -71,6 +75,7 @@ impl CreateSession {
             ("staticAssets", !self.static_assets.is_empty()),
             ("mounts", !self.mounts.is_empty()),
             ("backend", self.backend.is_some()),
+            ("pool", self.pool.is_some()),
         ];
         if let Some((field, _)) = given.iter().find(|(_, set)| *set) {
             return Err(ServiceError::field(
@@ -92,6 +97,7 @@ impl CreateSession {
             static_assets: self.static_assets,
             mounts: self.mounts,
             backend: self.backend,
+            use_pool: self.pool.unwrap_or(true),
             pause: crate::service::sessions::PausePolicy {
                 auto_resume: self.auto_resume,
                 idle_pause: seconds("idlePauseSeconds", self.idle_pause_seconds)?,

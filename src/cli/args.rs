@@ -639,6 +639,11 @@ pub enum PoolVerb {
         /// No longer needed (kept for older scripts): every pool serves jobs with and without static assets.
         #[arg(long)]
         static_assets: bool,
+        /// Members start from this snapshot (`runner snapshot ls`) instead of the
+        /// Environment's image: they serve the jobs and sessions that start from
+        /// `snapshot:NAME` with the Environment's other settings.
+        #[arg(long, value_name = "NAME")]
+        snapshot: Option<String>,
     },
     /// List pools: size, ready and broken members.
     #[command(alias = "list")]

@@ -102,14 +102,19 @@ pub async fn apply(ctx: &Context, file: &FileArgs, how: ApplyHow) -> Result<i32,
             pool.size,
             pool.workspace,
             pool.static_assets,
+            pool.snapshot.clone(),
         )
         .await?;
         eprintln!(
-            "warmpool.runner/{} ready: {} member{} of Environment {}",
+            "warmpool.runner/{} ready: {} member{} of Environment {}{}",
             def.name,
             report.ready,
             plural(report.ready),
-            def.environment
+            def.environment,
+            def.snapshot
+                .as_ref()
+                .map(|s| format!(" from snapshot {s}"))
+                .unwrap_or_default()
         );
     }
     if sub.plans.is_empty() && !sub.pools.is_empty() {

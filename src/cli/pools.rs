@@ -14,16 +14,30 @@ pub async fn run(ctx: &Context, verb: PoolVerb) -> Result<i32, ServiceError> {
             name,
             workspace,
             static_assets,
+            snapshot,
         } => {
             let name = name.unwrap_or_else(|| environment.clone());
-            let (def, report) =
-                pools::create(ctx, &name, &environment, &file.file, size, workspace, static_assets).await?;
+            let (def, report) = pools::create(
+                ctx,
+                &name,
+                &environment,
+                &file.file,
+                size,
+                workspace,
+                static_assets,
+                snapshot,
+            )
+            .await?;
             outln!(
-                "pool {} ready: {} member{} of Environment {} (made {}{}; key {})",
+                "pool {} ready: {} member{} of Environment {}{} (made {}{}; key {})",
                 def.name,
                 report.ready,
                 if report.ready == 1 { "" } else { "s" },
                 def.environment,
+                def.snapshot
+                    .as_ref()
+                    .map(|s| format!(" from snapshot {s}"))
+                    .unwrap_or_default(),
                 report.created.len(),
                 report
                     .removed_text()
@@ -95,7 +109,13 @@ pub async fn get(ctx: &Context, name: Option<&str>, output: Option<OutputFormat>
                 "BROKEN"
             );
             if wide {
-                out!(" {:<9} {:<13} {:<24}", "WORKSPACE", "STATIC-ASSETS", "KEY");
+                out!(
+                    " {:<9} {:<13} {:<20} {:<24}",
+                    "WORKSPACE",
+                    "STATIC-ASSETS",
+                    "SNAPSHOT",
+                    "KEY"
+                );
             }
             outln!(" AGE");
             for p in &rows {
@@ -108,7 +128,13 @@ pub async fn get(ctx: &Context, name: Option<&str>, output: Option<OutputFormat>
                     p.broken
                 );
                 if wide {
-                    out!(" {:<9} {:<13} {:<24}", p.def.workspace, p.def.static_assets, p.def.key);
+                    out!(
+                        " {:<9} {:<13} {:<20} {:<24}",
+                        p.def.workspace,
+                        p.def.static_assets,
+                        p.def.snapshot.as_deref().unwrap_or("<none>"),
+                        p.def.key
+                    );
                 }
                 outln!(" {}", age(&p.def.created));
             }

@@ -32,6 +32,9 @@ const GC_REF_SNAPSHOT: &str = "containerd.io/gc.ref.snapshot.overlayfs";
 const UNCOMPRESSED_LABEL: &str = "containerd.io/uncompressed";
 /// How long an import lease may outlive a crashed import before containerd's GC drops it.
 const IMPORT_LEASE_TTL: Duration = Duration::from_secs(3600);
+/// What a snapshot's image name starts with (`snapshot:NAME`): made in this containerd
+/// namespace by `runner snapshot create`, never pulled.
+pub const SNAPSHOT_PREFIX: &str = "snapshot:";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {

@@ -639,6 +639,16 @@ pub async fn ensure(
 ) -> Result<ImageInfo, ImageError> {
     let explicit = policy.is_some();
     let resolved = policy.unwrap_or_else(|| PullPolicy::default_for(image));
+    if let Some(name) = image.strip_prefix(super::SNAPSHOT_PREFIX) {
+        // A snapshot is in this containerd namespace or nowhere: no registry has it, whatever
+        // the pull policy says.
+        return match super::resolve(client, &super::normalize_name(image)?).await {
+            Err(ImageError::NotFound(_)) => Err(ImageError::Registry(format!(
+                "no snapshot {name:?} in this containerd namespace (`runner snapshot ls` lists them)"
+            ))),
+            other => other,
+        };
+    }
     let local = async {
         match super::resolve(client, &super::normalize_name(image)?).await {
             Err(ImageError::NotFound(_)) => super::resolve(client, &canonical_name(image)?).await,

@@ -209,6 +209,8 @@ pub struct WarmPoolSpec {
     /// No longer needed (accepted for older manifests): every pool serves jobs with and
     /// without static assets.
     pub static_assets: Option<bool>,
+    /// Members start from this snapshot (`snapshot:NAME`) instead of the Environment's image.
+    pub snapshot: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

@@ -553,11 +553,28 @@ pub struct WarmPool {
     pub size: u32,
     pub workspace: bool,
     pub static_assets: bool,
+    /// `spec.snapshot`: members start from snapshot NAME (the image `snapshot:NAME`) with the
+    /// Environment's other settings, and serve the jobs and sessions that start from it.
+    pub snapshot: Option<String>,
     pub file: Option<PathBuf>,
 }
 
 /// The largest warm pool: each member is a running container.
 pub const MAX_POOL_SIZE: u32 = 256;
+
+/// The longest snapshot name.
+pub const MAX_SNAPSHOT_NAME: usize = 128;
+
+/// Whether `name` can name a snapshot (its image is `snapshot:NAME`): lowercase letters,
+/// digits, `.`, `_` and `-`, starting with a letter or digit, at most `MAX_SNAPSHOT_NAME`.
+pub fn is_snapshot_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_SNAPSHOT_NAME
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+}
 
 #[cfg(test)]
 mod tests {

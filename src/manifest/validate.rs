@@ -143,6 +143,17 @@ pub(super) fn validate_pool(
             },
         ));
     }
+    if let Some(snapshot) = &spec.snapshot
+        && !is_snapshot_name(&snapshot.value)
+    {
+        return Err(ManifestError::new(
+            Origin::new("spec.snapshot", location(&snapshot.referenced, first_line)),
+            ManifestErrorKind::Name {
+                name: snapshot.value.clone(),
+                reason: "a snapshot's name (as `runner snapshot ls` lists it, without `snapshot:`): lowercase letters, digits, . _ -, starting with a letter or digit, at most 128",
+            },
+        ));
+    }
     Ok(WarmPool {
         name,
         environment: spec.environment.value,
@@ -150,6 +161,7 @@ pub(super) fn validate_pool(
         size: spec.size.value,
         workspace: spec.workspace.unwrap_or(true),
         static_assets: spec.static_assets.unwrap_or(false),
+        snapshot: spec.snapshot.map(|s| s.value),
         file: file.map(Path::to_path_buf),
     })
 }

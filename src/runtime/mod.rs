@@ -400,6 +400,8 @@ pub struct PoolInfo {
     pub workspace: bool,
     pub static_assets: bool,
     pub key: String,
+    /// The snapshot its members start from instead of the Environment's image.
+    pub snapshot: Option<String>,
 }
 
 /// What a container got on a bridge network: reported in a Job attempt's and a session's

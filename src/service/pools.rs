@@ -41,6 +41,11 @@ pub struct PoolDef {
     pub workspace: bool,
     /// Members offer the static-assets root (unless a mount overlaps it): likewise.
     pub static_assets: bool,
+    /// Members start from this snapshot (`snapshot:NAME`) instead of the Environment's image
+    /// (`spec.snapshot`, `--snapshot`): they serve what starts from it with the Environment's
+    /// other settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
     /// The manifest the Environment was read from, as read, and where its relative paths
     /// resolve.
     pub manifest: String,
@@ -142,6 +147,7 @@ pub fn with_pools(ctx: &Context, mut options: RuntimeOptions) -> RuntimeOptions 
                 workspace: d.workspace,
                 static_assets: d.static_assets,
                 key: d.key,
+                snapshot: d.snapshot,
             })
             .collect();
         // Members carry the session tools, and they are part of the pool key: a one-shot
@@ -306,7 +312,12 @@ fn template(ctx: &Context, def: &PoolDef, placeholder: &Path) -> Result<RunPlan,
         .jobs
         .first()
         .ok_or_else(|| ServiceError::internal("the pool's template job", "no job parsed"))?;
-    let bound = manifest::bind(job, env, None)?;
+    let mut bound = manifest::bind(job, env, None)?;
+    if let Some(snapshot) = &def.snapshot {
+        bound.env.image = Some(super::snapshots::image_name_of("snapshot", snapshot)?);
+        // A snapshot is in this containerd or nowhere.
+        bound.env.image_pull_policy = Some(manifest::PullPolicy::Never);
+    }
     Ok(spec::resolve(&bound, &ctx.host)?)
 }
 
@@ -333,6 +344,7 @@ pub async fn create(
     size: u32,
     workspace: bool,
     static_assets: bool,
+    snapshot: Option<String>,
 ) -> Result<(PoolDef, FillReport), ServiceError> {
     check_request(name, size)?;
     let text =
@@ -343,7 +355,7 @@ pub async fn create(
         base_dir: manifest::base_dir_of(&file),
         file: Some(file),
     };
-    create_from(ctx, name, environment, source, size, workspace, static_assets).await
+    create_from(ctx, name, environment, source, size, workspace, static_assets, snapshot).await
 }
 
 /// A pool's name and size, checked before anything is read or made.
@@ -376,14 +388,19 @@ pub async fn create_from(
     size: u32,
     workspace: bool,
     static_assets: bool,
+    snapshot: Option<String>,
 ) -> Result<(PoolDef, FillReport), ServiceError> {
     check_request(name, size)?;
+    if let Some(s) = &snapshot {
+        super::snapshots::image_name_of("snapshot", s)?;
+    }
     let mut def = PoolDef {
         name: name.to_string(),
         environment: environment.to_string(),
         size,
         workspace,
         static_assets,
+        snapshot,
         manifest: source.text,
         base_dir: source.base_dir,
         file: source.file,

@@ -17,9 +17,8 @@ use crate::runtime::containerd::snapshot::{
 use crate::runtime::containerd::{LABEL_ATTEMPT, LABEL_MANAGED};
 
 /// What a snapshot's image name starts with.
-pub const IMAGE_PREFIX: &str = "snapshot:";
-/// Longest snapshot name.
-const MAX_NAME: usize = 128;
+pub const IMAGE_PREFIX: &str = crate::image::SNAPSHOT_PREFIX;
+use crate::manifest::MAX_SNAPSHOT_NAME as MAX_NAME;
 
 /// A snapshot as callers see it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
@@ -58,15 +57,14 @@ pub struct Created {
 
 /// The image name of snapshot `name`, which is checked.
 pub fn image_name(name: &str) -> Result<String, ServiceError> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_NAME
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
-    if !ok {
+    image_name_of("name", name)
+}
+
+/// The same, for a request whose `field` names the snapshot.
+pub fn image_name_of(field: &str, name: &str) -> Result<String, ServiceError> {
+    if !crate::manifest::is_snapshot_name(name) {
         return Err(ServiceError::field(
-            "name",
+            field,
             format!(
                 "{name:?} is not a snapshot name (lowercase letters, digits, . _ -, starting with a letter or digit, at most {MAX_NAME})"
             ),

@@ -30,6 +30,10 @@ def test_pool_request_body() -> None:
         "workspace": False,
         "staticAssets": True,
     }
+    op = _core.create_pool("prepared", "python", 1, True, False, snapshot="deps")
+    assert json.loads(op.request.body or b"")["snapshot"] == "deps"
+    with pytest.raises(ValueError):
+        _core.create_pool("p", {"image": "x"}, None, True, False, snapshot="")
     assert _core.delete_pool("a b").request.path == "/v1/pools/a%20b"
     with pytest.raises(ValueError):
         _core.create_pool("", {"image": "x"}, None, True, False)
@@ -45,6 +49,8 @@ def test_pool_from_json() -> None:
          "staticAssets": False, "key": "k", "created": "t", "later": 1}
     )
     assert (pool.name, pool.size, pool.ready, pool.workspace, pool.raw["later"]) == ("p", 2, 1, True, 1)
+    assert pool.snapshot is None
+    assert Pool.from_json({"name": "p", "snapshot": "deps"}).snapshot == "deps"
 
 
 def test_pools_on_a_server_without_containerd(client: Client) -> None:

@@ -62,7 +62,7 @@ def test_pause_and_snapshot_need_a_containerd_sandbox(client: Client) -> None:
     with pytest.raises(BadRequest) as info:
         client.session(HOST_ENV, auto_resume=True)
     assert "autoResume" in str(info.value)
-    with client.session(HOST_ENV) as s:
+    with client.session(HOST_ENV, pool=False) as s:
         assert s.info.state == "running"
         with pytest.raises(BadRequest) as info:
             s.pause()

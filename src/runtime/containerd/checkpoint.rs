@@ -119,7 +119,7 @@ impl LiveContainer {
             // Its workspace was bound over its init's working directory after the init
             // started (`late`): CRIU takes no process whose open files lie under a mount.
             return Err(RuntimeError::Refused(format!(
-                "a session claimed from warm pool {pool:?} cannot be checkpointed (its workspace was mounted after its processes started); create it without a pool to checkpoint or fork it"
+                "a session claimed from warm pool {pool:?} cannot be checkpointed (its workspace was mounted after its processes started); create the session with \"pool\": false to checkpoint or fork it"
             )));
         }
         let range_base = self.engine.recorded_range(&self.id).map(|r| r.host_base);

@@ -403,6 +403,8 @@ impl SessionManager {
             static_assets: record.static_assets.clone(),
             mounts: record.mounts.clone(),
             backend: Some(Backend::Containerd),
+            // A restore makes its own container (never a pool's member).
+            use_pool: false,
             pause,
         };
         let restoring = Restoring {

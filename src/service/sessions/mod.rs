@@ -222,6 +222,9 @@ pub struct NewSession {
     pub mounts: Vec<Value>,
     /// Run on this backend instead of the Environment's.
     pub backend: Option<Backend>,
+    /// Claim a warm pool's member when one fits (`false`: a sandbox of its own, which can be
+    /// checkpointed).
+    pub use_pool: bool,
     /// How it pauses and resumes.
     pub pause: PausePolicy,
 }
@@ -234,6 +237,7 @@ impl NewSession {
             static_assets: Vec::new(),
             mounts: Vec::new(),
             backend: None,
+            use_pool: true,
             pause: PausePolicy::default(),
         }
     }
@@ -570,6 +574,9 @@ impl SessionManager {
         };
         let mut options = self.ctx.runtime_options();
         options.tools = tools();
+        if !request.use_pool {
+            options.use_pools = false;
+        }
         let output_limit = options.output_limit;
         let t1 = Instant::now();
         let runtime: Arc<dyn Runtime> = match backend {

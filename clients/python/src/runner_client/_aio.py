@@ -756,10 +756,14 @@ class AsyncSessions:
         backend: Optional[str] = None,
         auto_resume: bool = False,
         idle_pause_seconds: Optional[float] = None,
+        pool: Optional[bool] = None,
     ) -> AsyncSession:
         body = _core.session_body(environment, manifest, environment_name, workspace, static_assets, mounts, backend)
         # See `Sessions.create` of the synchronous client.
         _core.pause_options(body, auto_resume, idle_pause_seconds)
+        if pool is not None:
+            # False: a sandbox of its own even when a warm pool fits (one to checkpoint or fork).
+            body["pool"] = bool(pool)
         return AsyncSession(self._t, await self._t.call(_core.create_session(body)))
 
     async def restore(
@@ -796,8 +800,9 @@ class AsyncPools:
         size: Optional[int] = None,
         workspace: bool = True,
         static_assets: bool = False,
+        snapshot: Optional[str] = None,
     ) -> Pool:
-        return await self._t.call(_core.create_pool(name, environment, size, workspace, static_assets))
+        return await self._t.call(_core.create_pool(name, environment, size, workspace, static_assets, snapshot))
 
     async def list(self) -> List[Pool]:
         return await self._t.call(_core.list_pools())
@@ -880,6 +885,7 @@ class AsyncClient:
         backend: Optional[str] = None,
         auto_resume: bool = False,
         idle_pause_seconds: Optional[float] = None,
+        pool: Optional[bool] = None,
     ) -> _SessionStart:
         """`async with client.session({...}) as s:` (deleted at the end), or
         `s = await client.session({...})`."""
@@ -895,6 +901,7 @@ class AsyncClient:
                 backend=backend,
                 auto_resume=auto_resume,
                 idle_pause_seconds=idle_pause_seconds,
+                pool=pool,
             ),
         )
 

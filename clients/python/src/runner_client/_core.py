@@ -457,7 +457,12 @@ def download(session_id: str, path: str) -> Op[bytes]:
 
 
 def create_pool(
-    name: str, environment: Environment, size: Optional[int], workspace: bool, static_assets: bool
+    name: str,
+    environment: Environment,
+    size: Optional[int],
+    workspace: bool,
+    static_assets: bool,
+    snapshot: Optional[str] = None,
 ) -> Op[Pool]:
     if not isinstance(name, str) or not name:
         raise ValueError("a pool needs a name")
@@ -474,6 +479,10 @@ def create_pool(
         body["size"] = size
     if static_assets:
         body["staticAssets"] = True
+    if snapshot is not None:
+        if not isinstance(snapshot, str) or not snapshot:
+            raise ValueError("snapshot: the name of a snapshot (as sessions.snapshots() lists them)")
+        body["snapshot"] = snapshot
     return Op(_json_request("POST", "/v1/pools", body), lambda r: Pool.from_json(json_of(r)))
 
 

@@ -461,15 +461,20 @@ class Sessions:
         backend: Optional[str] = None,
         auto_resume: bool = False,
         idle_pause_seconds: Optional[float] = None,
+        pool: Optional[bool] = None,
     ) -> Session:
         """Start a session in `environment` (a whole Environment document, its spec, e.g.
         `{"backend": "host"}`, or the name of one in the server's env dir), or in the
         Environment of the manifest file `manifest` (`environment_name` picks one of several).
-        Its setup must succeed."""
+        Its setup must succeed. A ready warm-pool member that fits is claimed unless
+        `pool=False` (a session meant to be checkpointed or forked: a member cannot be)."""
         body = _core.session_body(environment, manifest, environment_name, workspace, static_assets, mounts, backend)
         # autoResume: a call to the paused session resumes it; idlePauseSeconds: it pauses
         # itself once idle that long (containerd sessions).
         _core.pause_options(body, auto_resume, idle_pause_seconds)
+        if pool is not None:
+            # False: a sandbox of its own even when a warm pool fits (one to checkpoint or fork).
+            body["pool"] = bool(pool)
         return Session(self._t, self._t.call(_core.create_session(body)))
 
     def restore(
@@ -509,10 +514,13 @@ class Pools:
         size: Optional[int] = None,
         workspace: bool = True,
         static_assets: bool = False,
+        snapshot: Optional[str] = None,
     ) -> Pool:
         """Make (or resize) the pool `name` of `environment` (as for a session) and fill it;
-        sessions of that Environment then start from its members. Default size 2."""
-        return self._t.call(_core.create_pool(name, environment, size, workspace, static_assets))
+        sessions of that Environment then start from its members. Default size 2. With
+        `snapshot`, members start from that snapshot instead of the Environment's image and
+        serve sessions whose image is `snapshot:NAME` (with the Environment's other settings)."""
+        return self._t.call(_core.create_pool(name, environment, size, workspace, static_assets, snapshot))
 
     def list(self) -> List[Pool]:
         return self._t.call(_core.list_pools())
@@ -617,6 +625,7 @@ class Client:
         backend: Optional[str] = None,
         auto_resume: bool = False,
         idle_pause_seconds: Optional[float] = None,
+        pool: Optional[bool] = None,
     ) -> Session:
         """`sessions.create`: `with client.session({...}) as s:` deletes it at the end."""
         return self.sessions.create(
@@ -629,6 +638,7 @@ class Client:
             backend=backend,
             auto_resume=auto_resume,
             idle_pause_seconds=idle_pause_seconds,
+            pool=pool,
         )
 
     def close(self) -> None:

@@ -305,6 +305,8 @@ class Pool:
     static_assets: bool
     key: str
     created: str
+    snapshot: Optional[str] = None
+    """The snapshot members start from, when not the Environment's image."""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -319,5 +321,6 @@ class Pool:
             static_assets=bool(d.get("staticAssets", False)),
             key=_str(d.get("key")),
             created=_str(d.get("created")),
+            snapshot=_str(d.get("snapshot")) if d.get("snapshot") is not None else None,
             raw=dict(d),
         )

@@ -193,6 +193,12 @@ impl Engine {
         let why: Vec<String> = theirs
             .iter()
             .map(|p| {
+                if let Some(snapshot) = &p.snapshot {
+                    return format!(
+                        "pool {} serves what starts from snapshot {snapshot} (image: snapshot:{snapshot})",
+                        p.name
+                    );
+                }
                 let mismatch = if !plan.job_mounts.is_empty() {
                     "serves jobs without mounts of their own (a Job's spec.mounts are bound where no member has a place)"
                 } else {
