@@ -288,6 +288,8 @@ def creator():
 
 
 inflight = [0]
+KERNEL = ("SUnreclaim", "KernelStack", "PageTables")
+kernel_before = sum(meminfo(k) for k in KERNEL)
 
 
 def enough(*_):
@@ -356,7 +358,9 @@ try:
           f"server's share {server_kib / n / 1024:.3f}; {len(shims)} shims, {len(below)} sandbox processes)   "
           f"ctr run -d (bash, sleep): {ctr_pss_kib / 1024:.2f} MiB   ratio {per / max(ctr_pss_kib, 1):.2f}   "
           f"(target: 5,000 in 24 GiB)")
-    print(f"density    server PSS {server_kib / 1024:.0f} MiB, containerd PSS {pss(cd) / 1024 if cd else 0:.0f} MiB, "
+    kernel = (sum(meminfo(k) for k in KERNEL) - kernel_before) / n
+    print(f"density    kernel memory per session (unreclaimable slab, stacks, page tables): {kernel / 2**20:.2f} MiB   "
+          f"server PSS {server_kib / 1024:.0f} MiB, containerd PSS {pss(cd) / 1024 if cd else 0:.0f} MiB, "
           f"MemAvailable {meminfo('MemAvailable') / 2**30:.1f} GiB")
     # --- the walls: what N sessions use of the host's limits ---
     shim_threads = sum(count(f"/proc/{s}/task") for s in shims)
