@@ -24,12 +24,14 @@
 # BENCH_ONLY=state the one-shot row and the pause and snapshot rows;
 # BENCH_ONLY=eval the one-shot row and the eval pool rows;
 # BENCH_ONLY=clirate the one-shot row and the pooled CLI and HTTP burst rows (bench-clirate.sh);
+# BENCH_ONLY=density only the density rows (scripts/bench-density.sh: N live Python sessions,
+# N the third argument, default 5000);
 # BENCH_RUNNER=PATH measures that runner binary instead of building this tree (a before/after
 # pair: build the other tree's release binary, keep it, pass it here).
 #   pull:     the Python image from a loopback registry (docker-registry): `runner image pull`
 #             vs `ctr image pull --plain-http`, wall time and peak RSS, into a second private
 #             containerd whose content is deleted and garbage-collected between runs
-# Usage: scripts/bench.sh [RUNS] [CONCURRENT]   (defaults 15 and 20)
+# Usage: scripts/bench.sh [RUNS] [CONCURRENT] [N]   (defaults 15, 20 and 5000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-15}
@@ -43,6 +45,8 @@ concurrent=${2:-20}
 . scripts/bench-checkpoint.sh
 # shellcheck source=scripts/bench-clirate.sh
 . scripts/bench-clirate.sh
+# shellcheck source=scripts/bench-density.sh
+. scripts/bench-density.sh
 bench_env bench
 cleanup() {
   ctr_ tasks kill -a -s 9 anchor >/dev/null 2>&1 || true
@@ -66,6 +70,10 @@ bench_busybox
 # The Python image (bash, debootstrap; its rootfs is cached under /var/cache/runner/images).
 images/python/build.sh "$work/python.tar" oci >/dev/null
 "$runner" image import "$work/python.tar" >/dev/null
+if [ "${BENCH_ONLY:-}" = density ]; then
+  density_rows "${3:-5000}"
+  exit 0
+fi
 
 cat > "$work/true.yaml" <<YAML
 apiVersion: runner/v1alpha1

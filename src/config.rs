@@ -307,6 +307,8 @@ pub struct ServeConfig {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Warm pools kept for sessions: Environment names of the env dir, with their sizes.
     pub pools: Vec<String>,
+    /// How many live sessions the host's limits are checked for at start.
+    pub expect_sessions: u64,
 }
 
 /// What a server tells its operator (the CLI prints it).
@@ -321,6 +323,10 @@ pub enum ServeEvent {
     /// containerd could not be reached at start: only host-backend sessions and jobs work
     /// until it can.
     ContainerdUnavailable(String),
+    /// The open-files limit the server runs with (raised from `before` to its hard limit).
+    OpenFiles { before: u64, now: u64 },
+    /// A host limit too low for the sessions expected (`--expect-sessions`): what to set.
+    HostLimit(String),
 }
 
 /// How registries are reached (built at the edge from flags, environment and the state dir;

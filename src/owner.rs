@@ -8,8 +8,14 @@ use sha2::{Digest, Sha256};
 
 /// This runner process, as written in owner labels and records.
 pub fn owner_id() -> String {
-    let pid = std::process::id();
-    format!("{pid}:{}", process_start_time(pid).unwrap_or_default())
+    // Read once: neither changes while the process lives, and reading /proc/self/stat costs
+    // the kernel a pass over every thread of the process (it sums their CPU times).
+    static OWN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    OWN.get_or_init(|| {
+        let pid = std::process::id();
+        format!("{pid}:{}", process_start_time(pid).unwrap_or_default())
+    })
+    .clone()
 }
 
 /// Start time of a living process (field 22 of /proc/PID/stat), to tell a live owner from a

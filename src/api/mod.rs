@@ -507,6 +507,12 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
             Some(addr)
         }
     };
+    // Every session holds files of the server; a private containerd started below inherits
+    // the raised limit too.
+    match crate::service::capacity::raise_nofile() {
+        Ok((before, now)) => on_event(ServeEvent::OpenFiles { before, now }),
+        Err(e) => tracing::warn!(error = %e, "raising the open-files limit"),
+    }
     // The private containerd may be started now, at start-up; never behind a request.
     match daemon::connect(&serve.config, Connect::StartIfNeeded).await {
         Ok((_, Some(started))) => on_event(ServeEvent::StartedContainerd {
@@ -515,6 +521,12 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
         }),
         Ok((_, None)) => {}
         Err(e) => on_event(ServeEvent::ContainerdUnavailable(e.to_string())),
+    }
+    let config = serve.config.clone();
+    let expect = serve.expect_sessions;
+    match tokio::task::spawn_blocking(move || crate::service::capacity::check(&config, expect)).await {
+        Ok(found) => found.into_iter().for_each(|m| on_event(ServeEvent::HostLimit(m))),
+        Err(e) => tracing::warn!(error = %e, "checking the host's limits"),
     }
     let ctx = Context::new(serve.config.clone(), Connect::Existing)?;
     let pools = serve

@@ -409,6 +409,10 @@ pub enum Verb {
         /// Idle sessions are ended after this long.
         #[arg(long, value_parser = humantime::parse_duration, default_value = "30m")]
         session_ttl: std::time::Duration,
+        /// Check at start that the host's limits (kernel.pid_max, open files, ...) hold this
+        /// many live sessions, and say what to set when they do not.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+        expect_sessions: u64,
     },
     /// Run a command on a terminal in a session of a `runner serve` (`-it`: your terminal,
     /// in raw mode, is connected to it; exits with the command's status).

@@ -293,6 +293,7 @@ impl Cli {
                 session_ttl,
                 metrics_listen,
                 pools,
+                expect_sessions,
             } => {
                 let mut config = g.config();
                 config.env_dir = env_dir;
@@ -307,6 +308,7 @@ impl Cli {
                     session_ttl,
                     metrics_listen,
                     pools,
+                    expect_sessions,
                 })));
             }
             Verb::Image { verb } => images::run(&context(g, None)?, verb).await?,
@@ -370,5 +372,10 @@ pub fn serve_event(event: crate::config::ServeEvent) {
         crate::config::ServeEvent::ContainerdUnavailable(reason) => {
             eprintln!("runner: containerd is not available ({reason}); only host-backend sessions and jobs will work");
         }
+        crate::config::ServeEvent::OpenFiles { before, now } if before < now => {
+            eprintln!("runner: open files limit raised from {before} to {now}");
+        }
+        crate::config::ServeEvent::OpenFiles { now, .. } => eprintln!("runner: open files limit {now}"),
+        crate::config::ServeEvent::HostLimit(message) => eprintln!("runner: host limit: {message}"),
     }
 }

@@ -128,6 +128,14 @@ pub async fn start(paths: &DaemonPaths) -> Result<u32, DaemonError> {
         .open(&paths.log)
         .map_err(io("opening the daemon log"))?;
     let log2 = log.try_clone().map_err(io("opening the daemon log"))?;
+    // containerd holds ~4 files for every live container: it starts with the hard open-files
+    // limit as its soft one (a containerd built with Go >= 1.19 raises it itself; older builds
+    // kept a shell's soft 1024, ~250 containers).
+    if let Ok((soft, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        && soft < hard
+    {
+        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+    }
     let child = std::process::Command::new(binary)
         .arg("--config")
         .arg(&paths.config)

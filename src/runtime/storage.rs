@@ -14,7 +14,9 @@
 //! limit (so it costs at most `limit / 4 KiB` entries), and walked again 10 ms later while
 //! its usage moves, backing off to every 8 s while it does not; a walk that took `t` is not
 //! repeated sooner than `20 t`. Between walks a cheap probe (the cgroup's memory usage, which
-//! grows with the page cache a writer dirties) brings the next walk forward. What is counted
+//! grows with the page cache a writer dirties) brings the next walk forward. With thousands
+//! of sandboxes the process keeps to a budget (1,000 probes and 100 idle walks a second):
+//! each sandbox is looked at less often instead (every 5 s and 50 s at 5,000). What is counted
 //! is growth since the sandbox was first measured: the workspace the user gave and the image
 //! are not the sandbox's writes.
 
@@ -33,6 +35,25 @@ const FAST: Duration = Duration::from_millis(10);
 const SLOW: Duration = Duration::from_secs(8);
 /// How often the cheap probe looks at a sandbox between walks.
 const PROBE: Duration = Duration::from_millis(500);
+/// Probes per second across every sandbox of the process, at most: with thousands of idle
+/// sessions a probe of each every 500 ms was 3,000 cgroupfs reads a second (5 % of the
+/// server's 2 cores at 1,560 sessions, all of its idle CPU).
+const PROBES_PER_SECOND: f64 = 1000.0;
+/// Walks per second of sandboxes whose usage does not move, at most (the same reason).
+const IDLE_WALKS_PER_SECOND: f64 = 100.0;
+
+/// How often each of `watched` sandboxes is probed: `PROBE`, or less often when so many are
+/// watched that the process would probe more than `PROBES_PER_SECOND`.
+fn probe_every(watched: usize) -> Duration {
+    PROBE.max(Duration::from_secs_f64(watched as f64 / PROBES_PER_SECOND))
+}
+
+/// The longest wait between walks of a sandbox whose usage does not move, for `watched`
+/// sandboxes.
+fn slow_every(watched: usize) -> Duration {
+    SLOW.max(Duration::from_secs_f64(watched as f64 / IDLE_WALKS_PER_SECOND))
+}
+
 /// A change smaller than this (in usage or in the probe) does not count as movement.
 const MOVED: u64 = 1 << 20;
 /// A walk that took `t` is repeated no sooner than `WALK_DUTY * t` (a sandbox's walks take at
@@ -138,6 +159,14 @@ impl std::fmt::Debug for StorageWatch {
 }
 
 impl StorageMonitor {
+    /// The process's monitor, which every engine of the process shares. Engines are made per
+    /// call (a session, a job): with a monitor each, every sandbox ever started left two
+    /// threads behind in the server (10,000 at 5,000 live sessions, and more with churn).
+    pub fn process() -> StorageMonitor {
+        static PROCESS: std::sync::OnceLock<StorageMonitor> = std::sync::OnceLock::new();
+        PROCESS.get_or_init(StorageMonitor::default).clone()
+    }
+
     /// Watch a sandbox whose limit is `limit` bytes; `cgroup` (its `cgroupsPath`) is probed
     /// between walks. Its trees are added with [`StorageWatch::add`].
     pub fn watch(&self, limit: u64, cgroup: Option<String>) -> StorageWatch {
@@ -330,6 +359,7 @@ fn worker(inner: &Inner) {
                     }
                 }
             };
+            let watched = state.entries.len();
             let Some(entry) = state.entries.get_mut(&id) else {
                 continue;
             };
@@ -343,7 +373,7 @@ fn worker(inner: &Inner) {
                 };
                 entry.last_probe = reading.or(entry.last_probe);
                 if !moved {
-                    let next = (now + PROBE).min(entry.next_walk);
+                    let next = (now + probe_every(watched)).min(entry.next_walk);
                     entry.due = next;
                     state.queue.push(std::cmp::Reverse((next, id)));
                     continue;
@@ -355,6 +385,7 @@ fn worker(inner: &Inner) {
         };
         let walk = measure(&trees, limit);
         let mut state = inner.state.lock().expect("storage lock");
+        let watched = state.entries.len();
         let Some(entry) = state.entries.get_mut(&id) else {
             continue;
         };
@@ -368,11 +399,15 @@ fn worker(inner: &Inner) {
         }
         let moved = entry.last_growth.is_none_or(|last| last.abs_diff(growth) >= MOVED);
         entry.last_growth = Some(growth);
-        entry.interval = if moved { FAST } else { (entry.interval * 2).min(SLOW) };
+        entry.interval = if moved {
+            FAST
+        } else {
+            (entry.interval * 2).min(slow_every(watched))
+        };
         entry.interval = entry.interval.max(walk.took * WALK_DUTY);
         let now = Instant::now();
         entry.next_walk = now + entry.interval;
-        let next = (now + PROBE).min(entry.next_walk);
+        let next = (now + probe_every(watched)).min(entry.next_walk);
         entry.due = next;
         state.queue.push(std::cmp::Reverse((next, id)));
     }
@@ -459,6 +494,26 @@ fn human(bytes: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn probes_and_idle_walks_slow_down_past_their_budget_only() {
+        assert_eq!(probe_every(1), PROBE);
+        assert_eq!(probe_every(500), PROBE);
+        assert_eq!(probe_every(5000), Duration::from_secs(5));
+        assert_eq!(slow_every(100), SLOW);
+        assert_eq!(slow_every(5000), Duration::from_secs(50));
+    }
+
+    #[test]
+    fn engines_share_the_process_monitor() {
+        let (a, b) = (StorageMonitor::process(), StorageMonitor::process());
+        assert!(Arc::ptr_eq(&a.inner, &b.inner));
+        let watches: Vec<_> = (0..10).map(|_| a.watch(1 << 30, None)).collect();
+        let _more = b.watch(1 << 30, None);
+        assert_eq!(b.watched(), 11);
+        drop(watches);
+        assert_eq!(a.watched(), 1);
+    }
     use super::*;
 
     #[test]

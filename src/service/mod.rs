@@ -2,6 +2,7 @@
 //! with no printing and no HTTP. The CLI (`cli`) and the HTTP API (`api`) are two faces of these
 //! calls; each maps `ServiceError` to its exit codes or statuses in one place.
 
+pub mod capacity;
 pub mod daemon;
 pub mod export;
 pub mod images;

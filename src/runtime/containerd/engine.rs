@@ -47,7 +47,7 @@ impl Engine {
             host,
             leases: idmap::Leases::at(&options.userns_dir),
             options,
-            storage: StorageMonitor::default(),
+            storage: StorageMonitor::process(),
         }
     }
 
