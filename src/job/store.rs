@@ -110,8 +110,33 @@ impl Store {
         };
         let conn = Connection::open(&path).map_err(err)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(err)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
-        conn.pragma_update(None, "synchronous", "NORMAL").map_err(err)?;
+        // When other processes open the same new store at once (a CI matrix of `runner
+        // apply`s), SQLite answers the switch to WAL and the first schema writes "database is
+        // locked" at once, without its busy handler (waiting could deadlock two connections
+        // both upgrading their locks): those are tried again, for as long as a busy wait would.
+        let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+        let mut attempt = 0u32;
+        loop {
+            match Self::init(&conn) {
+                Ok(()) => break,
+                Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                    attempt += 1;
+                    // 2..~50 ms, spread by the process so the openers do not meet again.
+                    let spread = u64::from(std::process::id() % 7);
+                    std::thread::sleep(Duration::from_millis((2 + spread) * u64::from(attempt.min(8))));
+                }
+                Err(e) => return Err(err(e)),
+            }
+        }
+        let mut store = Store { conn, path };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// WAL, and the tables (each step a no-op once done).
+    fn init(conn: &Connection) -> rusqlite::Result<()> {
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS jobs (
                 name TEXT PRIMARY KEY,
@@ -123,10 +148,6 @@ impl Store {
                 record TEXT NOT NULL
              );",
         )
-        .map_err(err)?;
-        let mut store = Store { conn, path };
-        store.migrate()?;
-        Ok(store)
     }
 
     /// Bring records of an older layout to the current one, once. A record whose manifest can
@@ -364,6 +385,15 @@ fn upgrade_v1(text: &str) -> Option<String> {
     serde_json::to_string(&old).ok()
 }
 
+/// Whether SQLite said another connection holds the lock it needs.
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e,
+        rusqlite::Error::SqliteFailure(f, _)
+            if matches!(f.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
 /// The store shared by the tasks of one process: every call runs on the blocking pool (SQLite
 /// waits on other processes' transactions and on the disk).
 #[derive(Clone)]
@@ -525,5 +555,31 @@ mod tests {
         assert_eq!(store.events("a").unwrap().len(), 1);
         store.remove("a").unwrap();
         assert!(store.get("a").unwrap().is_none());
+    }
+
+    /// Many processes opening one new state dir at once (a CI matrix of `runner apply`s): each
+    /// opens it, none fails with "database is locked" (SQLite answers the switch to WAL and the
+    /// first schema writes busy at once, without waiting, when another connection is doing the
+    /// same).
+    #[test]
+    fn many_opening_a_new_store_at_once_all_open_it() {
+        for _ in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let gate = std::sync::Arc::new(std::sync::Barrier::new(12));
+            let opened: Vec<_> = (0..12)
+                .map(|_| {
+                    let (dir, gate) = (dir.path().to_path_buf(), gate.clone());
+                    std::thread::spawn(move || {
+                        gate.wait();
+                        Store::open(&dir).map(|_| ())
+                    })
+                })
+                .collect();
+            for t in opened {
+                if let Err(e) = t.join().unwrap() {
+                    panic!("{e}");
+                }
+            }
+        }
     }
 }
