@@ -135,6 +135,18 @@ impl Control for Client {
             .stderr(Stdio::null());
         // Its own session: a Ctrl-C of the runner that started it is not for it.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        // It outlives whoever started it: it must not hold that process's descriptors (a CI
+        // script's lock, a build's jobserver pipe, a harness's sockets — found holding a test
+        // suite's flock). Everything above stderr is marked close-on-exec after the fork (not
+        // closed: std reports a failed exec through such a descriptor). Kernels before 5.11
+        // have no close_range: there it inherits what it did before.
+        // SAFETY: only an async-signal-safe system call between fork and exec.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+                Ok(())
+            });
+        }
         let mut child = cmd
             .spawn()
             .map_err(|e| ResolverError::Start(format!("starting {} resolver: {e}", exe.display())))?;
