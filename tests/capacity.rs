@@ -8,25 +8,23 @@ mod common;
 
 use std::io::BufRead;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
 
+/// A `runner serve` (stopped when dropped, as `Served`) with its stderr in a file.
 struct Server {
-    child: Child,
-    url: String,
+    served: Served,
     stderr: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
+impl std::ops::Deref for Server {
+    type Target = Served;
+
+    fn deref(&self) -> &Served {
+        &self.served
     }
 }
 
@@ -80,33 +78,13 @@ fn server(soft: u64, hard: u64, args: &[&str]) -> Server {
         })
         .to_string();
     Server {
-        child,
-        url,
+        served: Served { child, url },
         stderr,
         _dir: dir,
     }
 }
 
 impl Server {
-    fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, serde_json::Value) {
-        let req = ureq::request(method, &format!("{}{path}", self.url))
-            .timeout(Duration::from_secs(120))
-            .set("Authorization", &format!("Bearer {SERVE_TOKEN}"));
-        let result = match body {
-            Some(b) => req.send_string(b),
-            None => req.call(),
-        };
-        let (code, text) = match result {
-            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
-            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
-            Err(e) => panic!("{method} {path}: {e}"),
-        };
-        (
-            code,
-            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
-        )
-    }
-
     fn limits_row(&self, row: &str) -> String {
         let limits = std::fs::read_to_string(format!("/proc/{}/limits", self.child.id())).unwrap();
         limits
