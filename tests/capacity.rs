@@ -9,7 +9,6 @@ mod common;
 use std::io::BufRead;
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
-use std::time::Duration;
 
 use common::*;
 
