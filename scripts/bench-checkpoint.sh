@@ -40,13 +40,16 @@ checkpoint_rows() {
     delete "$id"
     # 10 cold sessions at once, to their first answers.
     t0=$(date +%s.%N)
-    local ids=()
+    local ids=() pids=()
     local j
-    for j in $(seq 1 10); do new_session '{"environment": {"image": "local/python:3.11"}}' > "$work/cold-$j" & done
-    wait
+    # Waited for by PID: a caller that runs this in its own shell (restore-phases.sh) has its
+    # `runner serve` as a background job too, which a bare `wait` would wait for forever.
+    for j in $(seq 1 10); do new_session '{"environment": {"image": "local/python:3.11"}}' > "$work/cold-$j" & pids+=($!); done
+    wait "${pids[@]}"
     for f in "$work"/cold-*; do ids+=("$(cat "$f")"); rm -f "$f"; done
-    for s in "${ids[@]}"; do first_answer "$s" & done
-    wait
+    pids=()
+    for s in "${ids[@]}"; do first_answer "$s" & pids+=($!); done
+    wait "${pids[@]}"
     cold10+=("$(since_us "$t0")")
     for s in "${ids[@]}"; do delete "$s"; done
   done
