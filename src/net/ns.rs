@@ -128,7 +128,7 @@ unsafe fn ping_allowed(in_userns: bool) -> bool {
 /// Bring up `lo` in the calling thread's network namespace (runc does it only for the
 /// namespaces it makes itself; without it nothing in the container can use 127.0.0.1).
 /// Raw system calls only: it runs in the namespace helper, a child of a threaded process.
-unsafe fn loopback_up() -> bool {
+pub(crate) unsafe fn loopback_up() -> bool {
     unsafe {
         let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
         if sock < 0 {

@@ -529,54 +529,25 @@ pub(super) fn bind_sources_for_restore(
 /// `pool::hide::enter`: the PID is trusted once the namespace is open — its process must then
 /// be in the container's cgroup, and the namespace must not be ours.
 fn loopback_up(init_pid: u32, cgroup: &str) -> Result<(), RuntimeError> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::MetadataExt;
+    use super::pool::hide::{check_in_cgroup, open_namespace};
+    const WHOSE: &str = "the restored container";
     let cgroup = cgroup.to_string();
-    let failed = |what: &str, e: std::io::Error| RuntimeError::Io {
-        what: format!("{what} of the restored container"),
-        source: e,
-    };
     std::thread::spawn(move || -> Result<(), RuntimeError> {
-        let ns = std::fs::File::open(format!("/proc/{init_pid}/ns/net"))
-            .map_err(|e| failed("opening the network namespace", e))?;
-        let own = std::fs::metadata("/proc/thread-self/ns/net").map(|m| m.ino()).ok();
-        if own.is_none() || own == ns.metadata().map(|m| m.ino()).ok() {
-            return Err(RuntimeError::Internal(format!(
-                "process {init_pid} shares our network namespace: it is not the restored container's init"
-            )));
-        }
-        let in_container = std::fs::read_to_string(format!("/proc/{init_pid}/cgroup"))
-            .is_ok_and(|c| c.lines().any(|l| l.ends_with(&cgroup)));
-        if !in_container {
-            return Err(RuntimeError::Internal(format!(
-                "process {init_pid} is not the restored container's init"
-            )));
-        }
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| failed("entering the network namespace", e.into()))?;
-        let sock = nix::sys::socket::socket(
-            nix::sys::socket::AddressFamily::Inet,
-            nix::sys::socket::SockType::Datagram,
-            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .map_err(|e| failed("a socket in the network namespace", e.into()))?;
-        // SAFETY: an all-zero `ifreq` is valid; the name is NUL-terminated within
-        // IFNAMSIZ; both ioctls read and write only that struct, on a socket this thread owns.
-        let up = unsafe {
-            let mut req: libc::ifreq = std::mem::zeroed();
-            for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-                *dst = *src as libc::c_char;
-            }
-            libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) == 0 && {
-                req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-                libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) == 0
-            }
-        };
-        if up {
+        let ns = open_namespace(init_pid, "net", WHOSE)?;
+        check_in_cgroup(init_pid, &cgroup, WHOSE)?;
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| RuntimeError::Io {
+            what: format!("entering the network namespace of {WHOSE}"),
+            source: e.into(),
+        })?;
+        // SAFETY: raw socket and ioctl calls on a socket the call opens and closes; this
+        // thread is in the container's network namespace and nothing else runs on it.
+        if unsafe { crate::net::ns::loopback_up() } {
             Ok(())
         } else {
-            Err(failed("bringing up lo", std::io::Error::last_os_error()))
+            Err(RuntimeError::Io {
+                what: format!("bringing up lo of {WHOSE}"),
+                source: std::io::Error::last_os_error(),
+            })
         }
     })
     .join()

@@ -90,28 +90,13 @@ pub(super) fn enter(init_pid: u32, cgroup: &str, hostname: &str, unused: Unused)
         source: e,
     };
     std::thread::spawn(move || -> Result<(), RuntimeError> {
-        let open = |kind: &str| -> Result<std::fs::File, RuntimeError> {
-            let ns = std::fs::File::open(format!("/proc/{init_pid}/ns/{kind}"))
-                .map_err(|e| io(format!("opening the {kind} namespace"), e))?;
-            let own = std::fs::metadata(format!("/proc/thread-self/ns/{kind}"))
-                .map(|m| m.ino())
-                .ok();
-            if own.is_none() || own == ns.metadata().map(|m| m.ino()).ok() {
-                return Err(RuntimeError::Internal(format!(
-                    "process {init_pid} shares our {kind} namespace: it is not the claimed container's init"
-                )));
-            }
-            Ok(ns)
+        let uts = open_namespace(init_pid, "uts", "the claimed container")?;
+        let mnt = if unused.is_empty() {
+            None
+        } else {
+            Some(open_namespace(init_pid, "mnt", "the claimed container")?)
         };
-        let uts = open("uts")?;
-        let mnt = if unused.is_empty() { None } else { Some(open("mnt")?) };
-        let in_member = std::fs::read_to_string(format!("/proc/{init_pid}/cgroup"))
-            .is_ok_and(|c| c.lines().any(|l| l.ends_with(&cgroup)));
-        if !in_member {
-            return Err(RuntimeError::Internal(format!(
-                "process {init_pid} is not the claimed container's init"
-            )));
-        }
+        check_in_cgroup(init_pid, &cgroup, "the claimed container")?;
         if let Some(mnt) = mnt {
             // A thread shares its process's root and cwd until it unshares them; setns into
             // a mount namespace refuses a thread that shares them.
@@ -141,6 +126,52 @@ pub(super) fn enter(init_pid: u32, cgroup: &str, hostname: &str, unused: Unused)
     })
     .join()
     .map_err(|_| RuntimeError::Internal("the thread readying the claimed container panicked".into()))?
+}
+
+/// Most bytes of `/proc/PID/cgroup` read (a line per hierarchy, each at most a path).
+const CGROUP_FILE_LIMIT: u64 = 64 << 10;
+
+/// Namespace `kind` of a container's init, opened for `setns` from a thread of our own (`whose`
+/// names the container in errors). Refused when it is the calling thread's own: a PID that is
+/// no longer the container's may be a host process. Pair it with `check_in_cgroup` after
+/// opening, which pins the process the namespace was taken from.
+pub(in crate::runtime::containerd) fn open_namespace(
+    init_pid: u32,
+    kind: &str,
+    whose: &str,
+) -> Result<std::fs::File, RuntimeError> {
+    let ns = std::fs::File::open(format!("/proc/{init_pid}/ns/{kind}")).map_err(|e| RuntimeError::Io {
+        what: format!("opening the {kind} namespace of {whose}"),
+        source: e,
+    })?;
+    let own = std::fs::metadata(format!("/proc/thread-self/ns/{kind}"))
+        .map(|m| m.ino())
+        .ok();
+    if own.is_none() || own == ns.metadata().map(|m| m.ino()).ok() {
+        return Err(RuntimeError::Internal(format!(
+            "process {init_pid} shares our {kind} namespace: it is not the init of {whose}"
+        )));
+    }
+    Ok(ns)
+}
+
+/// That `init_pid` is (still) in the container's cgroup `cgroup`, read bounded.
+pub(in crate::runtime::containerd) fn check_in_cgroup(
+    init_pid: u32,
+    cgroup: &str,
+    whose: &str,
+) -> Result<(), RuntimeError> {
+    use std::io::Read;
+    let mut text = String::new();
+    let read = std::fs::File::open(format!("/proc/{init_pid}/cgroup"))
+        .and_then(|f| f.take(CGROUP_FILE_LIMIT).read_to_string(&mut text));
+    if read.is_ok() && text.lines().any(|l| l.ends_with(cgroup)) {
+        Ok(())
+    } else {
+        Err(RuntimeError::Internal(format!(
+            "process {init_pid} is not the init of {whose}"
+        )))
+    }
 }
 
 #[cfg(test)]

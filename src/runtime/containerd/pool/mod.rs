@@ -39,7 +39,7 @@ use crate::runtime::{ExecResult, RuntimeError, SetupResult};
 use crate::spec::{self, RunPlan};
 
 mod claim;
-mod hide;
+pub(super) mod hide;
 mod run;
 
 /// The pool a member was made for (its name).
