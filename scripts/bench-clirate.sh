@@ -9,11 +9,14 @@
 #                  http burst:  `runner serve --pool bb=N` with N the largest pool (256), then N
 #                               `POST /v1/sessions` at once, to the last 201 (target 300/s) and
 #                               to the last first answer, beside the ctr rate above
+# BENCH_CLI_ROUNDS=0 skips the CLI row (one `ctr run --rm` burst still gives the HTTP row its
+# ratio); BENCH_BURST sets the HTTP burst's size (256); BENCH_BURST_LOG=FILE keeps the burst
+# server's stderr there (with RUNNER_LOG=runner=debug: its "claim phase" events).
 clirate_rows() {
   local rounds=${BENCH_CLI_ROUNDS:-5} i r
   local state=$RUNNER_STATE_DIR
   for i in $(seq 1 "$concurrent"); do sed "s/name: bench}/name: cli$i}/" "$work/true.yaml" > "$work/cli$i.yaml"; done
-  "$runner" pool create bb -f "$work/true.yaml" --size "$concurrent" >/dev/null
+  [ "$rounds" -eq 0 ] || "$runner" pool create bb -f "$work/true.yaml" --size "$concurrent" >/dev/null
   # A round starts from a full pool that no filler is working on: the previous round's filler
   # (queued or filling) is waited for, then an explicit fill makes up what it left.
   settle() {
@@ -51,12 +54,16 @@ clirate_rows() {
     pooled=$((pooled + p))
     ctrs+=("$(burst ctr ctr_ run --rm local/busybox:1.35 "cr$r-{}" sh -c true)")
   done
-  "$runner" pool rm bb >/dev/null
+  [ "$rounds" -eq 0 ] || "$runner" pool rm bb >/dev/null
+  [ "$rounds" -gt 0 ] || ctrs+=("$(burst ctr ctr_ run --rm local/busybox:1.35 "cr0-{}" sh -c true)")
   local mid=$(((rounds + 1) / 2)) cli_med ctr_med
-  cli_med=$(printf '%s\n' "${cli[@]}" | sort -n | sed -n "${mid}p")
+  [ "$rounds" -gt 0 ] || mid=1
   ctr_med=$(printf '%s\n' "${ctrs[@]}" | sort -n | sed -n "${mid}p")
   rate() { awk "BEGIN{printf \"%.1f\", $concurrent * 1000 / $1}"; }
+  [ "$rounds" -eq 0 ] || {
+  cli_med=$(printf '%s\n' "${cli[@]}" | sort -n | sed -n "${mid}p")
   echo "cli pooled $concurrent concurrent runner apply from a pool of $concurrent: $(rate "$cli_med") jobs/s to the last result (target 100)   $concurrent concurrent ctr run --rm: $(rate "$ctr_med") jobs/s   ratio $(awk "BEGIN{printf \"%.2f\", $cli_med/$ctr_med}") (runner's time / ctr's)  (median of $rounds rounds: runner ${cli[*]} ms, ctr ${ctrs[*]} ms; $pooled of $((rounds * concurrent)) from the pool; load $(cut -d' ' -f1-3 /proc/loadavg))"
+  }
 
   # A burst over HTTP from the largest pool a server keeps.
   local size=${BENCH_BURST:-256} url pid out
@@ -72,6 +79,7 @@ clirate_rows() {
   for _ in $(seq 1 600); do "$runner" pool ls -o json | grep -q "\"ready\": *$size\b" && break; sleep 0.5; done
   out=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/burst-token")" BENCH_ENV=bb "$bench" http-burst "$size")
   kill "$pid"; wait "$pid" 2>/dev/null || true
+  [ -z "${BENCH_BURST_LOG:-}" ] || cp "$work/serve-burst.err" "$BENCH_BURST_LOG"
   "$runner" pool rm bb >/dev/null
   local created from_pool
   created=$(echo "$out" | sed -n 's/.*"created_per_s": \([0-9.]*\).*/\1/p')

@@ -6,8 +6,11 @@
 #   manifest          the request's documents parsed, bound, resolved (blocking pool)
 #   setup snapshot    whether the Environment snapshots its setup
 #   pool key          the image resolved and the member spec hashed (inside `claim`)
-#   claim             the whole claim: pool key, ready index, rename, container + task records,
-#                     agent, hostname
+#   member record     what the claim needs of the member (its init, process, user range):
+#                     the record its filler wrote, checked against the kernel (a member an
+#                     older runner made: its container and task records from containerd)
+#   member readied    its agent opened, unused places taken out, hostname set
+#   claim             the whole claim: pool key, ready index, rename, member record, readied
 #   bind late         workspace, mounts and assets bound into the member
 #   member's shell    the member's pre-started shell checked (adopted or killed)
 #   live from member  the whole sandbox from the claimed member
@@ -62,7 +65,7 @@ for line in sys.stdin:
 c = json.loads(os.environ["CLIENT"])
 env = os.environ["ENV_NAME"]
 print("%s: %s of %s sessions from the pool (medians, ms; min..max)" % (env, c["from_pool"], c["sessions"]))
-order = ["manifest", "setup snapshot", "pool key", "claim", "bind late", "member\x27s shell", "live from member",
+order = ["manifest", "setup snapshot", "pool key", "member record", "member readied", "claim", "bind late", "member\x27s shell", "live from member",
          "sandbox", "session create", "shell adopted", "shell started"]
 for name in order + sorted(set(phases) - set(order)):
     d = phases.get(name)

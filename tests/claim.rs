@@ -216,3 +216,67 @@ fn a_one_shot_job_finds_no_member_shell() {
     let out = r["stdout"].as_str().unwrap();
     assert!(!out.contains("bash") && !out.contains("sh-default"), "{out}");
 }
+
+/// A server keeps each pool key it computed (by Environment and image: issue 36), and a claim
+/// reuses it only while the image's record names the content it was computed for: an image
+/// re-tagged under the Environment's name between two claims is the second claim's image,
+/// never a member of the old one.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_retagged_image_is_never_served_by_a_member_of_the_old_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_images(&state);
+    // A name of this test's own: the containerd namespace is shared with other tests.
+    let name = format!("local/retag-{}:1", std::process::id());
+    let tag = |source: &str| {
+        let out = runner_ctd(&["image", "tag", source, &name], &state);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    tag("local/busybox:1.35");
+    let envs = dir.path().join("envs");
+    std::fs::create_dir_all(&envs).unwrap();
+    std::fs::write(
+        envs.join("re.yaml"),
+        format!("apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: re}}\nspec:\n  image: {name}\n"),
+    )
+    .unwrap();
+    let served = serve_with_args(
+        runner_ctd_command(&[], &state),
+        dir.path(),
+        &["--env-dir", envs.to_str().unwrap(), "--pool", "re=2"],
+    );
+    let pools = RemovePools(state.clone(), &["re"]);
+    let full = || {
+        json_of(&runner_ctd(&["pool", "ls", "-o", "json"], &state))
+            .as_array()
+            .is_some_and(|a| a.len() == 1 && a[0]["ready"] == 2)
+    };
+    assert!(eventually(Duration::from_secs(120), full), "the pool was not filled");
+    // Which image a session runs on: the python image has python3, busybox has not.
+    let image_of = |expect_pool: Option<bool>| -> String {
+        let (status, session) = served.call("POST", "/v1/sessions", Some(r#"{"environment": "re"}"#));
+        assert!((200..300).contains(&status), "{session}");
+        if let Some(pooled) = expect_pool {
+            assert_eq!(session["pool"].is_string(), pooled, "{session}");
+        }
+        let id = session["id"].as_str().unwrap().to_string();
+        let (status, r) = served.call(
+            "POST",
+            &format!("/v1/sessions/{id}/shell"),
+            Some(r#"{"command": "command -v python3 >/dev/null && echo python || echo busybox"}"#),
+        );
+        assert_eq!(status, 200, "{r}");
+        served.call("DELETE", &format!("/v1/sessions/{id}"), None);
+        r["output"].as_str().unwrap().trim().to_string()
+    };
+    // The first claim computes the key (and keeps it); a member of busybox serves it, and one
+    // more stays ready.
+    assert_eq!(image_of(Some(true)), "busybox");
+    tag("local/python:3.11");
+    // A kept key would name the busybox member still ready.
+    assert_eq!(image_of(None), "python");
+    drop(served);
+    drop(pools);
+    let _ = runner_ctd(&["image", "rm", &name], &state);
+}

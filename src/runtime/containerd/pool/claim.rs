@@ -26,7 +26,127 @@ fn pin(pid: u32) -> Option<std::os::fd::OwnedFd> {
     Some(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd as i32) })
 }
 
+/// In a member's run directory (the host's alone: the member sees only its `agent`
+/// directory): what a claim needs of its container and task records, written by the filler
+/// once the member runs, so a claim reads no containerd record.
+const RECORD_FILE: &str = "member.json";
+/// Most bytes of a record read (a process and a few numbers).
+const RECORD_LIMIT: u64 = 256 << 10;
+
+/// What a claim needs of a member.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) struct MemberRecord {
+    pub init_pid: u32,
+    pub pool: Option<String>,
+    /// The first host id of its user namespace's range (`None` with `hostUsers: true`).
+    pub range: Option<u32>,
+    /// Whether its init is the init of a PID namespace of its own.
+    pub own_pid_ns: bool,
+    pub process: oci_spec::runtime::Process,
+}
+
+impl MemberRecord {
+    /// From a member's container record (its spec) and its init's PID.
+    fn of(c: &containerd_client::services::v1::Container, init_pid: u32) -> Result<Self, RuntimeError> {
+        let spec: Spec = c
+            .spec
+            .as_ref()
+            .and_then(|s| serde_json::from_slice(&s.value).ok())
+            .ok_or_else(|| RuntimeError::Internal(format!("member {} has no readable spec", c.id)))?;
+        Ok(MemberRecord {
+            init_pid,
+            pool: c.labels.get(LABEL_POOL).cloned(),
+            range: crate::runtime::containerd::remap::range_of(&spec).map(|r| r.host_base),
+            own_pid_ns: own_pid_namespace(&spec),
+            process: spec
+                .process()
+                .clone()
+                .ok_or_else(|| RuntimeError::Internal("member spec without process".into()))?,
+        })
+    }
+
+    /// The record in run directory `dir`, when the filler left one.
+    fn read(dir: &Path) -> Option<Self> {
+        use std::io::Read;
+        let mut text = Vec::new();
+        std::fs::File::open(dir.join(RECORD_FILE))
+            .and_then(|f| f.take(RECORD_LIMIT).read_to_end(&mut text))
+            .ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+}
+
+/// A claimed member's record, or why there is none.
+enum Found {
+    Record(MemberRecord),
+    /// No container record (or an unreadable one).
+    Nothing,
+    /// Its init is gone (the pool it was in, when known).
+    NotRunning(Option<String>),
+}
+
 impl Engine {
+    /// Keep what a claim needs of member `id` (just started, its init `init_pid`) in its run
+    /// directory: one read of its container record here, on the filler's path, instead of one
+    /// per claim.
+    pub(super) async fn write_member_record(&self, id: &str, init_pid: u32) -> Result<(), RuntimeError> {
+        let c = self
+            .client
+            .container(id)
+            .await?
+            .ok_or_else(|| RuntimeError::Internal(format!("pool member {id} has no container record")))?;
+        let record = serde_json::to_vec(&MemberRecord::of(&c, init_pid)?)
+            .map_err(|e| RuntimeError::Internal(format!("encoding a member's record: {e}")))?;
+        let dir = self.run_dir.join(id);
+        // Whole or not at all: a claim reads it without a lock.
+        let part = dir.join(format!("{RECORD_FILE}.part"));
+        std::fs::write(&part, record)
+            .and_then(|()| std::fs::rename(&part, dir.join(RECORD_FILE)))
+            .map_err(|source| RuntimeError::Io {
+                what: "writing the member's record".into(),
+                source,
+            })
+    }
+
+    /// What a claim needs of member `id` (run directory `dir`; `listed`: its container record
+    /// when the claim listed it): from the filler's record, checked against the kernel (its
+    /// init still in its cgroup), or else, for a member an older runner made, from
+    /// containerd's container and task records.
+    async fn member_record(
+        &self,
+        id: &str,
+        dir: &Path,
+        listed: Option<containerd_client::services::v1::Container>,
+    ) -> Found {
+        if listed.is_none()
+            && let Some(record) = MemberRecord::read(dir)
+        {
+            // A dead init's PID names another process, or none: either way not one in the
+            // member's cgroup. (`hide::enter` checks again once its namespaces are open.)
+            return match hide::check_in_cgroup(record.init_pid, &self.cgroup_path(id), "the pool member") {
+                Ok(()) => Found::Record(record),
+                Err(_) => Found::NotRunning(record.pool),
+            };
+        }
+        let c = match listed {
+            Some(c) => c,
+            None => match self.client.container(id).await {
+                Ok(Some(c)) => c,
+                _ => return Found::Nothing,
+            },
+        };
+        match self.client.task_get(id).await {
+            Ok(Some(p)) if p.status == STATUS_RUNNING => match MemberRecord::of(&c, p.pid) {
+                Ok(r) => Found::Record(r),
+                Err(e) => {
+                    tracing::warn!(member = id, error = %e, "reading a pool member's record");
+                    Found::Nothing
+                }
+            },
+            _ => Found::NotRunning(c.labels.get(LABEL_POOL).cloned()),
+        }
+    }
+
     /// Claim a ready member that can serve `plan`, relabelled as this process's container of
     /// kind `kind` (with the plan's labels). `Claim::Cold`: no ready member; the caller runs
     /// cold, with the image resolved here if it got that far.
@@ -77,29 +197,25 @@ impl Engine {
             if !won {
                 continue;
             }
-            let c = match listed.remove(&id) {
-                Some(c) => c,
-                None => match self.client.container(&id).await {
-                    Ok(Some(c)) => c,
-                    other => {
-                        tracing::warn!(member = id, result = ?other.map(|_| ()), "a ready pool member has no record; removing it");
-                        let _ = self.teardown(&id).await;
-                        continue;
-                    }
-                },
-            };
-            let task = self.client.task_get(&c.id).await;
-            let init_pid = match task {
-                Ok(Some(p)) if p.status == STATUS_RUNNING => p.pid,
-                _ => {
-                    tracing::warn!(member = c.id, "a pool member was not running; removing it");
-                    let _ = self.teardown(&c.id).await;
-                    if let (Some(hook), Some(pool)) = (&self.options.on_claim, c.labels.get(LABEL_POOL)) {
-                        (hook.0)(pool);
+            let t1 = Instant::now();
+            let record = match self.member_record(&id, &dir, listed.remove(&id)).await {
+                Found::Record(r) => r,
+                Found::Nothing => {
+                    tracing::warn!(member = id, "a ready pool member has no record; removing it");
+                    let _ = self.teardown(&id).await;
+                    continue;
+                }
+                Found::NotRunning(pool) => {
+                    tracing::warn!(member = id, "a pool member was not running; removing it");
+                    let _ = self.teardown(&id).await;
+                    if let (Some(hook), Some(pool)) = (&self.options.on_claim, pool) {
+                        (hook.0)(&pool);
                     }
                     continue;
                 }
             };
+            let init_pid = record.init_pid;
+            super::super::claim_phase("member record", t1);
             let mut labels: HashMap<String, String> = plan.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
             labels.extend([
                 (LABEL_OWNER.to_string(), me.clone()),
@@ -107,44 +223,52 @@ impl Engine {
                 (LABEL_JOB.to_string(), plan.job().name.clone()),
             ]);
             let relabel = {
-                let (client, id) = (self.client.clone(), c.id.clone());
+                let (client, id) = (self.client.clone(), id.clone());
                 tokio::spawn(async move { client.container_set_labels(&id, labels).await })
             };
             let claimed = async {
-                let spec: Spec = c
-                    .spec
-                    .as_ref()
-                    .and_then(|s| serde_json::from_slice(&s.value).ok())
-                    .ok_or_else(|| RuntimeError::Internal(format!("member {} has no readable spec", c.id)))?;
-                let process = spec
-                    .process()
-                    .clone()
-                    .ok_or_else(|| RuntimeError::Internal("member spec without process".into()))?;
-                let range = crate::runtime::containerd::remap::range_of(&spec);
+                let MemberRecord {
+                    pool,
+                    range,
+                    own_pid_ns,
+                    process,
+                    ..
+                } = record;
+                let range = range.map(|host_base| spec::IdRange { host_base });
                 let (uid, gid) = (process.user().uid(), process.user().gid());
                 let (uid, gid) = match range {
                     Some(r) => (r.host_id(uid), r.host_id(gid)),
                     None => (uid, gid),
                 };
-                let agent = Agent::open(&dir.join("agent"), uid, gid)?;
                 // Pinned before `hide::enter` checks that the PID is the member's init (in
                 // its cgroup), so what is pinned is what was checked.
-                let init = own_pid_namespace(&spec).then(|| pin(init_pid)).flatten();
+                let init = own_pid_ns.then(|| pin(init_pid)).flatten();
                 let hostname: String = plan.job().name.chars().take(63).collect();
                 let unused = hide::Unused::of(&layout, plan, &dir);
+                let cgroup = self.cgroup_path(&id);
                 let t1 = Instant::now();
-                hide::enter(init_pid, &self.cgroup_path(&c.id), &hostname, unused)?;
-                tracing::debug!(
-                    ms = t1.elapsed().as_secs_f64() * 1e3,
-                    "hostname set, unused places taken out"
-                );
+                // Off the async workers: the agent's FIFO opens, and the thread that enters the
+                // member's namespaces (its unmounts wait on the kernel's mount lock, which a
+                // burst of claims contends for) would hold one of them, and every other
+                // request with it.
+                let agent = {
+                    let (dir, cgroup) = (dir.clone(), cgroup.clone());
+                    tokio::task::spawn_blocking(move || {
+                        let agent = Agent::open(&dir.join("agent"), uid, gid)?;
+                        hide::enter(init_pid, &cgroup, &hostname, unused)?;
+                        Ok::<_, RuntimeError>(agent)
+                    })
+                    .await
+                    .map_err(|e| RuntimeError::Internal(format!("readying the claimed member: {e}")))??
+                };
+                super::super::claim_phase("member readied", t1);
                 Ok::<_, RuntimeError>(Member {
-                    id: c.id.clone(),
-                    pool: c.labels.get(LABEL_POOL).cloned().unwrap_or_default(),
+                    id: id.clone(),
+                    pool: pool.unwrap_or_default(),
                     init_pid,
                     layout: layout.clone(),
                     agent,
-                    cgroup: self.cgroup_path(&c.id),
+                    cgroup,
                     process,
                     range,
                     relabel,
@@ -158,7 +282,7 @@ impl Engine {
                     return Ok(Claim::Member(Box::new(member)));
                 }
                 Err(e) => {
-                    let _ = self.teardown(&c.id).await;
+                    let _ = self.teardown(&id).await;
                     return Err(e);
                 }
             }
@@ -210,9 +334,25 @@ impl Engine {
         why.join("; ")
     }
 
+    /// `bind_late` on the blocking pool: its mounts (the workspace's idmapped view among them)
+    /// wait on the kernel's mount lock, which a burst of claims contends for, and must not
+    /// hold an async worker meanwhile.
+    pub(super) async fn bind_late_blocking(
+        &self,
+        id: &str,
+        layout: &Layout,
+        userns: Option<(spec::IdRange, (u32, u32))>,
+        plan: &RunPlan,
+    ) -> Result<(), RuntimeError> {
+        let (engine, id, layout, plan) = (self.clone(), id.to_string(), layout.clone(), plan.clone());
+        tokio::task::spawn_blocking(move || engine.bind_late(&id, &layout, userns, &plan))
+            .await
+            .map_err(|e| RuntimeError::Internal(format!("binding into the claimed member: {e}")))?
+    }
+
     /// Bind the plan's workspace, mounts and static assets into a claimed member (what it has
     /// no use for was taken out at claim: `hide`).
-    pub(super) fn bind_late(
+    fn bind_late(
         &self,
         id: &str,
         layout: &Layout,

@@ -40,6 +40,7 @@ use crate::spec::{self, RunPlan};
 
 mod claim;
 pub(super) mod hide;
+mod key;
 mod run;
 
 /// The pool a member was made for (its name).
@@ -335,43 +336,6 @@ impl Engine {
         self.run_dir.with_file_name("late").join(id)
     }
 
-    /// The key of the pool that can serve this plan, with its layout and the image it
-    /// resolved (a cold start goes on with that, instead of resolving it again).
-    pub async fn pool_key(&self, plan: &RunPlan) -> Result<(String, Layout, ImageInfo), RuntimeError> {
-        // An Environment that snapshots its setup: members start from that snapshot (a claim
-        // gets a sandbox warm and prepared), as its cold jobs do.
-        let prepared = self.on_setup_snapshot(plan).await;
-        let plan = prepared.as_ref().unwrap_or(plan);
-        let image_name = plan
-            .env()
-            .image
-            .clone()
-            .ok_or_else(|| RuntimeError::Refused("spec.image is required".into()))?;
-        let image = crate::image::remote::ensure(
-            &self.client,
-            &image_name,
-            plan.env().image_pull_policy,
-            &self.options.registry,
-        )
-        .await?;
-        let mut member = member_plan(plan);
-        member.image_env = image.config.env.clone().unwrap_or_default();
-        let layout = member_layout(plan);
-        let spec = member_spec(&member, &self.host, &layout, Path::new("/late"))?;
-        let json = spec::to_json(&spec).map_err(|e| RuntimeError::Internal(format!("encoding the spec: {e}")))?;
-        let mut h = Sha256::new();
-        h.update(json.to_string().as_bytes());
-        h.update(image.top_chain.as_bytes());
-        h.update(serde_json::to_vec(&layout).unwrap_or_default());
-        h.update(agent::AGENT_SCRIPT.as_bytes());
-        h.update(super::prelaunch::LAUNCH.as_bytes());
-        for tool in &self.options.tools {
-            h.update(tool.name.as_bytes());
-            h.update(Sha256::digest(tool.contents));
-        }
-        Ok((hex::encode(&h.finalize()[..12]), layout, image))
-    }
-
     /// Make one member of pool `pool` for a plan (a template job of the pool's Environment)
     /// and start it; it is ready to be claimed when this returns.
     pub async fn create_member(&self, plan: &RunPlan, pool: &str) -> Result<String, RuntimeError> {
@@ -412,6 +376,7 @@ impl Engine {
                 .await?;
             self.start_task(&id, mounts).await?;
             self.prelaunch_shell(&created, init_pid).await;
+            self.write_member_record(&id, init_pid).await?;
             std::fs::write(self.run_dir.join(&id).join(READY_FILE), pool).map_err(|source| RuntimeError::Io {
                 what: "marking the member ready".into(),
                 source,
@@ -547,6 +512,29 @@ mod tests {
         // had to have one.
         assert!(made[0].1.contains("\"destination\":\"/workspace\""), "{}", made[0].1);
         assert!(made[0].1.contains("\"source\":\"/late/m0\""), "{}", made[0].1);
+    }
+
+    #[test]
+    fn the_key_cache_serves_every_job_of_a_shape_and_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let of = |env: &str, extra: &str, name: &str| {
+            let mut p = plan(dir.path(), env, extra);
+            p.bound.job.name = name.into();
+            key::inputs(&p, &member_layout(&p), "docker.io/local/x:1", "engine")
+        };
+        // Sessions are jobs of their own names, with and without what is bound late.
+        let first = of("plain", "", "s-1");
+        for (i, extra) in SHAPES.iter().enumerate() {
+            assert_eq!(of("plain", extra, &format!("s-{i}x")), first, "{extra}");
+        }
+        // Another Environment, user namespace, image or engine: another entry.
+        assert_ne!(of("static-mount", "", "s-1"), first);
+        let mut p = plan(dir.path(), "plain", "");
+        p.bound.env.host_users = !p.bound.env.host_users;
+        assert_ne!(key::inputs(&p, &member_layout(&p), "docker.io/local/x:1", "engine"), first);
+        let p = plan(dir.path(), "plain", "");
+        assert_ne!(key::inputs(&p, &member_layout(&p), "docker.io/local/y:1", "engine"), first);
+        assert_ne!(key::inputs(&p, &member_layout(&p), "docker.io/local/x:1", "other"), first);
     }
 
     #[test]
