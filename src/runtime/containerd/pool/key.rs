@@ -65,6 +65,7 @@ impl Engine {
             if let Some(c) = cached.filter(|c| Some(&c.target) == seen.as_ref() && &c.record == record) {
                 return Ok((c.key, layout, c.image));
             }
+            tracing::debug!(image = record, "pool key computed (not kept, or its image changed)");
         }
         let image = crate::image::remote::ensure(&self.client, &image_name, policy, &self.options.registry).await?;
         let key = self.compute_key(plan, &layout, &image)?;
@@ -132,11 +133,25 @@ impl Engine {
 }
 
 /// A digest of what a pool key depends on besides the image's content and the engine
-/// (`engine`): the plan a member is made from, whatever the job's name (`bend` gives members
-/// a hostname of their own), its layout and the image's name. Debug output shows every field.
+/// (`engine`): the plan a member is made from, its layout and the image's name. Debug output
+/// shows every field, so a field added later is in it (a miss at worst, never a stale key).
+/// Left out: what each job or session has of its own and no member's spec reads — its name
+/// (`bend` gives members a hostname of their own), labels, annotations, where its file and
+/// fields were, its workspace and assets (bound late; the layout says where) and its mounts
+/// as written (the plan's `job_mounts`, resolved, stay in).
 pub(super) fn inputs(plan: &RunPlan, layout: &Layout, record: &str, engine: &str) -> String {
     let mut member = member_plan(plan);
-    member.bound.job.name = String::new();
+    let job = &mut member.bound.job;
+    job.name.clear();
+    job.labels.clear();
+    job.annotations.clear();
+    job.environment_origin.location = None;
+    job.workspace = None;
+    job.workspace_origin = None;
+    job.static_assets.clear();
+    job.mounts.clear();
+    job.base_dir = PathBuf::new();
+    job.file = None;
     let text = format!("{record}\n{member:?}\n{layout:?}\n{engine}");
     hex::encode(Sha256::digest(text.as_bytes()))
 }
