@@ -34,18 +34,13 @@ impl Engine {
             claim_phase("claim", t0);
             match claimed {
                 Ok(pool::Claim::Member(member)) => {
-                    // Off the session's path (the hook starts a process), and a moment later:
-                    // a refill is a container start (shim, runc) that would take the CPU the
-                    // session's first commands need (measured with `bench http` on 2 cores:
-                    // the pooled busybox session's first answer went from ~14 to ~11 ms, the
-                    // python one's from ~18 to ~16 ms). A long-lived server's housekeeping
-                    // refills anyway, should this process exit before the delay ends.
+                    // Off the session's path (the hook starts a process), and once the claims
+                    // pause: a refill is a container start (shim, runc) that would take the CPU
+                    // the session's first commands need (measured with `bench http` on 2
+                    // cores: the pooled busybox session's first answer went from ~14 to ~11
+                    // ms, the python one's from ~18 to ~16 ms), and a burst's other sessions.
                     if let Some(hook) = self.options.on_claim.clone() {
-                        let pool = member.pool.clone();
-                        tokio::spawn(async move {
-                            tokio::time::sleep(REFILL_AFTER_SESSION_CLAIM).await;
-                            let _ = tokio::task::spawn_blocking(move || (hook.0)(&pool)).await;
-                        });
+                        pool::refill_when_quiet(hook, member.pool.clone());
                     }
                     let t0 = Instant::now();
                     let live = self.live_from_member(*member, plan).await;

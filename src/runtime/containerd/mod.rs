@@ -40,8 +40,6 @@ pub const LABEL_STATE_DIR: &str = "runner.dev/state-dir";
 pub const TOOLS_MOUNT: &str = "/.runner-tools";
 /// The metric of the containerd operations' latencies (create, start, exec).
 const OPERATION_SECONDS: &str = "runner_container_operation_seconds";
-/// How long after a session claims a pool member its refill starts (see `spawn_live`).
-const REFILL_AFTER_SESSION_CLAIM: Duration = Duration::from_millis(300);
 /// What a live container's init runs after setup when commands go through Tasks.Exec.
 const KEEPALIVE: &str = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done";
 /// The file in a container's run directory naming the runner process that made it.

@@ -138,6 +138,45 @@ impl Member {
     }
 }
 
+/// How long a process's claims must pause before a session's claim starts its pool's refill.
+const REFILL_QUIET: Duration = Duration::from_millis(300);
+/// The longest a refill waits for the claims to pause (a steady stream of claims refills too).
+const REFILL_WAIT_MOST: Duration = Duration::from_secs(2);
+
+/// When this process last claimed a member for a session (ms since `claims_epoch`).
+static LAST_CLAIM_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn claims_epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// Refill `pool` after a session's claim, once this process's claims pause (`REFILL_QUIET`
+/// without one, at most `REFILL_WAIT_MOST`). A refill is container starts (runc, the shim,
+/// containerd's records): started inside a burst of claims they take the CPU the burst's
+/// sessions need (`serve --pool bb=256` answering 256 creates at once, 2 cores), and the burst
+/// ends no sooner. The hook starts a process: on the blocking pool. A long-lived server's
+/// housekeeping refills anyway, should this process exit first.
+pub fn refill_when_quiet(hook: crate::runtime::ClaimHook, pool: String) {
+    use std::sync::atomic::Ordering;
+    let epoch = claims_epoch();
+    let ms = |t: Instant| t.saturating_duration_since(epoch).as_millis() as u64;
+    let claimed = Instant::now();
+    LAST_CLAIM_MS.fetch_max(ms(claimed), Ordering::Relaxed);
+    tokio::spawn(async move {
+        loop {
+            let last = epoch + Duration::from_millis(LAST_CLAIM_MS.load(Ordering::Relaxed));
+            let quiet_at = (last + REFILL_QUIET).min(claimed + REFILL_WAIT_MOST);
+            let now = Instant::now();
+            if now >= quiet_at {
+                break;
+            }
+            tokio::time::sleep(quiet_at - now).await;
+        }
+        let _ = tokio::task::spawn_blocking(move || (hook.0)(&pool)).await;
+    });
+}
+
 /// The plan with everything that is bound late taken out: what a member is made from. The
 /// workspace goes too: a member's workspace place is added by `bend` whether the template job
 /// has one or not (see `member_layout`).
