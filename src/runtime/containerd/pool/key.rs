@@ -11,7 +11,7 @@
 //! re-imported under the name changes the target and the key is computed again. Content is
 //! addressed by digest, so the same target is the same manifest, config and layers.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 use super::*;
 use crate::manifest::PullPolicy;
@@ -38,60 +38,6 @@ async fn target_of(client: &crate::containerd::Containerd, name: &str) -> Result
     Ok(client.image_get(name).await?.and_then(|i| i.target).map(|t| t.digest))
 }
 
-/// One read of an image record, shared by the claims that were waiting when it was sent.
-#[derive(Default)]
-struct Round {
-    target: tokio::sync::OnceCell<Result<Option<String>, String>>,
-    /// The round sent before this one: this one is sent once that one is answered (then it
-    /// lets go of it: rounds make no chain).
-    before: Mutex<Option<Arc<Round>>>,
-}
-
-/// Per image record, the round the next claims join (not sent yet).
-fn rounds() -> &'static Mutex<HashMap<String, Arc<Round>>> {
-    static ROUNDS: OnceLock<Mutex<HashMap<String, Arc<Round>>>> = OnceLock::new();
-    ROUNDS.get_or_init(Default::default)
-}
-
-/// `target_of`, read after this call began (so a record changed before it is seen), but
-/// shared: a burst of claims sends one `Images.Get` at a time, each answering every claim
-/// that arrived while the one before it was out, instead of one per claim (256 at once
-/// queued in containerd behind the refills' writes: 0.9 s median, measured).
-async fn target_now(client: &crate::containerd::Containerd, record: &str) -> Result<Option<String>, RuntimeError> {
-    let round = rounds()
-        .lock()
-        .expect("image record rounds")
-        .entry(record.to_string())
-        .or_default()
-        .clone();
-    let answer = round
-        .target
-        .get_or_init(|| async {
-            // Sent now: whoever arrives from here on waits for the next round.
-            rounds().lock().expect("image record rounds").insert(
-                record.to_string(),
-                Arc::new(Round {
-                    before: Mutex::new(Some(round.clone())),
-                    ..Round::default()
-                }),
-            );
-            let before = round.before.lock().expect("image record round").take();
-            if let Some(before) = before {
-                // Answered already, or being sent (then this waits for it); should its sender
-                // have gone (a dropped request), this reads it for it (a second read at worst).
-                let _ = before
-                    .target
-                    .get_or_init(|| async { target_of(client, record).await.map_err(|e| e.to_string()) })
-                    .await;
-            }
-            target_of(client, record).await.map_err(|e| e.to_string())
-        })
-        .await;
-    answer
-        .clone()
-        .map_err(|e| RuntimeError::Internal(format!("reading image {record}: {e}")))
-}
-
 impl Engine {
     /// The key of the pool that can serve this plan, with its layout and the image it
     /// resolved (a cold start goes on with that, instead of resolving it again).
@@ -115,7 +61,7 @@ impl Engine {
         let mut seen = None;
         if let (Some(record), Some(inputs)) = (&record, &inputs) {
             let cached = cache().lock().expect("pool key cache").get(inputs).cloned();
-            seen = target_now(&self.client, record).await?;
+            seen = target_of(&self.client, record).await?;
             if let Some(c) = cached.filter(|c| Some(&c.target) == seen.as_ref() && &c.record == record) {
                 return Ok((c.key, layout, c.image));
             }
