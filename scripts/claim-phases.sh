@@ -5,7 +5,10 @@
 # refill, then the median of each phase the server logged ("claim phase" events):
 #   manifest          the request's documents parsed, bound, resolved (blocking pool)
 #   setup snapshot    whether the Environment snapshots its setup
-#   pool key          the image resolved and the member spec hashed (inside `claim`)
+#   pool key          the pool key: kept per process by Environment shape and image (else the
+#                     image resolved and the member spec hashed), inside `claim`
+#   key checked       a kept key's image record read again (sent when the claim began, awaited
+#                     once the member is readied)
 #   member record     what the claim needs of the member (its init, process, user range):
 #                     the record its filler wrote, checked against the kernel (a member an
 #                     older runner made: its container and task records from containerd)
@@ -65,7 +68,7 @@ for line in sys.stdin:
 c = json.loads(os.environ["CLIENT"])
 env = os.environ["ENV_NAME"]
 print("%s: %s of %s sessions from the pool (medians, ms; min..max)" % (env, c["from_pool"], c["sessions"]))
-order = ["manifest", "setup snapshot", "pool key", "member record", "member readied", "claim", "bind late", "member\x27s shell", "live from member",
+order = ["manifest", "setup snapshot", "pool key", "member record", "member readied", "key checked", "claim", "bind late", "member\x27s shell", "live from member",
          "sandbox", "session create", "shell adopted", "shell started"]
 for name in order + sorted(set(phases) - set(order)):
     d = phases.get(name)

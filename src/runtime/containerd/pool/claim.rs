@@ -160,8 +160,41 @@ impl Engine {
             return Ok(Claim::Cold(None, format!("no pool member can run it: {why}")));
         }
         let t0 = Instant::now();
-        let (key, layout, image) = self.pool_key(plan).await?;
+        let (key, layout, image, check) = self.pool_key_unchecked(plan).await?;
         super::super::claim_phase("pool key", t0);
+        let claimed = self.claim_keyed(plan, kind, &key, layout, image, t0).await;
+        let Some(check) = check else { return claimed };
+        // A kept key was read beside the claim; nothing of it leaves before the image record
+        // is seen to name what it was computed for.
+        let t1 = Instant::now();
+        let confirmed = check.confirm().await;
+        super::super::claim_phase("key checked", t1);
+        if let Ok(true) = confirmed {
+            return claimed;
+        }
+        // The image moved under its name: a member of the old key is not this job's.
+        if let Ok(Claim::Member(member)) = claimed {
+            let _ = self.teardown(&member.id).await;
+            if let Some(hook) = &self.options.on_claim {
+                (hook.0)(&member.pool);
+            }
+        }
+        confirmed?;
+        let (key, layout, image, _) = self.pool_key_computed(plan).await?;
+        Box::pin(self.claim_keyed(plan, kind, &key, layout, image, t0)).await
+    }
+
+    /// `claim` with the plan's pool key, its layout and image.
+    async fn claim_keyed(
+        &self,
+        plan: &RunPlan,
+        kind: &str,
+        key: &str,
+        layout: Layout,
+        image: ImageInfo,
+        t0: Instant,
+    ) -> Result<Claim, RuntimeError> {
+        let key = key.to_string();
         // The ready index names the candidates without reading every member's record from
         // containerd (which made concurrent claims quadratic in the pool's size); members an
         // older runner made are not in it, and are found by their labels.
@@ -344,10 +377,16 @@ impl Engine {
         userns: Option<(spec::IdRange, (u32, u32))>,
         plan: &RunPlan,
     ) -> Result<(), RuntimeError> {
-        let (engine, id, layout, plan) = (self.clone(), id.to_string(), layout.clone(), plan.clone());
-        tokio::task::spawn_blocking(move || engine.bind_late(&id, &layout, userns, &plan))
-            .await
-            .map_err(|e| RuntimeError::Internal(format!("binding into the claimed member: {e}")))?
+        let (id, layout, plan) = (id.to_string(), layout.clone(), plan.clone());
+        let bound = {
+            let (engine, id) = (self.clone(), id.clone());
+            tokio::task::spawn_blocking(move || engine.bind_late(&id, &layout, userns, &plan))
+                .await
+                .map_err(|e| RuntimeError::Internal(format!("binding into the claimed member: {e}")))?
+        };
+        // The places hold their own copies of the views (see `Engine::create_task`).
+        super::drop_host_mounts_when_quiet(self.clone(), id);
+        bound
     }
 
     /// Bind the plan's workspace, mounts and static assets into a claimed member (what it has
@@ -415,10 +454,6 @@ impl Engine {
             late::bind_asset(&dir, save_path, &a.source, userns.map(|(range, _)| range.host_id(0)))
                 .map_err(io(format!("binding {}", a.target)))?;
         }
-        // The places hold their own copies of the views (see `Engine::create_task`). Dropped
-        // off the claim's path: its mountinfo reads and unmounts took 2-3 ms of each claim.
-        let (engine, id) = (self.clone(), id.to_string());
-        tokio::task::spawn_blocking(move || engine.drop_host_mounts(&id));
         Ok(())
     }
 }

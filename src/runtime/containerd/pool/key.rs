@@ -38,43 +38,140 @@ async fn target_of(client: &crate::containerd::Containerd, name: &str) -> Result
     Ok(client.image_get(name).await?.and_then(|i| i.target).map(|t| t.digest))
 }
 
+/// A key taken from the cache, not yet checked against the image record: the record's
+/// target is being read beside the claim (one `Images.Get`, sent when the claim began), and
+/// nothing taken from the cache leaves the claim before `confirm` says it still holds.
+pub(super) struct KeyCheck {
+    read: tokio::task::JoinHandle<Result<Option<String>, RuntimeError>>,
+    inputs: String,
+    target: String,
+}
+
+impl KeyCheck {
+    /// Whether the image record still names the content the key was computed for; when it
+    /// does not, the key is dropped from the cache (the next computation replaces it).
+    pub(super) async fn confirm(self) -> Result<bool, RuntimeError> {
+        let now = self
+            .read
+            .await
+            .map_err(|e| RuntimeError::Internal(format!("reading the image record: {e}")))??;
+        if now.as_ref() == Some(&self.target) {
+            return Ok(true);
+        }
+        let mut cache = cache().lock().expect("pool key cache");
+        if cache.get(&self.inputs).is_some_and(|c| c.target == self.target) {
+            cache.remove(&self.inputs);
+        }
+        tracing::debug!(key = self.inputs, "the image changed under a kept pool key");
+        Ok(false)
+    }
+}
+
 impl Engine {
     /// The key of the pool that can serve this plan, with its layout and the image it
     /// resolved (a cold start goes on with that, instead of resolving it again).
     pub async fn pool_key(&self, plan: &RunPlan) -> Result<(String, Layout, ImageInfo), RuntimeError> {
+        let (key, layout, image, check) = self.pool_key_unchecked(plan).await?;
+        if let Some(check) = check
+            && !check.confirm().await?
+        {
+            let (key, layout, image, _) = self.pool_key_computed(plan).await?;
+            return Ok((key, layout, image));
+        }
+        Ok((key, layout, image))
+    }
+
+    /// `pool_key`, from the cache when it has the key (then with the check to `confirm` before
+    /// anything of it is used), else computed.
+    pub(super) async fn pool_key_unchecked(
+        &self,
+        plan: &RunPlan,
+    ) -> Result<(String, Layout, ImageInfo, Option<KeyCheck>), RuntimeError> {
+        let (plan, layout, record, inputs) = match self.key_plan(plan).await? {
+            (plan, layout, Some((record, inputs))) => (plan, layout, record, inputs),
+            (plan, _, None) => return self.compute_for(&plan, None).await,
+        };
+        let cached = cache().lock().expect("pool key cache").get(&inputs).cloned();
+        match cached.filter(|c| c.record == record) {
+            Some(c) => {
+                let read = {
+                    let (client, record) = (self.client.clone(), record.clone());
+                    tokio::spawn(async move { target_of(&client, &record).await })
+                };
+                let check = KeyCheck {
+                    read,
+                    inputs,
+                    target: c.target,
+                };
+                Ok((c.key, layout, c.image, Some(check)))
+            }
+            None => self.compute_for(&plan, Some((record, inputs))).await,
+        }
+    }
+
+    /// `pool_key`, computed (and kept).
+    pub(super) async fn pool_key_computed(
+        &self,
+        plan: &RunPlan,
+    ) -> Result<(String, Layout, ImageInfo, Option<KeyCheck>), RuntimeError> {
+        let (plan, _, keep) = self.key_plan(plan).await?;
+        self.compute_for(&plan, keep).await
+    }
+
+    /// The plan a key is computed from (on its setup snapshot, when its Environment makes
+    /// one), its layout and, when its key may be kept, the image record's name and the
+    /// cache's entry for it.
+    async fn key_plan(&self, plan: &RunPlan) -> Result<(RunPlan, Layout, Option<(String, String)>), RuntimeError> {
         // An Environment that snapshots its setup: members start from that snapshot (a claim
         // gets a sandbox warm and prepared), as its cold jobs do.
-        let prepared = self.on_setup_snapshot(plan).await;
-        let plan = prepared.as_ref().unwrap_or(plan);
+        let plan = self.on_setup_snapshot(plan).await.unwrap_or_else(|| plan.clone());
         let image_name = plan
             .env()
             .image
             .clone()
             .ok_or_else(|| RuntimeError::Refused("spec.image is required".into()))?;
-        let layout = member_layout(plan);
-        let policy = plan.env().image_pull_policy;
+        let layout = member_layout(&plan);
         // `Always` pulls whatever is cached: the registry may have moved the tag.
-        let cacheable = policy.unwrap_or_else(|| PullPolicy::default_for(&image_name)) != PullPolicy::Always;
+        let cacheable = plan.env().pull_policy() != PullPolicy::Always;
         // The name `ensure` looks up first; the cache only serves images found under it.
-        let record = crate::image::normalize_name(&image_name).ok().filter(|_| cacheable);
-        let inputs = record.as_ref().map(|r| self.key_inputs(plan, &layout, r));
-        let mut seen = None;
-        if let (Some(record), Some(inputs)) = (&record, &inputs) {
-            let cached = cache().lock().expect("pool key cache").get(inputs).cloned();
-            seen = target_of(&self.client, record).await?;
-            if let Some(c) = cached.filter(|c| Some(&c.target) == seen.as_ref() && &c.record == record) {
-                return Ok((c.key, layout, c.image));
-            }
-            tracing::debug!(image = record, "pool key computed (not kept, or its image changed)");
-        }
-        let image = crate::image::remote::ensure(&self.client, &image_name, policy, &self.options.registry).await?;
+        let keep = crate::image::normalize_name(&image_name)
+            .ok()
+            .filter(|_| cacheable)
+            .map(|record| {
+                let inputs = self.key_inputs(&plan, &layout, &record);
+                (record, inputs)
+            });
+        Ok((plan, layout, keep))
+    }
+
+    /// The key computed: the image resolved, the member's spec built and hashed; kept when
+    /// `keep` names the record and cache entry.
+    async fn compute_for(
+        &self,
+        plan: &RunPlan,
+        keep: Option<(String, String)>,
+    ) -> Result<(String, Layout, ImageInfo, Option<KeyCheck>), RuntimeError> {
+        let layout = member_layout(plan);
+        let image_name = plan
+            .env()
+            .image
+            .clone()
+            .ok_or_else(|| RuntimeError::Refused("spec.image is required".into()))?;
+        // Read *before* the image is resolved: should the record move in between, the next
+        // claim's check finds another digest and the key is computed again (a miss, never a
+        // stale key).
+        let seen = match &keep {
+            Some((record, _)) => target_of(&self.client, record).await?,
+            None => None,
+        };
+        let image =
+            crate::image::remote::ensure(&self.client, &image_name, plan.env().image_pull_policy, &self.options.registry)
+                .await?;
         let key = self.compute_key(plan, &layout, &image)?;
-        // Kept with the digest read *before* the image was resolved: should the record have
-        // moved in between, the next claim finds another digest and computes the key again
-        // (a miss, never a stale key).
-        if let (Some(record), Some(inputs), Some(target)) = (record, inputs, seen)
+        if let (Some((record, inputs)), Some(target)) = (keep, seen)
             && image.name == record
         {
+            tracing::debug!(image = record, "pool key computed and kept");
             let mut cache = cache().lock().expect("pool key cache");
             if cache.len() >= CACHED_KEYS {
                 cache.clear();
@@ -89,7 +186,7 @@ impl Engine {
                 },
             );
         }
-        Ok((key, layout, image))
+        Ok((key, layout, image, None))
     }
 
     /// Everything a pool key is computed from but the image's content (see `inputs`), for

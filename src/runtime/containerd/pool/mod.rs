@@ -158,22 +158,77 @@ fn claims_epoch() -> Instant {
 /// ends no sooner. The hook starts a process: on the blocking pool. A long-lived server's
 /// housekeeping refills anyway, should this process exit first.
 pub fn refill_when_quiet(hook: crate::runtime::ClaimHook, pool: String) {
-    use std::sync::atomic::Ordering;
-    let epoch = claims_epoch();
-    let ms = |t: Instant| t.saturating_duration_since(epoch).as_millis() as u64;
-    let claimed = Instant::now();
-    LAST_CLAIM_MS.fetch_max(ms(claimed), Ordering::Relaxed);
+    let claimed = note_claim();
     tokio::spawn(async move {
-        loop {
-            let last = epoch + Duration::from_millis(LAST_CLAIM_MS.load(Ordering::Relaxed));
-            let quiet_at = (last + REFILL_QUIET).min(claimed + REFILL_WAIT_MOST);
-            let now = Instant::now();
-            if now >= quiet_at {
-                break;
-            }
-            tokio::time::sleep(quiet_at - now).await;
-        }
+        quiet(claimed + REFILL_WAIT_MOST).await;
         let _ = tokio::task::spawn_blocking(move || (hook.0)(&pool)).await;
+    });
+}
+
+/// A claim now, for `quiet`.
+fn note_claim() -> Instant {
+    let now = Instant::now();
+    let ms = now.saturating_duration_since(claims_epoch()).as_millis() as u64;
+    LAST_CLAIM_MS.fetch_max(ms, std::sync::atomic::Ordering::Relaxed);
+    now
+}
+
+/// Until this process's claims pause (`REFILL_QUIET` without one), or `most`.
+async fn quiet(most: Instant) {
+    loop {
+        let last = claims_epoch()
+            + Duration::from_millis(LAST_CLAIM_MS.load(std::sync::atomic::Ordering::Relaxed));
+        let until = (last + REFILL_QUIET).min(most);
+        let now = Instant::now();
+        if now >= until {
+            return;
+        }
+        tokio::time::sleep(until - now).await;
+    }
+}
+
+/// The longest a claimed member's host mounts wait for the claims to pause.
+const DROP_WAIT_MOST: Duration = Duration::from_secs(5);
+
+/// Claimed members whose host mounts are still to be dropped, and whether a task drops them.
+static DROPS: std::sync::Mutex<(Vec<(Engine, String)>, bool)> = std::sync::Mutex::new((Vec::new(), false));
+
+/// Drop a claimed member's host mounts (`Engine::drop_host_mounts`) once the claims pause, at
+/// most `DROP_WAIT_MOST` later, one member after another on one blocking thread. Each drop
+/// reads the whole mount table (every member's rootfs and views: thousands of lines with a
+/// pool of 256) and unmounts: in a burst of 256 claims those reads were a third of both
+/// cores' time (`perf record`), and the unmounts contend for the kernel's mount lock with
+/// the claims' own mounts. The member needs none of them (its places hold their own copies);
+/// its teardown removes whatever is left.
+fn drop_host_mounts_when_quiet(engine: Engine, id: String) {
+    let claimed = note_claim();
+    let mut drops = DROPS.lock().expect("host mount drops");
+    drops.0.push((engine, id));
+    if std::mem::replace(&mut drops.1, true) {
+        return;
+    }
+    drop(drops);
+    tokio::spawn(async move {
+        quiet(claimed + DROP_WAIT_MOST).await;
+        loop {
+            let batch = {
+                let mut drops = DROPS.lock().expect("host mount drops");
+                if drops.0.is_empty() {
+                    drops.1 = false;
+                    return;
+                }
+                std::mem::take(&mut drops.0)
+            };
+            let dropped = tokio::task::spawn_blocking(move || {
+                for (engine, id) in batch {
+                    engine.drop_host_mounts(&id);
+                }
+            })
+            .await;
+            if let Err(e) = dropped {
+                tracing::warn!(error = %e, "dropping claimed members' host mounts");
+            }
+        }
     });
 }
 
