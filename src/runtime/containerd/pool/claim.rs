@@ -78,7 +78,7 @@ impl MemberRecord {
 
 /// A claimed member's record, or why there is none.
 enum Found {
-    Record(MemberRecord),
+    Record(Box<MemberRecord>),
     /// No container record (or an unreadable one).
     Nothing,
     /// Its init is gone (the pool it was in, when known).
@@ -124,7 +124,7 @@ impl Engine {
             // A dead init's PID names another process, or none: either way not one in the
             // member's cgroup. (`hide::enter` checks again once its namespaces are open.)
             return match hide::check_in_cgroup(record.init_pid, &self.cgroup_path(id), "the pool member") {
-                Ok(()) => Found::Record(record),
+                Ok(()) => Found::Record(Box::new(record)),
                 Err(_) => Found::NotRunning(record.pool),
             };
         }
@@ -137,7 +137,7 @@ impl Engine {
         };
         match self.client.task_get(id).await {
             Ok(Some(p)) if p.status == STATUS_RUNNING => match MemberRecord::of(&c, p.pid) {
-                Ok(r) => Found::Record(r),
+                Ok(r) => Found::Record(Box::new(r)),
                 Err(e) => {
                     tracing::warn!(member = id, error = %e, "reading a pool member's record");
                     Found::Nothing
@@ -266,7 +266,7 @@ impl Engine {
                     own_pid_ns,
                     process,
                     ..
-                } = record;
+                } = *record;
                 let range = range.map(|host_base| spec::IdRange { host_base });
                 let (uid, gid) = (process.user().uid(), process.user().gid());
                 let (uid, gid) = match range {

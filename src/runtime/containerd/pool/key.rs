@@ -164,9 +164,13 @@ impl Engine {
             Some((record, _)) => target_of(&self.client, record).await?,
             None => None,
         };
-        let image =
-            crate::image::remote::ensure(&self.client, &image_name, plan.env().image_pull_policy, &self.options.registry)
-                .await?;
+        let image = crate::image::remote::ensure(
+            &self.client,
+            &image_name,
+            plan.env().image_pull_policy,
+            &self.options.registry,
+        )
+        .await?;
         let key = self.compute_key(plan, &layout, &image)?;
         if let (Some((record, inputs)), Some(target)) = (keep, seen)
             && image.name == record

@@ -176,8 +176,7 @@ fn note_claim() -> Instant {
 /// Until this process's claims pause (`REFILL_QUIET` without one), or `most`.
 async fn quiet(most: Instant) {
     loop {
-        let last = claims_epoch()
-            + Duration::from_millis(LAST_CLAIM_MS.load(std::sync::atomic::Ordering::Relaxed));
+        let last = claims_epoch() + Duration::from_millis(LAST_CLAIM_MS.load(std::sync::atomic::Ordering::Relaxed));
         let until = (last + REFILL_QUIET).min(most);
         let now = Instant::now();
         if now >= until {
@@ -625,10 +624,19 @@ mod tests {
         assert_ne!(of("static-mount", "", "s-1"), first);
         let mut p = plan(dir.path(), "plain", "");
         p.bound.env.host_users = !p.bound.env.host_users;
-        assert_ne!(key::inputs(&p, &member_layout(&p), "docker.io/local/x:1", "engine"), first);
+        assert_ne!(
+            key::inputs(&p, &member_layout(&p), "docker.io/local/x:1", "engine"),
+            first
+        );
         let p = plan(dir.path(), "plain", "");
-        assert_ne!(key::inputs(&p, &member_layout(&p), "docker.io/local/y:1", "engine"), first);
-        assert_ne!(key::inputs(&p, &member_layout(&p), "docker.io/local/x:1", "other"), first);
+        assert_ne!(
+            key::inputs(&p, &member_layout(&p), "docker.io/local/y:1", "engine"),
+            first
+        );
+        assert_ne!(
+            key::inputs(&p, &member_layout(&p), "docker.io/local/x:1", "other"),
+            first
+        );
     }
 
     #[test]

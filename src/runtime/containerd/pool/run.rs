@@ -89,7 +89,8 @@ impl Engine {
     ) -> Result<ExecResult, RuntimeError> {
         let job = plan.job();
         let env = plan.env();
-        self.bind_late_blocking(&member.id, &member.layout, member.userns(), plan).await?;
+        self.bind_late_blocking(&member.id, &member.layout, member.userns(), plan)
+            .await?;
         let argv = crate::spec::entry::compose(&env.setup, job.disable_setup, None, &job.command.argv());
         let vars: Vec<(String, String)> = env.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let cwd = member.process.cwd().to_string_lossy().into_owned();
@@ -228,7 +229,8 @@ impl Engine {
         });
         let built = async {
             let t0 = Instant::now();
-            self.bind_late_blocking(&member.id, &member.layout, userns, plan).await?;
+            self.bind_late_blocking(&member.id, &member.layout, userns, plan)
+                .await?;
             super::super::claim_phase("bind late", t0);
             let init_exited = CancellationToken::new();
             {
