@@ -106,6 +106,7 @@ impl Engine {
                 (LABEL_KIND.to_string(), kind.to_string()),
                 (LABEL_JOB.to_string(), plan.job().name.clone()),
             ]);
+            labels.extend(crate::runtime::containerd::engine::workspace_labels(plan));
             let relabel = {
                 let (client, id) = (self.client.clone(), c.id.clone());
                 tokio::spawn(async move { client.container_set_labels(&id, labels).await })
@@ -149,6 +150,7 @@ impl Engine {
                     range,
                     relabel,
                     init,
+                    seed: image.workspace.clone(),
                 })
             }
             .await;

@@ -89,6 +89,7 @@ impl Engine {
     ) -> Result<ExecResult, RuntimeError> {
         let job = plan.job();
         let env = plan.env();
+        self.seed_workspace(member.seed.as_deref(), plan).await?;
         self.bind_late(&member.id, &member.layout, member.userns(), plan)?;
         let argv = crate::spec::entry::compose(&env.setup, job.disable_setup, None, &job.command.argv());
         let vars: Vec<(String, String)> = env.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -228,6 +229,7 @@ impl Engine {
         });
         let built = async {
             let t0 = Instant::now();
+            self.seed_workspace(member.seed.as_deref(), plan).await?;
             self.bind_late(&member.id, &member.layout, userns, plan)?;
             super::super::claim_phase("bind late", t0);
             let init_exited = CancellationToken::new();
