@@ -58,7 +58,24 @@ fn fillers(state: &Path) -> Vec<u32> {
             pids.push(pid);
         }
     }
-    pids
+    // A filler's own short-lived helpers (the child that holds a new user namespace while its
+    // id maps are written shares the filler's memory, so its command line too) are not
+    // fillers: only processes whose parent is not one are.
+    // (One gone since is not counted either.)
+    let parents: Vec<(u32, Option<u32>)> = pids.iter().map(|&pid| (pid, parent_of(pid))).collect();
+    parents
+        .iter()
+        .filter(|(_, parent)| parent.is_some_and(|p| !pids.contains(&p)))
+        .map(|(pid, _)| *pid)
+        .collect()
+}
+
+/// A process's parent, from /proc/PID/stat (`None` once it is gone).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// The pool's members nobody has claimed (ready, or being made), as containerd lists them: a

@@ -551,6 +551,14 @@ fn the_cli_snapshots_a_running_job_attempt() {
         String::from_utf8_lossy(&out.stdout).contains(&format!("snapshot {name} made of {job}")),
         "{out:?}"
     );
+    // A Job without a workspace has none to hold: said, with the option.
+    let out = runner_ctd(&["snapshot", "create", &job, &name, "--replace", "--workspace"], &state);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("workspace") && err.contains("no workspace mounted"),
+        "{err}"
+    );
     // Unknown sources and names are clear errors.
     let out = runner_ctd(&["snapshot", "create", "no-such-job", "x"], &state);
     assert_eq!(out.status.code(), Some(2));
@@ -860,4 +868,168 @@ fn a_warm_pool_from_a_snapshot_serves_what_starts_from_it() {
     drop(_pool);
     let (code, _) = s.call("DELETE", &format!("/v1/snapshots/{snap}"), None);
     assert_eq!(code, 204);
+}
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_snapshot_with_its_workspace_gives_it_to_what_starts_from_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let s = server(dir.path());
+    let snap = format!("wssnap-{}", std::process::id());
+    let id = create(&s, json!({"environment": {"image": "local/busybox:1.35"}}));
+    let (code, v) = exec(
+        &s,
+        &id,
+        "mkdir -p proj/sub && echo built > proj/sub/out && echo snapshot > conflict && ln -s proj/sub/out link \
+         && echo changed > /etc/rootfs-change && mkfifo pipe && pwd",
+    );
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["stdout"], "/workspace\n", "{v}");
+    let (code, v) = s.call(
+        "POST",
+        &format!("/v1/sessions/{id}/snapshot"),
+        Some(&json!({"name": snap, "workspace": true}).to_string()),
+    );
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["workspace"], "/workspace", "{v}");
+    // The workspace, its two directories above the files, the files, the link; no FIFO.
+    assert_eq!(v["workspaceEntries"], 6, "{v}");
+    let (code, v) = s.call("GET", "/v1/snapshots", None);
+    assert_eq!(code, 200, "{v}");
+    let listed = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == snap.as_str())
+        .cloned();
+    assert_eq!(listed.unwrap()["workspace"], "/workspace", "{v}");
+    // A whole image: `ctr` sees the workspace's files in it.
+    let (address, namespace) = containerd_env();
+    let out = Command::new("ctr")
+        .args(["--address", address.to_str().unwrap(), "--namespace", &namespace])
+        .args(["images", "check", &format!("name==snapshot:{snap}")])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("complete"), "{out:?}");
+
+    // A Job with a workspace of its own: the snapshot's files where it has none of that
+    // name, its own where it has; nothing through the link it planted to a host directory.
+    let ws = dir.path().join("job-ws");
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(ws.join("conflict"), "job's own\n").unwrap();
+    std::fs::write(ws.join("mine"), "mine\n").unwrap();
+    let job = |name: &str, extra: &str, workspace: Option<&std::path::Path>| {
+        let workspace = workspace.map_or(String::new(), |w| format!("  workspace: {}\n", w.display()));
+        write_manifest(
+            dir.path(),
+            &format!("{name}.yaml"),
+            &format!(
+                "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: {name}-env}}\nspec:\n  image: \"snapshot:{snap}\"\n  resources: {{memory: 96Mi}}\n{extra}\
+                 ---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n  environment: {name}-env\n{workspace}  command: \"cat /workspace/proj/sub/out /workspace/conflict; cat /workspace/mine 2>&1 | grep -c 'No such'; readlink /workspace/link; cat /etc/rootfs-change; \
+                 test \\\"$(stat -c %u /workspace/proj/sub/out)\\\" = \\\"$(id -u)\\\" && echo owned\"\n"
+            ),
+        )
+    };
+    let result = |file: &PathBuf| {
+        let out = runner_ctd(
+            &["apply", "--replace", "-f", file.to_str().unwrap(), "-o", "json"],
+            &state,
+        );
+        let v = json_of(&out);
+        assert_eq!(out.status.code(), Some(0), "{v}");
+        v["status"]["result"].clone()
+    };
+    let r = result(&job("ws-own", "", Some(&ws)));
+    assert_eq!(
+        r["stdout"], "built\njob's own\n0\nproj/sub/out\nchanged\nowned\n",
+        "{r}"
+    );
+    assert_eq!(std::fs::read_to_string(ws.join("conflict")).unwrap(), "job's own\n");
+    assert_eq!(std::fs::read_to_string(ws.join("proj/sub/out")).unwrap(), "built\n");
+
+    let planted = dir.path().join("planted-ws");
+    std::fs::create_dir_all(&planted).unwrap();
+    std::os::unix::fs::symlink(&outside, planted.join("proj")).unwrap();
+    let file = job("ws-planted", "", Some(&planted));
+    let out = runner_ctd(
+        &["apply", "--replace", "-f", file.to_str().unwrap(), "-o", "json"],
+        &state,
+    );
+    let r = json_of(&out)["status"]["result"].clone();
+    assert_eq!(r["exitCode"], 1, "proj is the job's own link, left as it is: {r}");
+    assert_eq!(r["stdout"], "snapshot\n1\nproj/sub/out\nchanged\n", "{r}");
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        0,
+        "nothing went through the link"
+    );
+    assert!(std::fs::symlink_metadata(planted.join("proj")).unwrap().is_symlink());
+
+    // Without a workspace mounted there, the image has them at that path.
+    let r = result(&job("ws-unmounted", "  mountWorkspace: false\n", None));
+    assert_eq!(r["stdout"], "built\nsnapshot\n1\nproj/sub/out\nchanged\nowned\n", "{r}");
+
+    // A session from it gets them in its scratch workspace.
+    let other = create(&s, json!({"environment": {"image": format!("snapshot:{snap}")}}));
+    let (code, v) = exec(&s, &other, "cat proj/sub/out conflict");
+    assert_eq!((code, v["stdout"].as_str()), (200, Some("built\nsnapshot\n")), "{v}");
+    // A snapshot of that session without its workspace holds none to give: a job with a
+    // workspace sees only its own.
+    let plain = format!("{snap}-plain");
+    let (code, v) = s.call(
+        "POST",
+        &format!("/v1/sessions/{other}/snapshot"),
+        Some(&json!({"name": plain}).to_string()),
+    );
+    assert_eq!(code, 201, "{v}");
+    assert!(v.get("workspace").is_none(), "{v}");
+    let empty = dir.path().join("empty-ws");
+    std::fs::create_dir_all(&empty).unwrap();
+    let file = job_manifest(
+        dir.path(),
+        "on-plain",
+        &format!("snapshot:{plain}"),
+        "ls /workspace | wc -l; cat /etc/rootfs-change",
+    );
+    let text = std::fs::read_to_string(&file).unwrap() + &format!("  workspace: {}\n", empty.display());
+    std::fs::write(&file, text).unwrap();
+    assert_eq!(run_job(&state, &file), "0\nchanged\n");
+
+    // A warm pool of the snapshot: the member that serves a job gives its workspace the files.
+    let pool = format!("wspool-{}", std::process::id());
+    let pool_file = write_manifest(
+        dir.path(),
+        "ws-pool.yaml",
+        &format!(
+            "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: ws-pooled-env}}\nspec:\n  image: \"snapshot:{snap}\"\n  resources: {{memory: 96Mi}}\n\
+             ---\napiVersion: runner/v1alpha1\nkind: WarmPool\nmetadata: {{name: {pool}}}\nspec: {{environment: ws-pooled-env, size: 1}}\n"
+        ),
+    );
+    let out = runner_ctd(&["apply", "-f", pool_file.to_str().unwrap()], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    struct Pool<'a>(&'a std::path::Path, &'a str);
+    impl Drop for Pool<'_> {
+        fn drop(&mut self) {
+            let _ = runner_ctd(&["pool", "rm", self.1], self.0);
+        }
+    }
+    let _pool = Pool(&state, &pool);
+    let pooled_ws = dir.path().join("pooled-ws");
+    std::fs::create_dir_all(&pooled_ws).unwrap();
+    let r = result(&job("ws-pooled", "", Some(&pooled_ws)));
+    assert_eq!(r["pool"], pool.as_str(), "a member served it: {r}");
+    assert_eq!(r["stdout"], "built\nsnapshot\n1\nproj/sub/out\nchanged\nowned\n", "{r}");
+    drop(_pool);
+
+    for session in [&id, &other] {
+        let (code, _) = s.call("DELETE", &format!("/v1/sessions/{session}"), None);
+        assert_eq!(code, 204);
+    }
+    for name in [&snap, &plain] {
+        let (code, _) = s.call("DELETE", &format!("/v1/snapshots/{name}"), None);
+        assert_eq!(code, 204);
+    }
 }

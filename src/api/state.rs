@@ -27,6 +27,10 @@ pub struct TakeSnapshot {
     /// Replace a snapshot of that name (default: 409 when one exists).
     #[serde(default)]
     pub replace: bool,
+    /// Hold the session's workspace too: what starts from the snapshot finds those files in
+    /// its workspace (default: the rootfs changes only).
+    #[serde(default)]
+    pub workspace: bool,
 }
 
 pub(super) fn routes() -> Vec<Route> {
@@ -53,7 +57,7 @@ pub(super) fn routes() -> Vec<Route> {
             Doc::new(
                 Method::POST,
                 "/v1/sessions/{id}/snapshot",
-                "make the session's filesystem changes an image, `snapshot:NAME` (its workspace and mounts are not part of it)",
+                "make the session's filesystem changes an image, `snapshot:NAME` (and its workspace with `workspace: true`; never its mounts)",
             )
             .takes::<TakeSnapshot>()
             .returns::<Created>(201),
@@ -76,7 +80,10 @@ async fn snapshot(
     body: axum::body::Bytes,
 ) -> AppResult<(StatusCode, Json<Created>)> {
     let request: TakeSnapshot = super::parse_json(&body)?;
-    let created = state.sessions.snapshot(&id, &request.name, request.replace).await?;
+    let created = state
+        .sessions
+        .snapshot(&id, &request.name, request.replace, request.workspace)
+        .await?;
     Ok((StatusCode::CREATED, Json(created)))
 }
 

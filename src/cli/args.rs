@@ -667,8 +667,8 @@ pub enum PoolVerb {
 
 #[derive(Subcommand, Debug)]
 pub enum SnapshotVerb {
-    /// Make a running sandbox's filesystem changes an image, `snapshot:NAME` (its workspace
-    /// and mounts are not part of it; it is frozen while they are read).
+    /// Make a running sandbox's filesystem changes an image, `snapshot:NAME` (its mounts are
+    /// not part of it, its workspace only with --workspace; it is frozen while they are read).
     Create {
         /// A session id, a Job's name (its running container), or JOB-ATTEMPT.
         source: String,
@@ -677,6 +677,10 @@ pub enum SnapshotVerb {
         /// Replace a snapshot of that name.
         #[arg(long)]
         replace: bool,
+        /// Hold the sandbox's workspace too: what starts from the snapshot finds those files
+        /// in its own workspace (where it has none of that name).
+        #[arg(long)]
+        workspace: bool,
         #[arg(short = 'o', long = "output", value_enum)]
         output: Option<OutputFormat>,
     },

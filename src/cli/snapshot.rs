@@ -10,9 +10,10 @@ pub async fn run(ctx: &Context, verb: SnapshotVerb) -> Result<i32, ServiceError>
             source,
             name,
             replace,
+            workspace,
             output,
         } => {
-            let created = snapshots::create(ctx, &source, &name, replace).await?;
+            let created = snapshots::create(ctx, &source, &name, replace, workspace).await?;
             match output {
                 Some(OutputFormat::Json) | Some(OutputFormat::Yaml) => print_value(&created, output)?,
                 _ => outln!(
@@ -25,6 +26,15 @@ pub async fn run(ctx: &Context, verb: SnapshotVerb) -> Result<i32, ServiceError>
                     created.took_ms,
                     created.frozen_ms
                 ),
+            }
+            if let (None | Some(OutputFormat::Wide | OutputFormat::Name), Some(target)) =
+                (output, &created.snapshot.workspace)
+            {
+                outln!(
+                    "with its workspace ({target}): {} in {} entries",
+                    bytes(created.workspace_bytes),
+                    created.workspace_entries
+                );
             }
             Ok(0)
         }

@@ -66,6 +66,7 @@ use pack::*;
 use path::*;
 pub use remove::{remove_tree, remove_tree_at};
 use resolve::*;
+pub use unpack::Source;
 use unpack::*;
 use walk::*;
 
@@ -182,6 +183,32 @@ pub struct UnpackReport {
     pub hardlinks: u64,
     /// Bytes of regular-file data written.
     pub bytes: u64,
+    /// Members left out because the name was taken ([`UnpackOptions::keep_existing`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub kept: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// How [`Root::unpack_tar_from`] reads an archive and treats what is on disk.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UnpackOptions<'a> {
+    /// The archive's members are named under this path (`workspace` for `workspace/a/b`),
+    /// which is taken off their names; the path itself and its parents name the target
+    /// directory, and a member elsewhere is refused.
+    pub strip: &'a str,
+    /// Whatever holds a member's name on disk stays and the member is left out (counted in
+    /// [`UnpackReport::kept`]), where without it a non-directory there is replaced.
+    pub keep_existing: bool,
+}
+
+impl UnpackOptions<'_> {
+    fn strip_components(&self) -> Result<Vec<Vec<u8>>> {
+        let rel = RelPath::parse(self.strip)?;
+        Ok(rel.comps.iter().map(|c| c.to_vec()).collect())
+    }
 }
 
 /// What [`Root::pack_tar`] stored and left out.
@@ -481,10 +508,24 @@ impl Root {
                 limit: MAX_ARCHIVE_BYTES,
             });
         }
+        self.unpack_tar_from(rel, Source::Bytes(archive), owner, max_bytes, UnpackOptions::default())
+    }
+
+    /// [`Root::unpack_tar`] of an archive of any size read from `source` (twice: the check,
+    /// then the extraction), with `options`. A file source is one the host wrote (a snapshot's
+    /// workspace read from containerd), never one a sandbox can change.
+    pub fn unpack_tar_from(
+        &self,
+        rel: &str,
+        source: Source<'_>,
+        owner: Option<Owner>,
+        max_bytes: u64,
+        options: UnpackOptions<'_>,
+    ) -> Result<UnpackReport> {
         let rel = RelPath::parse(rel)?;
-        validate_archive(archive, max_bytes)?;
+        validate_archive(source, max_bytes, &options)?;
         let dir = walk_dirs(self.fd.as_fd(), &rel.comps, Some(owner), "")?;
-        extract_archive(dir, &rel.shown(), archive, owner, max_bytes)
+        extract_archive(dir, &rel.shown(), source, owner, max_bytes, &options)
     }
 
     /// Writes a tar (GNU format) of `rel` to `out`: a directory's contents recursively, named

@@ -52,18 +52,49 @@ impl Read for Capped<'_> {
     }
 }
 
-pub(super) fn tar_stream(archive: &[u8], max_bytes: u64, over: Rc<Cell<bool>>) -> tar::Archive<Capped<'_>> {
-    let inner: Box<dyn Read + '_> = if archive.starts_with(&[0x1f, 0x8b]) {
-        Box::new(flate2::read::MultiGzDecoder::new(archive))
+/// Where an archive is read from: memory (an upload), or a file the host wrote (read at
+/// offsets, so each pass reads it from the start whoever else holds it).
+#[derive(Clone, Copy)]
+pub enum Source<'a> {
+    Bytes(&'a [u8]),
+    File(&'a File),
+}
+
+/// A file read from offset 0 by `pread`, leaving the descriptor's own offset alone.
+struct ReadAt<'a> {
+    file: &'a File,
+    pos: u64,
+}
+
+impl Read for ReadAt<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = std::os::unix::fs::FileExt::read_at(self.file, buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+pub(super) fn tar_stream<'a>(
+    source: Source<'a>,
+    max_bytes: u64,
+    over: Rc<Cell<bool>>,
+) -> io::Result<tar::Archive<Capped<'a>>> {
+    let mut raw: io::BufReader<Box<dyn Read + 'a>> = io::BufReader::new(match source {
+        Source::Bytes(b) => Box::new(b),
+        Source::File(file) => Box::new(ReadAt { file, pos: 0 }),
+    });
+    let gzip = io::BufRead::fill_buf(&mut raw)?.starts_with(&[0x1f, 0x8b]);
+    let inner: Box<dyn Read + 'a> = if gzip {
+        Box::new(flate2::read::MultiGzDecoder::new(raw))
     } else {
-        Box::new(archive)
+        Box::new(raw)
     };
-    tar::Archive::new(Capped {
+    Ok(tar::Archive::new(Capped {
         inner,
         // File data plus room for headers and padding: headers alone cannot make a bomb.
         left: max_bytes.saturating_add(MAX_ARCHIVE_BYTES),
         over,
-    })
+    }))
 }
 
 /// A failure while reading the stream: the cap, or a corrupt archive.
@@ -87,7 +118,7 @@ pub(super) fn bad(member: &str, reason: impl Into<String>) -> ConfinedError {
     }
 }
 
-pub(super) fn read_member<R: Read>(entry: &tar::Entry<'_, R>) -> Result<Member> {
+pub(super) fn read_member<R: Read>(entry: &tar::Entry<'_, R>, strip: &[Vec<u8>]) -> Result<Member> {
     let header = entry.header();
     let raw = entry.path_bytes();
     let shown = String::from_utf8_lossy(&raw).into_owned();
@@ -125,9 +156,15 @@ pub(super) fn read_member<R: Read>(entry: &tar::Entry<'_, R>) -> Result<Member> 
         tar::EntryType::Symlink => MemberKind::Symlink(link()?),
         tar::EntryType::Link => {
             let target = link()?;
-            let comps =
-                split_components(&target).map_err(|reason| bad(&shown, format!("hard link target {reason}")))?;
-            MemberKind::HardLink(comps.into_iter().map(<[u8]>::to_vec).collect())
+            let comps: Vec<Vec<u8>> = split_components(&target)
+                .map_err(|reason| bad(&shown, format!("hard link target {reason}")))?
+                .into_iter()
+                .map(<[u8]>::to_vec)
+                .collect();
+            match comps.strip_prefix(strip) {
+                Some(rest) if !rest.is_empty() => MemberKind::HardLink(rest.to_vec()),
+                _ => return Err(bad(&shown, "hard link target outside the archive's tree")),
+            }
         }
         tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
             return Err(bad(&shown, "device nodes and FIFOs are not extracted"));
@@ -144,6 +181,20 @@ pub(super) fn read_member<R: Read>(entry: &tar::Entry<'_, R>) -> Result<Member> 
     if matches!(member.kind, MemberKind::File | MemberKind::Dir) {
         member.mode = header.mode().map_err(|e| bad(&shown, e.to_string()))?;
     }
+    if !strip.is_empty() {
+        match member.comps.strip_prefix(strip) {
+            Some(rest) => member.comps = rest.to_vec(),
+            // The tree's own directory and those above it: the target and its parents.
+            None if strip.starts_with(&member.comps) && matches!(member.kind, MemberKind::Dir) => {
+                member.kind = MemberKind::Skip;
+                return Ok(member);
+            }
+            None => {
+                let under = String::from_utf8_lossy(&join(strip)).into_owned();
+                return Err(bad(&shown, format!("outside {under:?}, the archive's tree")));
+            }
+        }
+    }
     if member.comps.is_empty() {
         if matches!(member.kind, MemberKind::Dir) {
             // `./`: the target directory itself, which exists already.
@@ -156,9 +207,11 @@ pub(super) fn read_member<R: Read>(entry: &tar::Entry<'_, R>) -> Result<Member> 
 }
 
 /// Pass one: every header, before anything is written.
-pub(super) fn validate_archive(archive: &[u8], max_bytes: u64) -> Result<()> {
+pub(super) fn validate_archive(source: Source<'_>, max_bytes: u64, options: &UnpackOptions) -> Result<()> {
     let over = Rc::new(Cell::new(false));
-    let mut tar = tar_stream(archive, max_bytes, over.clone());
+    let strip = options.strip_components()?;
+    let mut tar =
+        tar_stream(source, max_bytes, over.clone()).map_err(|e| stream_error(&over, max_bytes, "(start)", e))?;
     let entries = tar
         .entries()
         .map_err(|e| stream_error(&over, max_bytes, "(start)", e))?;
@@ -167,7 +220,7 @@ pub(super) fn validate_archive(archive: &[u8], max_bytes: u64) -> Result<()> {
     let mut last = String::from("(start)");
     for entry in entries {
         let entry = entry.map_err(|e| stream_error(&over, max_bytes, &format!("(after {last})"), e))?;
-        let m = read_member(&entry)?;
+        let m = read_member(&entry, &strip)?;
         last = m.shown.clone();
         count += 1;
         if count > MAX_MEMBERS {
@@ -247,13 +300,17 @@ pub(super) fn validate_archive(archive: &[u8], max_bytes: u64) -> Result<()> {
 pub(super) fn extract_archive(
     dir: OwnedFd,
     base: &str,
-    archive: &[u8],
+    source: Source<'_>,
     owner: Option<Owner>,
     max_bytes: u64,
+    options: &UnpackOptions,
 ) -> Result<UnpackReport> {
     let base = if base == "." { "" } else { base };
     let over = Rc::new(Cell::new(false));
-    let mut tar = tar_stream(archive, max_bytes, over.clone());
+    let strip = options.strip_components()?;
+    let keep = options.keep_existing;
+    let mut tar =
+        tar_stream(source, max_bytes, over.clone()).map_err(|e| stream_error(&over, max_bytes, "(start)", e))?;
     let entries = tar
         .entries()
         .map_err(|e| stream_error(&over, max_bytes, "(start)", e))?;
@@ -263,7 +320,7 @@ pub(super) fn extract_archive(
     let mut last = String::from("(start)");
     for entry in entries {
         let mut entry = entry.map_err(|e| stream_error(&over, max_bytes, &format!("(after {last})"), e))?;
-        let m = read_member(&entry)?;
+        let m = read_member(&entry, &strip)?;
         last = m.shown.clone();
         let Some((name, parent_comps)) = m.comps.split_last() else {
             continue;
@@ -276,17 +333,29 @@ pub(super) fn extract_archive(
             Some((comps, fd)) if comps.as_slice() == parent_comps => fd,
             _ => {
                 let comps: Vec<&[u8]> = parent_comps.iter().map(Vec::as_slice).collect();
-                walk_dirs(dir.as_fd(), &comps, Some(owner), base)?
+                match walk_dirs(dir.as_fd(), &comps, Some(owner), base) {
+                    Ok(fd) => fd,
+                    // What is there stays: a non-directory where the member's parent would
+                    // be keeps the member out.
+                    Err(ConfinedError::NotADirectory { .. } | ConfinedError::IsSymlink { .. }) if keep => {
+                        report.kept += 1;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         };
         let p = parent.as_fd();
         match &m.kind {
             MemberKind::Dir => {
-                extract_dir(p, name, &m, owner, &shown)?;
-                report.dirs += 1;
+                if extract_dir(p, name, &m, owner, &shown, keep)? {
+                    report.dirs += 1;
+                } else {
+                    report.kept += 1;
+                }
             }
             MemberKind::File => {
-                let fd = create_fresh(p, name, &m, &shown, |p, name| {
+                let made = create_fresh(p, name, &m, &shown, keep, |p, name| {
                     open_beneath(
                         p,
                         name,
@@ -295,6 +364,11 @@ pub(super) fn extract_archive(
                         NO_SYMLINKS,
                     )
                 })?;
+                let Some(fd) = made else {
+                    report.kept += 1;
+                    parent_cache = Some((parent_comps.to_vec(), parent));
+                    continue;
+                };
                 chown_fd(fd.as_fd(), owner, &shown)?;
                 let mut file = File::from(fd);
                 let written = io::copy(&mut (&mut entry).take(m.size), &mut file).map_err(|e| {
@@ -323,13 +397,17 @@ pub(super) fn extract_archive(
                 report.files += 1;
             }
             MemberKind::Symlink(target) => {
-                create_fresh(p, name, &m, &shown, |p, name| {
+                let made = create_fresh(p, name, &m, &shown, keep, |p, name| {
                     nix::unistd::symlinkat(target.as_slice(), p, name)
                 })?;
-                if owner.is_some() {
-                    chown_symlink(p, name, owner, &shown)?;
+                if made.is_none() {
+                    report.kept += 1;
+                } else {
+                    if owner.is_some() {
+                        chown_symlink(p, name, owner, &shown)?;
+                    }
+                    report.symlinks += 1;
                 }
-                report.symlinks += 1;
             }
             MemberKind::HardLink(target) => {
                 let (tname, tparent) = target
@@ -346,11 +424,15 @@ pub(super) fn extract_archive(
                     NO_SYMLINKS,
                 )
                 .map_err(|e| errno_error("opening the directory of", &tshown, e))?;
-                create_fresh(p, name, &m, &shown, |p, name| {
+                let made = create_fresh(p, name, &m, &shown, keep, |p, name| {
                     // No AT_SYMLINK_FOLLOW: a symlink swapped in is linked, not followed.
                     nix::unistd::linkat(tdir.as_fd(), tname.as_slice(), p, name, AtFlags::empty())
                 })?;
-                report.hardlinks += 1;
+                if made.is_some() {
+                    report.hardlinks += 1;
+                } else {
+                    report.kept += 1;
+                }
             }
             MemberKind::Skip => {}
         }
@@ -362,16 +444,19 @@ pub(super) fn extract_archive(
 /// Creates a non-directory member with `make`, which fails with `EEXIST` when the name is
 /// taken: then whatever non-directory is there is removed (a planted symlink is unlinked,
 /// never followed) and `make` runs again. An existing directory stays and is an error.
+/// With `keep`, whatever holds the name stays and nothing is made (`None`).
 pub(super) fn create_fresh<T>(
     parent: BorrowedFd<'_>,
     name: &[u8],
     m: &Member,
     shown: &str,
+    keep: bool,
     mut make: impl FnMut(BorrowedFd<'_>, &[u8]) -> nix::Result<T>,
-) -> Result<T> {
+) -> Result<Option<T>> {
     for _ in 0..RACE_RETRIES {
         match make(parent, name) {
-            Ok(made) => return Ok(made),
+            Ok(made) => return Ok(Some(made)),
+            Err(Errno::EEXIST) if keep => return Ok(None),
             Err(Errno::EEXIST) => remove_non_dir(parent, name, m, shown)?,
             Err(e) => return Err(errno_error("creating", shown, e)),
         }
@@ -400,14 +485,17 @@ pub(super) fn extract_dir(
     m: &Member,
     owner: Option<Owner>,
     shown: &str,
-) -> Result<()> {
+    keep: bool,
+) -> Result<bool> {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
     for _ in 0..RACE_RETRIES {
         match open_beneath(parent, name, flags, 0, NO_SYMLINKS) {
             // An existing directory stays as it is.
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(!keep),
             Err(Errno::ENOENT) => {}
-            // A non-directory (a symlink included) is in the way: it goes.
+            // A non-directory (a symlink included) is in the way: it stays with `keep` (and
+            // what the archive has beneath it is kept out), else it goes.
+            Err(Errno::ELOOP | Errno::ENOTDIR) if keep => return Ok(false),
             Err(Errno::ELOOP | Errno::ENOTDIR) => remove_non_dir(parent, name, m, shown)?,
             Err(e) => return Err(errno_error("opening", shown, e)),
         }
@@ -419,7 +507,7 @@ pub(super) fn extract_dir(
         match open_beneath(parent, name, flags, 0, NO_SYMLINKS) {
             Ok(fd) => {
                 chown_fd(fd.as_fd(), owner, shown)?;
-                return chmod_fd(fd.as_fd(), m.mode, shown);
+                return chmod_fd(fd.as_fd(), m.mode, shown).map(|()| true);
             }
             Err(Errno::ENOENT) => continue,
             Err(e) => return Err(errno_error("opening", shown, e)),
@@ -733,4 +821,71 @@ mod tests {
     }
 
     // ---- pack
+
+    #[test]
+    fn a_tree_under_a_prefix_is_unpacked_beside_what_is_there_which_stays() {
+        let fx = Fixture::new();
+        fx.mkdir("ws");
+        fx.put("ws/mine", b"job's own");
+        fx.put("ws/blocker", b"a file where the archive has a directory");
+        fx.link("ws/planted", fx.outside());
+        // A layer's first part: no end-of-archive blocks (the rest of the layer follows).
+        let section = [
+            dir_m("home/"),
+            dir_m("home/u/"),
+            dir_m("home/u/work/"),
+            file_m("home/u/work/mine", b"snapshot's"),
+            file_m("home/u/work/new", b"from the snapshot"),
+            dir_m("home/u/work/blocker/"),
+            file_m("home/u/work/blocker/inner", b"kept out"),
+            file_m("home/u/work/planted", b"never through the link"),
+            dir_m("home/u/work/d/"),
+            file_m("home/u/work/d/f", b"deep"),
+            hardlink_m("home/u/work/d/g", "home/u/work/d/f"),
+        ]
+        .concat();
+        let file = tempfile::tempfile().unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, &section, 0).unwrap();
+        let options = UnpackOptions {
+            strip: "home/u/work",
+            keep_existing: true,
+        };
+        let report = fx
+            .root
+            .unpack_tar_from("ws", Source::File(&file), None, MIB, options)
+            .unwrap();
+        assert_eq!(fs::read(fx.rp().join("ws/mine")).unwrap(), b"job's own");
+        assert_eq!(fs::read(fx.rp().join("ws/new")).unwrap(), b"from the snapshot");
+        assert_eq!(fs::read(fx.rp().join("ws/d/f")).unwrap(), b"deep");
+        assert_eq!(fs::read(fx.rp().join("ws/d/g")).unwrap(), b"deep");
+        assert!(fx.rp().join("ws/blocker").is_file());
+        assert!(fx.rp().join("ws/planted").is_symlink());
+        assert!(!fx.rp().join("home").exists());
+        // mine, blocker (a directory member), blocker/inner, planted.
+        assert_eq!(report.kept, 4, "{report:?}");
+        assert_eq!((report.files, report.hardlinks, report.dirs), (2, 1, 1), "{report:?}");
+        fx.assert_outside_unchanged();
+        // Twice: everything is kept the second time.
+        let again = fx
+            .root
+            .unpack_tar_from("ws", Source::File(&file), None, MIB, options)
+            .unwrap();
+        assert_eq!((again.files, again.dirs), (0, 0), "{again:?}");
+
+        // A member outside the prefix is refused before anything is written.
+        let stray = [file_m("home/u/work/ok", b"x"), file_m("etc/passwd", b"root")].concat();
+        let e = assert_err(
+            fx.root
+                .unpack_tar_from("other", Source::Bytes(&stray), None, MIB, options),
+            "BadArchive",
+        );
+        assert!(e.to_string().contains("outside"), "{e}");
+        assert!(!fx.rp().join("other").exists());
+        let bad_link = [file_m("home/u/work/f", b"x"), hardlink_m("home/u/work/g", "etc/passwd")].concat();
+        assert_err(
+            fx.root
+                .unpack_tar_from("other", Source::Bytes(&bad_link), None, MIB, options),
+            "BadArchive",
+        );
+    }
 }

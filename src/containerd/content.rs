@@ -334,12 +334,17 @@ impl Containerd {
 
     /// Read a blob as a stream of chunks (for pushing large layers without holding them).
     pub async fn content_stream(&self, digest: &str) -> Result<ByteStream, CtdError> {
+        self.content_stream_range(digest, 0, 0).await
+    }
+
+    /// Read `size` bytes of a blob from `offset` (`size` 0: to its end) as a stream of chunks.
+    pub async fn content_stream_range(&self, digest: &str, offset: u64, size: u64) -> Result<ByteStream, CtdError> {
         let mut client = svc::content_client::ContentClient::new(self.channel.clone());
         let stream = client
             .read(self.request(svc::ReadContentRequest {
                 digest: digest.to_string(),
-                offset: 0,
-                size: 0,
+                offset: offset as i64,
+                size: size as i64,
             }))
             .await
             .map_err(rpc("content read"))?

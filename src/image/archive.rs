@@ -256,6 +256,9 @@ pub struct JsonRunConfig {
     #[serde(default)]
     pub env: Option<Vec<String>>,
     #[serde(default)]
+    /// Boxed: this config travels in every claim's result, and few images have labels.
+    pub labels: Option<Box<HashMap<String, String>>>,
+    #[serde(default)]
     pub cmd: Option<Vec<String>>,
     #[serde(default)]
     pub working_dir: Option<String>,

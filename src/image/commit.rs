@@ -25,6 +25,9 @@ pub struct NewLayer<'a> {
     pub size: u64,
     /// What the image history says made it.
     pub created_by: String,
+    /// The workspace its first part holds: the path it was mounted at and the bytes of that
+    /// part (see `super::WorkspaceSeed`).
+    pub workspace: Option<(String, u64)>,
 }
 
 /// containerd's Diff.Apply of the received layer onto a prepared snapshot's mounts.
@@ -145,6 +148,7 @@ pub async fn commit(
         )));
     }
     diff_ids.push(layer.digest.into());
+    set_workspace_labels(&mut config, layer.workspace.as_ref());
     let mut ids = base_ids;
     ids.push(layer.digest.to_string());
     let chains = archive::chain_ids(&ids);
@@ -273,4 +277,45 @@ pub async fn commit(
         top_chain,
         layer_size: layer.size,
     })
+}
+
+/// Say in the image config where the new layer's workspace is, or that it has none: a
+/// workspace the base's labels named is in a lower layer now, and no longer what a sandbox of
+/// this image is given.
+fn set_workspace_labels(config: &mut serde_json::Value, workspace: Option<&(String, u64)>) {
+    if !config.get("config").is_some_and(|c| c.is_object()) {
+        config["config"] = serde_json::json!({});
+    }
+    let run = &mut config["config"];
+    if !run.get("Labels").is_some_and(|l| l.is_object()) {
+        run["Labels"] = serde_json::json!({});
+    }
+    if let Some(labels) = run["Labels"].as_object_mut() {
+        labels.remove(super::WORKSPACE_LABEL);
+        labels.remove(super::WORKSPACE_BYTES_LABEL);
+        if let Some((target, bytes)) = workspace {
+            labels.insert(super::WORKSPACE_LABEL.into(), target.clone().into());
+            labels.insert(super::WORKSPACE_BYTES_LABEL.into(), bytes.to_string().into());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_layer_says_where_its_workspace_is_and_never_keeps_the_base_s() {
+        let mut config = serde_json::json!({"config": {"Env": ["A=1"], "Labels": {
+            "keep": "me", "dev.runner.snapshot.workspace": "/old", "dev.runner.snapshot.workspace-bytes": "10"}}});
+        set_workspace_labels(&mut config, None);
+        assert_eq!(config["config"]["Labels"], serde_json::json!({"keep": "me"}));
+        set_workspace_labels(&mut config, Some(&("/workspace".to_string(), 2048)));
+        assert_eq!(config["config"]["Labels"][super::super::WORKSPACE_LABEL], "/workspace");
+        assert_eq!(config["config"]["Labels"][super::super::WORKSPACE_BYTES_LABEL], "2048");
+        assert_eq!(config["config"]["Env"][0], "A=1");
+        let mut bare = serde_json::json!({"rootfs": {}});
+        set_workspace_labels(&mut bare, Some(&("/w".to_string(), 1)));
+        assert_eq!(bare["config"]["Labels"][super::super::WORKSPACE_LABEL], "/w");
+    }
 }

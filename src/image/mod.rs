@@ -669,6 +669,7 @@ async fn import_rootfs(
         cmd: options.cmd.clone(),
         working_dir: options.workdir.clone(),
         user: options.user.clone(),
+        labels: None,
     };
     let config_json = serde_json::json!({
         "architecture": go_arch(),
@@ -725,6 +726,44 @@ pub struct ImageInfo {
     pub name: String,
     pub top_chain: String,
     pub config: JsonRunConfig,
+    /// The workspace a snapshot made with its workspace carries (`None`: none). Boxed: most
+    /// images have none, and this travels in every claim's result.
+    pub workspace: Option<Box<WorkspaceSeed>>,
+}
+
+/// Label of a snapshot image's config: the path its workspace was mounted at, under which
+/// its top layer holds the workspace's files, first.
+pub const WORKSPACE_LABEL: &str = "dev.runner.snapshot.workspace";
+/// Label of the same config: bytes of the top layer's tar, from its start, that hold them
+/// (that part alone reads as a tar of the workspace).
+pub const WORKSPACE_BYTES_LABEL: &str = "dev.runner.snapshot.workspace-bytes";
+
+/// Where a snapshot's workspace is: the first `bytes` of the uncompressed tar of layer
+/// `layer_digest`, its members under `target` (without the leading `/`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkspaceSeed {
+    /// The path in the container (`/workspace`).
+    pub target: String,
+    pub layer_digest: String,
+    pub layer_media_type: String,
+    pub bytes: u64,
+}
+
+impl WorkspaceSeed {
+    /// The seed an image's config labels and top layer describe; `None` when the labels say
+    /// none (or are not runner's to read).
+    fn of(config: &JsonRunConfig, manifest: &JsonManifest) -> Option<Box<WorkspaceSeed>> {
+        let labels = config.labels.as_ref()?;
+        let target = labels.get(WORKSPACE_LABEL)?;
+        let bytes = labels.get(WORKSPACE_BYTES_LABEL)?.parse().ok()?;
+        let top = manifest.layers.last()?;
+        Some(Box::new(WorkspaceSeed {
+            target: target.clone(),
+            layer_digest: top.digest.clone(),
+            layer_media_type: top.media_type.clone(),
+            bytes,
+        }))
+    }
 }
 
 /// Index, manifest and config blobs read by `resolve`, by digest: content-addressed (the
@@ -788,10 +827,12 @@ pub async fn resolve(client: &Containerd, name: &str) -> Result<ImageInfo, Image
             "image {name} is not unpacked into {SNAPSHOTTER}; re-import it"
         )));
     }
+    let run = config.config.unwrap_or_default();
     Ok(ImageInfo {
         name: name.to_string(),
         top_chain,
-        config: config.config.unwrap_or_default(),
+        workspace: WorkspaceSeed::of(&run, &manifest),
+        config: run,
     })
 }
 

@@ -12,9 +12,9 @@ use super::{Context, ServiceError};
 use crate::runtime::containerd::snapshot::{
     CommitOutcome, CommitRequest, LABEL_SNAPSHOT, LABEL_SNAPSHOT_BASE as LABEL_BASE,
     LABEL_SNAPSHOT_CREATED as LABEL_CREATED, LABEL_SNAPSHOT_LAYER_BYTES as LABEL_LAYER_BYTES,
-    LABEL_SNAPSHOT_SOURCE as LABEL_SOURCE,
+    LABEL_SNAPSHOT_SOURCE as LABEL_SOURCE, LABEL_SNAPSHOT_WORKSPACE as LABEL_SNAP_WORKSPACE, WorkspaceSource,
 };
-use crate::runtime::containerd::{LABEL_ATTEMPT, LABEL_MANAGED};
+use crate::runtime::containerd::{LABEL_ATTEMPT, LABEL_MANAGED, LABEL_WORKSPACE, LABEL_WORKSPACE_TARGET};
 
 /// What a snapshot's image name starts with.
 pub const IMAGE_PREFIX: &str = crate::image::SNAPSHOT_PREFIX;
@@ -39,6 +39,9 @@ pub struct SnapshotView {
     /// Bytes it takes on disk: the layer blob and its unpacked copy (`None`: unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_bytes: Option<u64>,
+    /// The path the workspace it holds was mounted at (`None`: it holds no workspace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
 }
 
 /// What `create` did, beyond the snapshot itself.
@@ -49,10 +52,19 @@ pub struct Created {
     pub snapshot: SnapshotView,
     /// Entries of its layer (files, directories, links, whiteouts).
     pub entries: u64,
+    /// Entries and bytes (of the layer's tar) of the workspace it holds (0 without).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub workspace_entries: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub workspace_bytes: u64,
     /// How long the sandbox was frozen while its changes were read (0: it was paused).
     pub frozen_ms: u64,
     /// How long the whole snapshot took.
     pub took_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The image name of snapshot `name`, which is checked.
@@ -76,7 +88,13 @@ pub fn image_name_of(field: &str, name: &str) -> Result<String, ServiceError> {
 /// Snapshot the running container of `source`: a session id, a Job's name (its one running
 /// container), or `JOB-ATTEMPT` (that attempt's). A name that exists is refused unless
 /// `replace`.
-pub async fn create(ctx: &Context, source: &str, name: &str, replace: bool) -> Result<Created, ServiceError> {
+pub async fn create(
+    ctx: &Context,
+    source: &str,
+    name: &str,
+    replace: bool,
+    workspace: bool,
+) -> Result<Created, ServiceError> {
     let image = image_name(name)?;
     let engine = ctx.engine(ctx.runtime_options()).await?;
     let client = ctx.containerd().await?;
@@ -86,19 +104,30 @@ pub async fn create(ctx: &Context, source: &str, name: &str, replace: bool) -> R
         )));
     }
     let container = find_container(&engine, source).await?;
+    let workspace = match workspace {
+        true => Some(workspace_of(&container, source)?),
+        false => None,
+    };
     let now = crate::job::rfc3339(std::time::SystemTime::now());
-    let labels = HashMap::from([
+    let mut labels = HashMap::from([
         (LABEL_MANAGED.to_string(), "true".to_string()),
         (LABEL_SNAPSHOT.to_string(), name.to_string()),
         (LABEL_SOURCE.to_string(), source.to_string()),
         (LABEL_BASE.to_string(), container.image.clone()),
         (LABEL_CREATED.to_string(), now.clone()),
     ]);
+    if let Some(ws) = &workspace {
+        labels.insert(LABEL_SNAP_WORKSPACE.to_string(), ws.target.clone());
+    }
     let request = CommitRequest {
         image: image.clone(),
         labels,
-        created_by: format!("runner snapshot create {source} {name}"),
+        created_by: format!(
+            "runner snapshot create {source} {name}{}",
+            if workspace.is_some() { " --workspace" } else { "" }
+        ),
         limits: Default::default(),
+        workspace: workspace.clone(),
     };
     let outcome: CommitOutcome = engine.commit(&container, &request).await?;
     tracing::info!(
@@ -122,11 +151,36 @@ pub async fn create(ctx: &Context, source: &str, name: &str, replace: bool) -> R
                 .await
                 .ok()
                 .map(|u| u + outcome.layer.size),
+            workspace: workspace.map(|w| w.target),
         },
         entries: outcome.layer.entries,
+        workspace_entries: outcome.layer.section_entries,
+        workspace_bytes: outcome.layer.section_bytes,
         frozen_ms: outcome.frozen_ms,
         took_ms: outcome.took_ms,
     })
+}
+
+/// Where `container` has its workspace, which a snapshot `--workspace` holds.
+fn workspace_of(
+    container: &containerd_client::services::v1::Container,
+    source: &str,
+) -> Result<WorkspaceSource, ServiceError> {
+    match (
+        container.labels.get(LABEL_WORKSPACE),
+        container.labels.get(LABEL_WORKSPACE_TARGET),
+    ) {
+        (Some(dir), Some(target)) => Ok(WorkspaceSource {
+            dir: dir.into(),
+            target: target.clone(),
+        }),
+        _ => Err(ServiceError::field(
+            "workspace",
+            format!(
+                "{source} has no workspace mounted (its Job has none, or its Environment says mountWorkspace: false)"
+            ),
+        )),
+    }
 }
 
 /// The running container of a session, Job or Job attempt.
@@ -186,6 +240,7 @@ pub async fn list(ctx: &Context) -> Result<Vec<SnapshotView>, ServiceError> {
             digest: image.target.map(|t| t.digest).unwrap_or_default(),
             layer_bytes,
             disk_bytes,
+            workspace: image.labels.get(LABEL_SNAP_WORKSPACE).cloned(),
         });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));

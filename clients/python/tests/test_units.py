@@ -109,6 +109,9 @@ def test_request_headers() -> None:
     assert request.path == "/v1/sessions/s-1/exec"
     assert _core.read_file("s/1", "a b/c?.txt").request.path == "/v1/sessions/s%2F1/files?path=a+b%2Fc%3F.txt"
     assert _core.list_jobs({"a": "1", "b": "2"}).request.path == "/v1/jobs?labelSelector=a%3D1%2Cb%3D2"
+    snap = _core.snapshot_session("s-1", "prepared", False, True).request
+    assert snap.path == "/v1/sessions/s-1/snapshot"
+    assert json.loads(snap.body or b"") == {"name": "prepared", "replace": False, "workspace": True}
     with pytest.raises(TypeError):
         _core.exec_("s", [1], None, None, None, None)  # type: ignore[list-item]
     with pytest.raises(TypeError):

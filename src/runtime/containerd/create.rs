@@ -261,6 +261,7 @@ impl Engine {
                 image
             }
         };
+        self.seed_workspace(image.workspace.as_deref(), plan).await?;
         let mut plan = plan.clone();
         plan.image_env = image.config.env.clone().unwrap_or_default();
         let id = container_id(&plan.job().name);

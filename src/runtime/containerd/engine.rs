@@ -105,6 +105,7 @@ impl Engine {
             (LABEL_KIND.to_string(), kind.to_string()),
             (LABEL_STATE_DIR.to_string(), self.state_dir().display().to_string()),
         ]);
+        labels.extend(workspace_labels(plan));
         labels
     }
 
@@ -631,5 +632,16 @@ pub(super) async fn sweep_setid(workspace: Option<&Path>) {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => tracing::warn!(workspace = shown, error = %e, "clearing setuid/setgid bits in the workspace"),
         Err(e) => tracing::warn!(workspace = shown, error = %e, "clearing setuid/setgid bits in the workspace"),
+    }
+}
+
+/// The labels that say where a container's workspace is (none when it mounts none).
+pub(super) fn workspace_labels(plan: &RunPlan) -> Vec<(String, String)> {
+    match &plan.workspace {
+        Some(ws) if plan.env().mount_workspace => vec![
+            (LABEL_WORKSPACE.to_string(), ws.display().to_string()),
+            (LABEL_WORKSPACE_TARGET.to_string(), plan.env().workdir.clone()),
+        ],
+        _ => Vec::new(),
     }
 }

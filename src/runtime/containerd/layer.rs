@@ -96,6 +96,22 @@ pub struct LayerReport {
     /// Device nodes and sockets left out (a layer cannot hold a socket, and a device node
     /// is never carried from one sandbox to another).
     pub skipped: u64,
+    /// Bytes of the tar the first section (`Section`) takes, from its start: that part alone
+    /// is a tar of the section (without the end-of-archive blocks). 0 without a section.
+    pub section_bytes: u64,
+    /// Entries of the first section (its parents included).
+    pub section_entries: u64,
+}
+
+/// A tree written into the layer before the writable layer's changes, under `prefix` (a
+/// relative path): a sandbox's workspace at its mount point. It is walked as it is — not an
+/// overlay layer, so nothing in it is a whiteout or an opaque marker — and FIFOs are left out
+/// with devices and sockets (a workspace is restored by the host, which makes none of them).
+/// Its parents are written as plain directories (0755, root) so the layer unpacks on its own.
+pub struct Section<'a> {
+    pub dir: &'a Path,
+    pub prefix: &'a str,
+    pub shift: &'a IdShift,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +164,8 @@ impl<W: Write> Write for Hashing<W> {
 struct Walk<'a, W: Write> {
     tar: tar::Builder<Hashing<W>>,
     shift: &'a IdShift,
+    /// A plain tree (a `Section`), not an overlay upper directory.
+    plain: bool,
     /// Paths (relative, no leading `/`) left out with everything under them.
     exclude: &'a [Vec<u8>],
     limits: LayerLimits,
@@ -168,6 +186,7 @@ pub fn write_layer<W: Write>(
     shift: &IdShift,
     exclude: &[String],
     limits: LayerLimits,
+    first: Option<&Section<'_>>,
 ) -> Result<LayerReport, LayerError> {
     let shown = upper.as_os_str().as_bytes();
     let root = nix::dir::Dir::open(
@@ -187,16 +206,30 @@ pub fn write_layer<W: Write>(
         written: 0,
     });
     tar.mode(tar::HeaderMode::Complete);
+    let no_exclude: Vec<Vec<u8>> = Vec::new();
     let mut walk = Walk {
         tar,
         shift,
-        exclude: &exclude,
+        plain: true,
+        exclude: &no_exclude,
         limits,
         links: HashMap::new(),
         entries: 0,
         file_bytes: 0,
         skipped: 0,
     };
+    let (mut section_bytes, mut section_entries) = (0, 0);
+    if let Some(section) = first {
+        walk.shift = section.shift;
+        walk.section(section)?;
+        section_bytes = walk.tar.get_ref().written;
+        section_entries = walk.entries;
+        // A hard link never joins the two trees (they are different filesystems).
+        walk.links.clear();
+    }
+    walk.shift = shift;
+    walk.plain = false;
+    walk.exclude = &exclude;
     walk.dir(root, b"", 0)?;
     let mut hashing = walk.tar.into_inner().map_err(io_err("finishing the layer", shown))?;
     hashing.flush().map_err(io_err("writing the layer", shown))?;
@@ -206,6 +239,8 @@ pub fn write_layer<W: Write>(
         entries: walk.entries,
         file_bytes: walk.file_bytes,
         skipped: walk.skipped,
+        section_bytes,
+        section_entries,
     })
 }
 
@@ -319,6 +354,41 @@ impl<W: Write> Walk<'_, W> {
         h
     }
 
+    /// `section`'s parents, its root and its tree.
+    fn section(&mut self, section: &Section<'_>) -> Result<(), LayerError> {
+        let shown = section.dir.as_os_str().as_bytes();
+        let root = nix::dir::Dir::open(
+            section.dir,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(errno("opening", shown))?;
+        let st = fstat(&root).map_err(errno("reading", shown))?;
+        let comps: Vec<&str> = section.prefix.split('/').filter(|c| !c.is_empty()).collect();
+        let mut path = Vec::new();
+        for (i, comp) in comps.iter().enumerate() {
+            path.extend_from_slice(comp.as_bytes());
+            path.push(b'/');
+            self.count()?;
+            let mut h = if i + 1 == comps.len() {
+                self.header(&st, tar::EntryType::Directory)
+            } else {
+                let mut h = tar::Header::new_gnu();
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_mode(0o755);
+                h.set_uid(0);
+                h.set_gid(0);
+                h.set_mtime(0);
+                h.set_size(0);
+                h
+            };
+            self.tar
+                .append_data(&mut h, Path::new(OsStr::from_bytes(&path)), io::empty())
+                .map_err(io_err("archiving", &path))?;
+        }
+        self.dir(root, &path, comps.len())
+    }
+
     /// An empty marker entry (a whiteout or the opaque marker).
     fn marker(&mut self, path: &[u8]) -> Result<(), LayerError> {
         self.count()?;
@@ -365,7 +435,7 @@ impl<W: Write> Walk<'_, W> {
                 fstatat(&*parent, name.as_slice(), AtFlags::AT_SYMLINK_NOFOLLOW).map_err(errno("reading", &member))?;
             let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
             match kind {
-                SFlag::S_IFCHR if st.st_rdev == 0 => {
+                SFlag::S_IFCHR if st.st_rdev == 0 && !self.plain => {
                     let mut path = prefix.to_vec();
                     path.extend_from_slice(WHITEOUT);
                     path.extend_from_slice(&name);
@@ -387,7 +457,7 @@ impl<W: Write> Walk<'_, W> {
                     )
                     .map_err(errno("opening", &member))?;
                     same_file(&child, &st, &member)?;
-                    if opaque(&child) {
+                    if !self.plain && opaque(&child) {
                         let mut marker = path.clone();
                         marker.extend_from_slice(OPAQUE);
                         self.marker(&marker)?;
@@ -405,7 +475,7 @@ impl<W: Write> Walk<'_, W> {
                         .append_link(&mut h, Path::new(OsStr::from_bytes(&member)), &target)
                         .map_err(io_err("archiving", &member))?;
                 }
-                SFlag::S_IFIFO => {
+                SFlag::S_IFIFO if !self.plain => {
                     self.count()?;
                     let mut h = self.header(&st, tar::EntryType::Fifo);
                     self.tar
@@ -589,6 +659,7 @@ mod tests {
             &IdShift::default(),
             &[],
             LayerLimits::default(),
+            None,
         )
         .unwrap();
 
@@ -662,6 +733,7 @@ mod tests {
             &IdShift::default(),
             &["/.runner".to_string()],
             LayerLimits::default(),
+            None,
         )
         .unwrap();
         let got = entries(&out);
@@ -694,7 +766,15 @@ mod tests {
             gids: vec![range(base)],
         };
         let out = dir.path().join("layer.tar");
-        write_layer(&upper, File::create(&out).unwrap(), &shift, &[], LayerLimits::default()).unwrap();
+        write_layer(
+            &upper,
+            File::create(&out).unwrap(),
+            &shift,
+            &[],
+            LayerLimits::default(),
+            None,
+        )
+        .unwrap();
         let got = entries(&out);
         assert_eq!((got[0].2, got[0].3), (1000, 100));
         assert_eq!(IdShift::map(&shift.uids, 7), OVERFLOW_ID, "an id outside the range");
@@ -713,6 +793,7 @@ mod tests {
                 &IdShift::default(),
                 &[],
                 limits,
+                None,
             )
         };
         let deep = LayerLimits {
@@ -731,5 +812,76 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(write(small), Err(LayerError::TooLarge { what: "bytes", .. })));
+    }
+
+    #[test]
+    fn a_section_comes_first_under_its_prefix_and_its_bytes_are_a_tar_of_it_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let upper = dir.path().join("upper");
+        std::fs::create_dir_all(upper.join("opt")).unwrap();
+        std::fs::write(upper.join("opt/tool"), b"rootfs change").unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join("src")).unwrap();
+        std::fs::write(ws.join("src/main.py"), b"print(1)").unwrap();
+        std::fs::hard_link(ws.join("src/main.py"), ws.join("copy.py")).unwrap();
+        nix::unistd::mkfifo(&ws.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        // Not a whiteout in a plain tree: a device, left out.
+        nix::sys::stat::mknod(&ws.join("dev0"), SFlag::S_IFCHR, Mode::from_bits_truncate(0), 0).unwrap();
+        let me = nix::unistd::geteuid().as_raw();
+        let shift = IdShift {
+            uids: vec![IdRange {
+                container: 1000,
+                host: me,
+                size: 1,
+            }],
+            gids: vec![],
+        };
+        let section = Section {
+            dir: &ws,
+            prefix: "/home/u/work",
+            shift: &shift,
+        };
+        let out = dir.path().join("layer.tar");
+        let report = write_layer(
+            &upper,
+            File::create(&out).unwrap(),
+            &IdShift::default(),
+            &[],
+            LayerLimits::default(),
+            Some(&section),
+        )
+        .unwrap();
+        let names: Vec<String> = entries(&out).into_iter().map(|e| e.0).collect();
+        assert_eq!(
+            names,
+            [
+                "home/",
+                "home/u/",
+                "home/u/work/",
+                "home/u/work/copy.py",
+                "home/u/work/src/",
+                "home/u/work/src/main.py",
+                "opt/",
+                "opt/tool"
+            ]
+        );
+        assert_eq!(report.section_entries, 6);
+        assert_eq!(report.skipped, 2, "the FIFO and the device");
+        // The section's bytes alone read as a tar of the section.
+        let bytes = std::fs::read(&out).unwrap();
+        let prefix = &bytes[..report.section_bytes as usize];
+        let mut archive = tar::Archive::new(prefix);
+        let mut seen = Vec::new();
+        for e in archive.entries().unwrap() {
+            let e = e.unwrap();
+            seen.push((e.path().unwrap().display().to_string(), e.header().uid().unwrap()));
+        }
+        assert_eq!(seen.len(), 6);
+        assert_eq!(
+            seen[3],
+            ("home/u/work/copy.py".to_string(), 1000),
+            "the owner as the sandbox saw it"
+        );
+        assert_eq!(seen[0].1, 0);
     }
 }

@@ -17,6 +17,7 @@ pub mod pool;
 pub mod prelaunch;
 pub mod reclaim;
 pub mod remap;
+mod seed;
 mod setup_snapshot;
 pub mod snapshot;
 
@@ -36,6 +37,10 @@ pub const LABEL_ATTEMPT: &str = "runner.dev/attempt";
 /// The state directory (job store) of the runner that created it: only that store can tell
 /// whether a Job attempt whose runner died is waiting to be re-adopted.
 pub const LABEL_STATE_DIR: &str = "runner.dev/state-dir";
+/// The host directory a container has as its workspace, and the path it has it at (what a
+/// snapshot with its workspace reads).
+pub const LABEL_WORKSPACE: &str = "runner.dev/workspace";
+pub const LABEL_WORKSPACE_TARGET: &str = "runner.dev/workspace-target";
 /// Where live containers see the programs runner ships (read-only).
 pub const TOOLS_MOUNT: &str = "/.runner-tools";
 /// The metric of the containerd operations' latencies (create, start, exec).

@@ -156,6 +156,7 @@ impl Engine {
                 labels,
                 created_by: format!("setup of Environment {}", plan.env().name),
                 limits: Default::default(),
+                workspace: None,
             };
             self.commit(&container, &request).await
         }

@@ -49,7 +49,21 @@ pub struct CommitRequest {
     /// What the image history says made it.
     pub created_by: String,
     pub limits: LayerLimits,
+    /// The sandbox's workspace, to hold too (first in the layer, under the path it is
+    /// mounted at).
+    pub workspace: Option<WorkspaceSource>,
 }
+
+/// A sandbox's workspace: the host directory, and where the sandbox has it.
+#[derive(Clone, Debug)]
+pub struct WorkspaceSource {
+    pub dir: std::path::PathBuf,
+    pub target: String,
+}
+
+/// Label of a snapshot's image record: the path its workspace was mounted at (absent: it
+/// holds none).
+pub const LABEL_SNAPSHOT_WORKSPACE: &str = "runner.dev/snapshot-workspace";
 
 /// A snapshot made.
 #[derive(Clone, Debug)]
@@ -96,6 +110,10 @@ impl Engine {
             .map(|m| m.destination().to_string_lossy().into_owned())
             .collect();
         let shift = id_shift(&spec);
+        let section = match &request.workspace {
+            Some(ws) => Some((ws.dir.clone(), ws.target.clone(), workspace_shift(&spec, &ws.dir)?)),
+            None => None,
+        };
         let file = tempfile::Builder::new()
             // Named by this process (see `reclaim::remove_orphan_layer_files`): a runner
             // that dies mid-snapshot leaves a file gc can tell is no one's.
@@ -140,6 +158,7 @@ impl Engine {
         let walk = Walk {
             upper,
             shift,
+            section,
             exclude,
             out,
             growth,
@@ -174,6 +193,8 @@ const FOLLOW_CHUNK: usize = 1 << 20;
 struct Walk {
     upper: std::path::PathBuf,
     shift: IdShift,
+    /// The workspace: its directory, its path in the container, how its ids are stored.
+    section: Option<(std::path::PathBuf, String, IdShift)>,
     exclude: Vec<String>,
     out: std::fs::File,
     growth: layer::Growth,
@@ -198,6 +219,7 @@ impl Engine {
         let Walk {
             upper,
             shift,
+            section,
             exclude,
             out,
             growth,
@@ -223,8 +245,14 @@ impl Engine {
         }
         let limits = request.limits;
         let counting = growth.counting(out);
-        let walked =
-            tokio::task::spawn_blocking(move || layer::write_layer(&upper, counting, &shift, &exclude, limits)).await;
+        let target = section.as_ref().map(|(_, target, _)| target.clone());
+        let walked = tokio::task::spawn_blocking(move || {
+            let section = section
+                .as_ref()
+                .map(|(dir, prefix, shift)| layer::Section { dir, prefix, shift });
+            layer::write_layer(&upper, counting, &shift, &exclude, limits, section.as_ref())
+        })
+        .await;
         growth.finish(matches!(walked, Ok(Ok(_))));
         let frozen_ms = if freeze {
             // A sandbox left frozen would hold every later call: a failed thaw is tried again
@@ -276,6 +304,7 @@ impl Engine {
             digest: &report.digest,
             size: report.size,
             created_by: request.created_by.clone(),
+            workspace: target.map(|t| (t, report.section_bytes)),
         };
         let mut labels = request.labels.clone();
         labels.insert(LABEL_SNAPSHOT_LAYER_BYTES.into(), report.size.to_string());
@@ -292,6 +321,33 @@ impl Engine {
         .await?;
         Ok((image, report, frozen_ms))
     }
+}
+
+/// How the host ids in the workspace map to the sandbox's: in a user namespace the sandbox
+/// sees the workspace through an idmapped view that shows its owner as the sandbox's user
+/// (`remap::workspace_view`), and the range's ids as themselves; without one, as they are.
+fn workspace_shift(spec: &oci_spec::runtime::Spec, dir: &std::path::Path) -> Result<IdShift, RuntimeError> {
+    let mut shift = id_shift(spec);
+    if shift.uids.is_empty() {
+        return Ok(shift);
+    }
+    let (owner_uid, owner_gid) = remap::workspace_owner(dir).map_err(|source| RuntimeError::Io {
+        what: format!("reading the owner of the workspace {}", dir.display()),
+        source,
+    })?;
+    let (uid, gid) = spec
+        .process()
+        .as_ref()
+        .map(|p| (p.user().uid(), p.user().gid()))
+        .unwrap_or((0, 0));
+    let one = |container, host| IdRange {
+        container,
+        host,
+        size: 1,
+    };
+    shift.uids.insert(0, one(uid, owner_uid));
+    shift.gids.insert(0, one(gid, owner_gid));
+    Ok(shift)
 }
 
 /// How the host ids in the container's upper directory map back to the sandbox's.

@@ -182,6 +182,7 @@ impl SessionManager {
         id: &str,
         name: &str,
         replace: bool,
+        workspace: bool,
     ) -> Result<crate::service::snapshots::Created, ServiceError> {
         let session = self.find(id)?;
         if session.backend == crate::manifest::Backend::Host {
@@ -191,7 +192,7 @@ impl SessionManager {
             ));
         }
         let _transition = session.pause.transition.lock().await;
-        crate::service::snapshots::create(&self.ctx, id, name, replace).await
+        crate::service::snapshots::create(&self.ctx, id, name, replace, workspace).await
     }
 
     /// Hold a session for a call about to use its sandbox (see `Hold`).

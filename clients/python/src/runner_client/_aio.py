@@ -621,9 +621,9 @@ class AsyncSession:
         self.info = await self._t.call(_core.resume_session(self.id))
         return self.info
 
-    async def snapshot(self, name: str, *, replace: bool = False) -> Dict[str, Any]:
+    async def snapshot(self, name: str, *, replace: bool = False, workspace: bool = False) -> Dict[str, Any]:
         """See `Session.snapshot`."""
-        return await self._t.call(_core.snapshot_session(self.id, name, replace))
+        return await self._t.call(_core.snapshot_session(self.id, name, replace, workspace))
 
     async def checkpoint(self, name: str, *, replace: bool = False) -> Dict[str, Any]:
         """See `Session.checkpoint`."""

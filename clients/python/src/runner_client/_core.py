@@ -284,8 +284,10 @@ def resume_session(session_id: str) -> Op[SessionInfo]:
     return Op(Request("POST", _session_path(session_id, "resume")), lambda r: SessionInfo.from_json(json_of(r)))
 
 
-def snapshot_session(session_id: str, name: str, replace: bool) -> Op[Dict[str, Any]]:
-    body = {"name": name, "replace": bool(replace)}
+def snapshot_session(session_id: str, name: str, replace: bool, workspace: bool = False) -> Op[Dict[str, Any]]:
+    body: Dict[str, Any] = {"name": name, "replace": bool(replace)}
+    if workspace:
+        body["workspace"] = True
     return Op(_json_request("POST", _session_path(session_id, "snapshot"), body), json_of)
 
 

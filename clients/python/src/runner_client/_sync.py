@@ -316,10 +316,11 @@ class Session:
         self.info = self._t.call(_core.resume_session(self.id))
         return self.info
 
-    def snapshot(self, name: str, *, replace: bool = False) -> Dict[str, Any]:
-        """Make the sandbox's filesystem changes the image `snapshot:NAME` (not its workspace
-        or mounts); a name that exists raises Conflict unless `replace`."""
-        return self._t.call(_core.snapshot_session(self.id, name, replace))
+    def snapshot(self, name: str, *, replace: bool = False, workspace: bool = False) -> Dict[str, Any]:
+        """Make the sandbox's filesystem changes the image `snapshot:NAME` (not its mounts;
+        its workspace too with `workspace=True`: what starts from the snapshot finds those
+        files in its workspace); a name that exists raises Conflict unless `replace`."""
+        return self._t.call(_core.snapshot_session(self.id, name, replace, workspace))
 
     def checkpoint(self, name: str, *, replace: bool = False) -> Dict[str, Any]:
         """Checkpoint the sandbox (CRIU): its processes, memory, files and workspace, restorable

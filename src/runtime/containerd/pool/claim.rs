@@ -255,6 +255,7 @@ impl Engine {
                 (LABEL_KIND.to_string(), kind.to_string()),
                 (LABEL_JOB.to_string(), plan.job().name.clone()),
             ]);
+            labels.extend(crate::runtime::containerd::engine::workspace_labels(plan));
             let relabel = {
                 let (client, id) = (self.client.clone(), id.clone());
                 tokio::spawn(async move { client.container_set_labels(&id, labels).await })
@@ -306,6 +307,7 @@ impl Engine {
                     range,
                     relabel,
                     init,
+                    seed: image.workspace.clone(),
                 })
             }
             .await;

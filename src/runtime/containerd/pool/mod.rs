@@ -101,6 +101,8 @@ pub struct Member {
     /// Its init, pinned (a PID could be reused; this cannot), when it is the init of a PID
     /// namespace of its own: killing it kills every process of the member.
     init: Option<std::os::fd::OwnedFd>,
+    /// The workspace its image holds for what it serves (`seed`).
+    seed: Option<Box<crate::image::WorkspaceSeed>>,
 }
 
 impl Member {

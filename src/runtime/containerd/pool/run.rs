@@ -89,6 +89,7 @@ impl Engine {
     ) -> Result<ExecResult, RuntimeError> {
         let job = plan.job();
         let env = plan.env();
+        self.seed_workspace(member.seed.as_deref(), plan).await?;
         self.bind_late_blocking(&member.id, &member.layout, member.userns(), plan)
             .await?;
         let argv = crate::spec::entry::compose(&env.setup, job.disable_setup, None, &job.command.argv());
@@ -229,6 +230,7 @@ impl Engine {
         });
         let built = async {
             let t0 = Instant::now();
+            self.seed_workspace(member.seed.as_deref(), plan).await?;
             self.bind_late_blocking(&member.id, &member.layout, userns, plan)
                 .await?;
             super::super::claim_phase("bind late", t0);
