@@ -77,6 +77,37 @@ snapshot_rows() {
   echo "snapshot   pooled job start from the 100 MiB snapshot: ${sm} ms   from its base image: ${bm} ms   ratio $(awk "BEGIN{printf \"%.2f\", $sm/$bm}")  (median of $runs)"
   "$runner" snapshot rm bench-100m >/dev/null
 }
+#   workspace_rows URL TOKEN  a snapshot holding a 20 MiB workspace (2,000 files of 10 KiB: a
+#                          checked-out, built repository), then `runner apply` of a job on it
+#                          with an empty workspace of its own (the snapshot's files are given
+#                          to it) vs the same job on the base image after the host copied the
+#                          same tree into its workspace (`cp -a`: the way without a snapshot)
+workspace_rows() {
+  local url=$1 token=$2 id i seeded=() copied=() answer
+  id=$(curl -sf -H "Authorization: Bearer $token" -d '{"environment": {"image": "local/busybox:1.35"}}' "$url/v1/sessions" |
+    sed -n 's/.*"id":"\([^"]*\)".*/\1/p')
+  [ -n "$id" ] || { echo "workspace: no session" >&2; return 1; }
+  curl -sf -o /dev/null -H "Authorization: Bearer $token" -d '{"command": "mkdir -p src && i=0; while [ $i -lt 2000 ]; do head -c 10240 /dev/urandom > src/f$i; i=$((i+1)); done", "timeoutSeconds": 120}' "$url/v1/sessions/$id/exec"
+  answer=$(curl -sf -H "Authorization: Bearer $token" -d '{"name": "bench-ws", "replace": true, "workspace": true}' "$url/v1/sessions/$id/snapshot")
+  curl -sf -o /dev/null -X DELETE -H "Authorization: Bearer $token" "$url/v1/sessions/$id"
+  mkdir -p "$work/tree/src"
+  for i in $(seq 0 1999); do head -c 10240 /dev/urandom > "$work/tree/src/f$i"; done
+  local doc='apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: %s}\nspec: {image: "%s"}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: %s}\nspec: {environment: %s, workspace: "%s", command: "test -e src/f1999"}\n'
+  # shellcheck disable=SC2059
+  printf "$doc" ws-snap "snapshot:bench-ws" ws-snap ws-snap "$work/ws-snap" > "$work/ws-snap.yaml"
+  # shellcheck disable=SC2059
+  printf "$doc" ws-copy local/busybox:1.35 ws-copy ws-copy "$work/ws-copy" > "$work/ws-copy.yaml"
+  for i in $(seq 1 "$runs"); do
+    rm -rf "$work/ws-snap" "$work/ws-copy"; mkdir "$work/ws-snap"
+    seeded+=("$(ms_of "$runner" apply --replace -f "$work/ws-snap.yaml")")
+    copied+=("$(ms_of sh -c "cp -a '$work/tree' '$work/ws-copy' && '$runner' apply --replace -f '$work/ws-copy.yaml'")")
+  done
+  rm -rf "$work/ws-snap" "$work/ws-copy" "$work/tree"
+  "$runner" snapshot rm bench-ws >/dev/null
+  local sm cm
+  sm=$(printf '%s\n' "${seeded[@]}" | median); cm=$(printf '%s\n' "${copied[@]}" | median)
+  echo "snapshot   job start with the 20 MiB workspace (2,000 files) from the snapshot: ${sm} ms   cp -a of the tree + the job on its base image: ${cm} ms   ratio $(awk "BEGIN{printf \"%.2f\", $sm/$cm}")  (median of $runs; the snapshot's workspace part: $(echo "$answer" | sed -n 's/.*"workspaceBytes":\([0-9]*\).*/\1/p') bytes)"
+}
 #   state_only             BENCH_ONLY=state: the anchor container and a `runner serve`, then
 #                          the rows above
 state_only() {
@@ -88,5 +119,6 @@ state_only() {
   url=$(sed -n 's/^listening on //p' "$work/serve.out")
   pause_rows "$url" "$(cat "$work/token")"
   snapshot_rows "$url" "$(cat "$work/token")"
+  workspace_rows "$url" "$(cat "$work/token")"
   kill "$serve_pid"; wait "$serve_pid" 2>/dev/null || true
 }

@@ -299,7 +299,7 @@ url=$(sed -n 's/^listening on //p' "$work/serve.out")
 http=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" "$bench" http "$runs")
 http_py=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/token")" BENCH_IMAGE=local/python:3.11 "$bench" http "$runs")
 pause=$(pause_rows "$url" "$(cat "$work/token")")
-snapshot=$(snapshot_rows "$url" "$(cat "$work/token")")
+snapshot=$(snapshot_rows "$url" "$(cat "$work/token")"; workspace_rows "$url" "$(cat "$work/token")")
 checkpoint=$(checkpoint_rows "$url" "$(cat "$work/token")")
 # What keeping the kernel's cgroup attach lock warm saves a cold session (a second server with
 # it off, --warm-cgroup-attach off; the two alternate, three rounds of BENCH_SESSIONS each).

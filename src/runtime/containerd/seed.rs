@@ -56,6 +56,11 @@ impl Engine {
             )));
         }
         let file = self.fetch_seed(seed).await?;
+        tracing::debug!(
+            ms = t0.elapsed().as_secs_f64() * 1e3,
+            bytes = seed.bytes,
+            "snapshot's workspace read from containerd"
+        );
         let (dir, target) = (workspace.clone(), seed.target.clone());
         let report = tokio::task::spawn_blocking(move || {
             let root = Root::open(&dir)?;
