@@ -1062,30 +1062,12 @@ fn an_oom_kill_names_the_memory_limit() {
     );
 }
 
-/// The `runner pool fill` processes of a pool of a state dir, with their niceness.
+/// The `runner pool fill` processes of a pool of a state dir: their niceness.
 fn fillers(state: &Path, pool: &str) -> Vec<i64> {
-    let state = state.to_string_lossy().into_owned();
-    let mut nice = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        let fill = args
-            .windows(3)
-            .any(|w| w[0] == "pool" && w[1] == "fill" && w[2] == pool);
-        if fill && args.iter().any(|a| a.starts_with(&state)) {
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-                continue;
-            };
-            let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-            nice.push(fields[16].parse().unwrap());
-        }
-    }
-    nice
+    pool_fillers(state, pool)
+        .into_iter()
+        .filter_map(|pid| stat_field(pid, 16))
+        .collect()
 }
 
 /// A burst of claims starts one filler while one waits for the pool's fill lock (the others

@@ -8,12 +8,13 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{containerd_env, eventually, image_dir, json_of, runner_ctd, runner_ctd_command, write_manifest};
+use common::{
+    containers_where, eventually, image_dir, json_of, pool_fillers, runner_ctd, runner_ctd_command, write_manifest,
+};
 
 const SIZE: usize = 20;
 const POOL: &str = "cliburst";
@@ -36,78 +37,23 @@ impl Drop for Cleanup {
     }
 }
 
-/// The `runner pool fill` processes of the pool of this state dir (their PIDs).
-fn fillers(state: &Path) -> Vec<u32> {
-    let state = state.to_string_lossy().into_owned();
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        let fill = args
-            .windows(3)
-            .any(|w| w[0] == "pool" && w[1] == "fill" && w[2] == POOL);
-        if fill && args.iter().any(|a| a.starts_with(&state)) {
-            pids.push(pid);
-        }
-    }
-    // A filler's own short-lived helpers (the child that holds a new user namespace while its
-    // id maps are written shares the filler's memory, so its command line too) are not
-    // fillers: only processes whose parent is not one are.
-    // (One gone since is not counted either.)
-    let parents: Vec<(u32, Option<u32>)> = pids.iter().map(|&pid| (pid, parent_of(pid))).collect();
-    parents
-        .iter()
-        .filter(|(_, parent)| parent.is_some_and(|p| !pids.contains(&p)))
-        .map(|(pid, _)| *pid)
-        .collect()
-}
-
-/// A process's parent, from /proc/PID/stat (`None` once it is gone).
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command name, which is in parentheses and may hold spaces.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// The pool's members nobody has claimed (ready, or being made), as containerd lists them: a
 /// member claimed is marked in its run directory before it is relabelled as its job's.
 fn unclaimed_members(state: &Path) -> usize {
-    let (address, namespace) = containerd_env();
-    let out = Command::new("ctr")
-        .args([
-            "--address",
-            address.to_str().unwrap(),
-            "--namespace",
-            &namespace,
-            "containers",
-            "ls",
-            "-q",
-            &format!("labels.\"runner.dev/kind\"==pool,labels.\"runner.dev/pool\"=={POOL}"),
-        ])
-        .output()
-        .expect("ctr containers ls");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|id| {
-            let claimed = std::fs::read_dir(state.join("run").join(id))
-                .map(|d| {
-                    d.flatten()
-                        .any(|e| e.file_name().to_string_lossy().starts_with("claimed-"))
-                })
-                .unwrap_or(false);
-            !claimed
-        })
-        .count()
+    containers_where(&format!(
+        "labels.\"runner.dev/kind\"==pool,labels.\"runner.dev/pool\"=={POOL}"
+    ))
+    .iter()
+    .filter(|id| {
+        let claimed = std::fs::read_dir(state.join("run").join(id))
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.file_name().to_string_lossy().starts_with("claimed-"))
+            })
+            .unwrap_or(false);
+        !claimed
+    })
+    .count()
 }
 
 #[test]
@@ -156,7 +102,7 @@ fn twenty_cli_applies_at_once_from_a_pool_of_twenty() {
             let (mut most_members, mut most_fillers, mut seen) = (0, 0, BTreeSet::new());
             while !stop.load(Ordering::Relaxed) {
                 most_members = most_members.max(unclaimed_members(&state));
-                let now = fillers(&state);
+                let now = pool_fillers(&state, POOL);
                 most_fillers = most_fillers.max(now.len());
                 seen.extend(now);
                 std::thread::sleep(Duration::from_millis(10));
@@ -194,7 +140,7 @@ fn twenty_cli_applies_at_once_from_a_pool_of_twenty() {
     let ls = || json_of(&runner_ctd(&["pool", "ls", "-o", "json"], &state));
     assert!(
         eventually(Duration::from_secs(120), || ls()[0]["ready"] == SIZE
-            && fillers(&state).is_empty()),
+            && pool_fillers(&state, POOL).is_empty()),
         "the pool was not refilled: {}",
         ls()
     );

@@ -205,11 +205,7 @@ fn a_paused_session_uses_no_cpu_and_resumes_the_same_process() {
     assert_eq!((code, &v["state"]), (200, &json!("paused")), "{v}");
     // A snapshot of a paused session leaves it paused (it was not frozen for it again).
     let snap = format!("paused-{}", std::process::id());
-    let (code, v) = s.call(
-        "POST",
-        &format!("/v1/sessions/{id}/snapshot"),
-        Some(&json!({"name": snap}).to_string()),
-    );
+    let (code, v) = snapshot(&s, &id, json!({"name": snap}));
     assert_eq!((code, &v["frozenMs"]), (201, &json!(0)), "{v}");
     assert_eq!(freezer_state(pid), "FROZEN");
     assert_eq!(cgroup_cpu_ns(pid), frozen, "still no CPU");
@@ -331,6 +327,31 @@ fn pause_settings_are_checked() {
     assert_eq!(code, 404);
 }
 
+/// `POST /v1/sessions/{id}/snapshot` with `body`.
+fn snapshot(s: &Served, id: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    s.call("POST", &format!("/v1/sessions/{id}/snapshot"), Some(&body.to_string()))
+}
+
+/// `runner apply --replace -f FILE -o json` of a Job that must end well: its result.
+fn job_result(state: &std::path::Path, file: &std::path::Path) -> serde_json::Value {
+    let out = runner_ctd(
+        &["apply", "--replace", "-f", file.to_str().unwrap(), "-o", "json"],
+        state,
+    );
+    let v = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{v}");
+    v["status"]["result"].clone()
+}
+
+/// A pool (of a state dir) removed when dropped.
+struct PoolGuard<'a>(&'a std::path::Path, &'a str);
+
+impl Drop for PoolGuard<'_> {
+    fn drop(&mut self) {
+        let _ = runner_ctd(&["pool", "rm", self.1], self.0);
+    }
+}
+
 /// A manifest with one Environment on `image` and one Job running `command`.
 fn job_manifest(dir: &std::path::Path, job: &str, image: &str, command: &str) -> PathBuf {
     write_manifest(
@@ -375,11 +396,7 @@ fn a_session_snapshot_is_an_image_jobs_and_sessions_start_from() {
     assert_eq!(code, 200, "{v}");
     let workdir = v["stdout"].as_str().unwrap().trim().to_string();
 
-    let (code, v) = s.call(
-        "POST",
-        &format!("/v1/sessions/{id}/snapshot"),
-        Some(&json!({"name": name}).to_string()),
-    );
+    let (code, v) = snapshot(&s, &id, json!({"name": name}));
     assert_eq!(code, 201, "{v}");
     assert_eq!(v["image"], format!("snapshot:{name}"), "{v}");
     assert_eq!(v["base"], "local/busybox:1.35", "{v}");
@@ -402,23 +419,11 @@ fn a_session_snapshot_is_an_image_jobs_and_sessions_start_from() {
     let active = String::from_utf8_lossy(&out.stdout);
     assert!(!active.contains("runner-commit"), "{active}");
     // A name is taken once, unless replaced.
-    let (code, v) = s.call(
-        "POST",
-        &format!("/v1/sessions/{id}/snapshot"),
-        Some(&json!({"name": name}).to_string()),
-    );
+    let (code, v) = snapshot(&s, &id, json!({"name": name}));
     assert_eq!(code, 409, "{v}");
-    let (code, v) = s.call(
-        "POST",
-        &format!("/v1/sessions/{id}/snapshot"),
-        Some(&json!({"name": name, "replace": true}).to_string()),
-    );
+    let (code, v) = snapshot(&s, &id, json!({"name": name, "replace": true}));
     assert_eq!(code, 201, "{v}");
-    let (code, v) = s.call(
-        "POST",
-        &format!("/v1/sessions/{id}/snapshot"),
-        Some(&json!({"name": "Bad/Name"}).to_string()),
-    );
+    let (code, v) = snapshot(&s, &id, json!({"name": "Bad/Name"}));
     assert_eq!(code, 400, "{v}");
     // The session goes on running after it.
     let (code, v) = exec(&s, &id, "cat /etc/made");
@@ -726,13 +731,7 @@ fn a_pool_of_a_snapshotted_setup_holds_prepared_members() {
     );
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     // The pool goes however the test ends (its members outlive this process otherwise).
-    struct Pool<'a>(&'a std::path::Path, &'a str);
-    impl Drop for Pool<'_> {
-        fn drop(&mut self) {
-            let _ = runner_ctd(&["pool", "rm", self.1], self.0);
-        }
-    }
-    let pool = Pool(&state, env);
+    let pool = PoolGuard(&state, env);
     assert_eq!(runs(&count), 1, "the pool's members start from the setup's snapshot");
     let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state);
     let v = json_of(&out);
@@ -767,11 +766,7 @@ fn a_warm_pool_from_a_snapshot_serves_what_starts_from_it() {
     let id = create(&s, json!({"environment": {"image": "local/busybox:1.35"}}));
     let (code, v) = exec(&s, &id, &format!("echo {snap} > /etc/prepared && rm /bin/ls"));
     assert_eq!(code, 200, "{v}");
-    let (code, v) = s.call(
-        "POST",
-        &format!("/v1/sessions/{id}/snapshot"),
-        Some(&json!({"name": snap}).to_string()),
-    );
+    let (code, v) = snapshot(&s, &id, json!({"name": snap}));
     assert_eq!(code, 201, "{v}");
     let (code, _) = s.call("DELETE", &format!("/v1/sessions/{id}"), None);
     assert_eq!(code, 204);
@@ -806,13 +801,7 @@ fn a_warm_pool_from_a_snapshot_serves_what_starts_from_it() {
     let file = write_manifest(dir.path(), "pool.yaml", &pool_doc(&snap));
     let out = runner_ctd(&["apply", "-f", file.to_str().unwrap()], &state);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    struct Pool<'a>(&'a std::path::Path, &'a str);
-    impl Drop for Pool<'_> {
-        fn drop(&mut self) {
-            let _ = runner_ctd(&["pool", "rm", self.1], self.0);
-        }
-    }
-    let _pool = Pool(&state, &pool);
+    let _pool = PoolGuard(&state, &pool);
     let out = runner_ctd(&["pool", "ls", "-o", "json"], &state);
     let listed = json_of(&out);
     assert_eq!(listed[0]["snapshot"], snap.as_str(), "{listed}");
@@ -831,15 +820,7 @@ fn a_warm_pool_from_a_snapshot_serves_what_starts_from_it() {
             ),
         )
     };
-    let result = |file: &PathBuf| {
-        let out = runner_ctd(
-            &["apply", "--replace", "-f", file.to_str().unwrap(), "-o", "json"],
-            &state,
-        );
-        let v = json_of(&out);
-        assert_eq!(out.status.code(), Some(0), "{v}");
-        v["status"]["result"].clone()
-    };
+    let result = |file: &PathBuf| job_result(&state, file);
     let r = result(&job("on-snap", "prepared", &format!("snapshot:{snap}")));
     assert_eq!(
         r["pool"],
@@ -886,11 +867,7 @@ fn a_snapshot_with_its_workspace_gives_it_to_what_starts_from_it() {
     );
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["stdout"], "/workspace\n", "{v}");
-    let (code, v) = s.call(
-        "POST",
-        &format!("/v1/sessions/{id}/snapshot"),
-        Some(&json!({"name": snap, "workspace": true}).to_string()),
-    );
+    let (code, v) = snapshot(&s, &id, json!({"name": snap, "workspace": true}));
     assert_eq!(code, 201, "{v}");
     assert_eq!(v["workspace"], "/workspace", "{v}");
     // The workspace, its two directories above the files, the files, the link; no FIFO.
@@ -933,15 +910,7 @@ fn a_snapshot_with_its_workspace_gives_it_to_what_starts_from_it() {
             ),
         )
     };
-    let result = |file: &PathBuf| {
-        let out = runner_ctd(
-            &["apply", "--replace", "-f", file.to_str().unwrap(), "-o", "json"],
-            &state,
-        );
-        let v = json_of(&out);
-        assert_eq!(out.status.code(), Some(0), "{v}");
-        v["status"]["result"].clone()
-    };
+    let result = |file: &PathBuf| job_result(&state, file);
     let r = result(&job("ws-own", "", Some(&ws)));
     assert_eq!(
         r["stdout"], "built\njob's own\n0\nproj/sub/out\nchanged\nowned\n",
@@ -979,11 +948,7 @@ fn a_snapshot_with_its_workspace_gives_it_to_what_starts_from_it() {
     // A snapshot of that session without its workspace holds none to give: a job with a
     // workspace sees only its own.
     let plain = format!("{snap}-plain");
-    let (code, v) = s.call(
-        "POST",
-        &format!("/v1/sessions/{other}/snapshot"),
-        Some(&json!({"name": plain}).to_string()),
-    );
+    let (code, v) = snapshot(&s, &other, json!({"name": plain}));
     assert_eq!(code, 201, "{v}");
     assert!(v.get("workspace").is_none(), "{v}");
     let empty = dir.path().join("empty-ws");
@@ -1010,25 +975,57 @@ fn a_snapshot_with_its_workspace_gives_it_to_what_starts_from_it() {
     );
     let out = runner_ctd(&["apply", "-f", pool_file.to_str().unwrap()], &state);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    struct Pool<'a>(&'a std::path::Path, &'a str);
-    impl Drop for Pool<'_> {
-        fn drop(&mut self) {
-            let _ = runner_ctd(&["pool", "rm", self.1], self.0);
-        }
-    }
-    let _pool = Pool(&state, &pool);
+    let _pool = PoolGuard(&state, &pool);
     let pooled_ws = dir.path().join("pooled-ws");
     std::fs::create_dir_all(&pooled_ws).unwrap();
     let r = result(&job("ws-pooled", "", Some(&pooled_ws)));
     assert_eq!(r["pool"], pool.as_str(), "a member served it: {r}");
     assert_eq!(r["stdout"], "built\nsnapshot\n1\nproj/sub/out\nchanged\nowned\n", "{r}");
+    // A Job a member is serving is snapshotted with its workspace too: the claim labels the
+    // member with where its workspace is.
+    assert!(eventually(Duration::from_secs(30), || {
+        json_of(&runner_ctd(&["pool", "ls", "-o", "json"], &state))[0]["ready"] == 1
+    }));
+    let live_ws = dir.path().join("live-ws");
+    std::fs::create_dir_all(&live_ws).unwrap();
+    let live = write_manifest(
+        dir.path(),
+        "ws-live.yaml",
+        &format!(
+            "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: ws-pooled-env}}\nspec:\n  image: \"snapshot:{snap}\"\n  resources: {{memory: 96Mi}}\n\
+             ---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: ws-live}}\nspec:\n  environment: ws-pooled-env\n  workspace: {}\n  command: \"echo from-member > live; sleep 60\"\n",
+            live_ws.display()
+        ),
+    );
+    let out = runner_ctd(&["apply", "-f", live.to_str().unwrap(), "--detach"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let member = format!("pool-{pool}-");
+    assert!(
+        eventually(Duration::from_secs(30), || live_ws.join("live").exists()
+            && containers_where("labels.\"runner.dev/job\"==ws-live")
+                .iter()
+                .any(|id| id.starts_with(&member))),
+        "a member of {pool} runs ws-live"
+    );
+    let live_snap = format!("{snap}-live");
+    let out = runner_ctd(
+        &["snapshot", "create", "ws-live", &live_snap, "--workspace", "-o", "json"],
+        &state,
+    );
+    let made = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{made}");
+    assert_eq!(made["workspace"], "/workspace", "{made}");
+    // Its files, the snapshot's it was given and its own, are the new snapshot's workspace.
+    assert!(made["workspaceEntries"].as_u64().unwrap() >= 7, "{made}");
+    let out = runner_ctd(&["delete", "job", "ws-live"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     drop(_pool);
 
     for session in [&id, &other] {
         let (code, _) = s.call("DELETE", &format!("/v1/sessions/{session}"), None);
         assert_eq!(code, 204);
     }
-    for name in [&snap, &plain] {
+    for name in [&snap, &plain, &live_snap] {
         let (code, _) = s.call("DELETE", &format!("/v1/snapshots/{name}"), None);
         assert_eq!(code, 204);
     }

@@ -12,7 +12,7 @@ use super::{Context, ServiceError};
 use crate::runtime::containerd::snapshot::{
     CommitOutcome, CommitRequest, LABEL_SNAPSHOT, LABEL_SNAPSHOT_BASE as LABEL_BASE,
     LABEL_SNAPSHOT_CREATED as LABEL_CREATED, LABEL_SNAPSHOT_LAYER_BYTES as LABEL_LAYER_BYTES,
-    LABEL_SNAPSHOT_SOURCE as LABEL_SOURCE, LABEL_SNAPSHOT_WORKSPACE as LABEL_SNAP_WORKSPACE, WorkspaceSource,
+    LABEL_SNAPSHOT_SOURCE as LABEL_SOURCE, WorkspaceSource,
 };
 use crate::runtime::containerd::{LABEL_ATTEMPT, LABEL_MANAGED, LABEL_WORKSPACE, LABEL_WORKSPACE_TARGET};
 
@@ -109,16 +109,13 @@ pub async fn create(
         false => None,
     };
     let now = crate::job::rfc3339(std::time::SystemTime::now());
-    let mut labels = HashMap::from([
+    let labels = HashMap::from([
         (LABEL_MANAGED.to_string(), "true".to_string()),
         (LABEL_SNAPSHOT.to_string(), name.to_string()),
         (LABEL_SOURCE.to_string(), source.to_string()),
         (LABEL_BASE.to_string(), container.image.clone()),
         (LABEL_CREATED.to_string(), now.clone()),
     ]);
-    if let Some(ws) = &workspace {
-        labels.insert(LABEL_SNAP_WORKSPACE.to_string(), ws.target.clone());
-    }
     let request = CommitRequest {
         image: image.clone(),
         labels,
@@ -223,13 +220,17 @@ pub async fn list(ctx: &Context) -> Result<Vec<SnapshotView>, ServiceError> {
         };
         let label = |k: &str| image.labels.get(k).cloned().unwrap_or_default();
         let layer_bytes = label(LABEL_LAYER_BYTES).parse().unwrap_or(0);
-        let disk_bytes = match crate::image::resolve(&client, &image.name).await {
-            Ok(info) => client
-                .snapshot_usage(&info.top_chain)
-                .await
-                .ok()
-                .map(|u| u + layer_bytes),
-            Err(_) => None,
+        // The workspace it holds is what its config says (what a job starting from it reads).
+        let (disk_bytes, workspace) = match crate::image::resolve(&client, &image.name).await {
+            Ok(info) => (
+                client
+                    .snapshot_usage(&info.top_chain)
+                    .await
+                    .ok()
+                    .map(|u| u + layer_bytes),
+                info.workspace.map(|w| w.target),
+            ),
+            Err(_) => (None, None),
         };
         out.push(SnapshotView {
             name: name.clone(),
@@ -240,7 +241,7 @@ pub async fn list(ctx: &Context) -> Result<Vec<SnapshotView>, ServiceError> {
             digest: image.target.map(|t| t.digest).unwrap_or_default(),
             layer_bytes,
             disk_bytes,
-            workspace: image.labels.get(LABEL_SNAP_WORKSPACE).cloned(),
+            workspace,
         });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));

@@ -125,6 +125,12 @@ pub fn json_of(out: &Output) -> serde_json::Value {
 
 /// Containers in the test namespace labelled as belonging to job (or session) `job`.
 pub fn containers_of(job: &str) -> usize {
+    containers_where(&format!("labels.\"runner.dev/job\"=={job}")).len()
+}
+
+/// The ids of the containers in the test namespace that `ctr containers ls` finds with
+/// `filter`.
+pub fn containers_where(filter: &str) -> Vec<String> {
     let (address, namespace) = containerd_env();
     let out = Command::new("ctr")
         .args([
@@ -135,14 +141,62 @@ pub fn containers_of(job: &str) -> usize {
             "containers",
             "ls",
             "-q",
+            filter,
         ])
-        .arg(format!("labels.\"runner.dev/job\"=={job}"))
         .output()
         .expect("run ctr");
+    assert!(
+        out.status.success(),
+        "ctr containers ls: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| !l.trim().is_empty())
-        .count()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// The PIDs of the `runner pool fill` processes of `pool` of `state`'s pools. A filler's own
+/// short-lived helpers are not fillers (the child that holds a new user namespace while its id
+/// maps are written shares the filler's memory, so its command line too): only processes whose
+/// parent is not one are counted, and none gone since it was seen.
+pub fn pool_fillers(state: &Path, pool: &str) -> Vec<u32> {
+    let state = state.to_string_lossy().into_owned();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let fill = args
+            .windows(3)
+            .any(|w| w[0] == "pool" && w[1] == "fill" && w[2] == pool);
+        if fill && args.iter().any(|a| a.starts_with(&state)) {
+            pids.push(pid);
+        }
+    }
+    let parents: Vec<(u32, Option<i64>)> = pids.iter().map(|&pid| (pid, stat_field(pid, 1))).collect();
+    parents
+        .iter()
+        .filter(|(_, parent)| parent.is_some_and(|p| !pids.iter().any(|&q| i64::from(q) == p)))
+        .map(|(pid, _)| *pid)
+        .collect()
+}
+
+/// Field `n` (0: the state) after the command name of /proc/PID/stat (`None` once it is gone).
+pub fn stat_field(pid: u32, n: usize) -> Option<i64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(n)?.parse().ok()
 }
 
 /// The bearer token `serve_with` gives its server.

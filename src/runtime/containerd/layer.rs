@@ -373,14 +373,7 @@ impl<W: Write> Walk<'_, W> {
             let mut h = if i + 1 == comps.len() {
                 self.header(&st, tar::EntryType::Directory)
             } else {
-                let mut h = tar::Header::new_gnu();
-                h.set_entry_type(tar::EntryType::Directory);
-                h.set_mode(0o755);
-                h.set_uid(0);
-                h.set_gid(0);
-                h.set_mtime(0);
-                h.set_size(0);
-                h
+                root_header(tar::EntryType::Directory, 0o755)
             };
             self.tar
                 .append_data(&mut h, Path::new(OsStr::from_bytes(&path)), io::empty())
@@ -392,13 +385,7 @@ impl<W: Write> Walk<'_, W> {
     /// An empty marker entry (a whiteout or the opaque marker).
     fn marker(&mut self, path: &[u8]) -> Result<(), LayerError> {
         self.count()?;
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_mode(0o600);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(0);
-        h.set_size(0);
+        let mut h = root_header(tar::EntryType::Regular, 0o600);
         self.tar
             .append_data(&mut h, Path::new(OsStr::from_bytes(path)), io::empty())
             .map_err(io_err("archiving", path))
@@ -540,6 +527,19 @@ impl<W: Write> Walk<'_, W> {
                 _ => io_err("archiving", member)(e),
             })
     }
+}
+
+/// An empty entry's header of `kind` owned by root, of no time: what the layer adds of its
+/// own (markers, a section's parents), not what it read.
+fn root_header(kind: tar::EntryType, mode: u32) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_size(0);
+    h
 }
 
 /// A reader that fails rather than end before `left` bytes.

@@ -61,10 +61,6 @@ pub struct WorkspaceSource {
     pub target: String,
 }
 
-/// Label of a snapshot's image record: the path its workspace was mounted at (absent: it
-/// holds none).
-pub const LABEL_SNAPSHOT_WORKSPACE: &str = "runner.dev/snapshot-workspace";
-
 /// A snapshot made.
 #[derive(Clone, Debug)]
 pub struct CommitOutcome {
