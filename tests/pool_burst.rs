@@ -160,21 +160,23 @@ fn twenty_cli_applies_at_once_from_a_pool_of_twenty() {
         !seen.is_empty() && seen.len() <= 4,
         "fillers for {SIZE} claims: {seen:?}"
     );
-    // What the fillers did, by their reports: exactly the missing members made (how many used
-    // members each removed is not theirs alone to say: an apply's start-up reconciliation may
-    // remove one too).
+    // What the fillers did, by their reports: exactly the missing members made, and every
+    // used member removed by them (an apply's start-up reconciliation leaves a live pool's
+    // used members to its filler, which waits for the burst to pass).
     let log = std::fs::read_to_string(state.join("pools").join(format!("{POOL}.log"))).unwrap();
-    let made: usize = log
-        .lines()
-        .filter_map(|l| {
-            l.split("(made ")
-                .nth(1)?
-                .split([',', ')'])
-                .next()?
-                .parse::<usize>()
-                .ok()
-        })
-        .sum();
-    assert_eq!(made, SIZE, "members made by the fillers: {log}");
+    let sum = |after: &str| -> usize {
+        log.lines()
+            .filter_map(|l| {
+                l.split(after)
+                    .nth(1)?
+                    .split([',', ')', ' '])
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .sum()
+    };
+    assert_eq!(sum("(made "), SIZE, "members made by the fillers: {log}");
+    assert_eq!(sum("removed "), SIZE, "used members removed by the fillers: {log}");
     assert_eq!(unclaimed_members(&state), SIZE);
 }

@@ -180,6 +180,11 @@ impl QueueTicket {
             .write(true)
             .open(pools_dir(ctx).join(format!("{pool}.queue")))
             .map_err(|e| ServiceError::internal("opening the pool's queue", e))?;
+        // Every used member passes here: its time is what a queued filler waits to see
+        // pause (`wait_for_quiet`). Best effort: a filler that cannot see it fills at once.
+        if let Err(e) = file.set_modified(std::time::SystemTime::now()) {
+            tracing::debug!(pool, error = %e, "marking the pool's activity");
+        }
         // libc's flock, not nix's Flock: that one unlocks when dropped, which would free the
         // lock this process hands to the filler (the lock is the open file's, shared by both).
         // SAFETY: flock on a descriptor we own.
@@ -614,7 +619,13 @@ pub async fn fill_queued(ctx: &Context, name: &str, ticket: Option<QueueTicket>)
         let name = name.to_string();
         Context::blocking(move || lock(&ctx, &name)).await?
     };
+    let queued = ticket.is_some();
     drop(ticket);
+    if queued {
+        if let Ok(def) = read_def(ctx, name) {
+            wait_for_quiet(ctx, &engine, &def).await;
+        }
+    }
     // Used members first, whatever became of their pool (their jobs are over and reported).
     // After the ticket is given up: a member retired before then started no filler of its
     // own (this one was queued) and must be seen here.
@@ -666,6 +677,27 @@ pub async fn fill_queued(ctx: &Context, name: &str, ticket: Option<QueueTicket>)
     report.ready = ready + made;
     drop(lock);
     Ok(report)
+}
+
+/// Until the pool's claims and used members pause (`REFILL_QUIET` without either), at most
+/// `REFILL_WAIT_MOST`. A claim started this filler: its claims usually come in bursts (a CI
+/// matrix, a harness's batch of `runner apply`), and the teardowns and container starts of a
+/// refill inside one take the CPU its jobs need, on a small node most of it. The next burst is
+/// served by whatever is ready; an explicit `runner pool fill` does not wait.
+async fn wait_for_quiet(ctx: &Context, engine: &Engine, def: &PoolDef) {
+    use crate::runtime::containerd::pool::{REFILL_QUIET, REFILL_WAIT_MOST};
+    let queue = pools_dir(ctx).join(format!("{}.queue", def.name));
+    let most = std::time::Instant::now() + REFILL_WAIT_MOST;
+    loop {
+        let used = std::fs::metadata(&queue).and_then(|m| m.modified()).ok();
+        let last = used.max(engine.last_claim(&def.key));
+        let since = last.and_then(|t| t.elapsed().ok()).unwrap_or(REFILL_QUIET);
+        let now = std::time::Instant::now();
+        if since >= REFILL_QUIET || now >= most {
+            return;
+        }
+        tokio::time::sleep((REFILL_QUIET - since).min(most - now)).await;
+    }
 }
 
 /// Tear down the used members of this state dir.

@@ -105,6 +105,7 @@ pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceEr
                 .collect()
         },
         cgroups,
+        retired: cgroups,
     };
     let reclaimed = engine.reclaim(&keep).await?;
     let mut report = GcReport {

@@ -30,6 +30,10 @@ pub struct Keep {
     /// Also the cgroups runc left (only an explicit `runner gc`: the start-up reconciliation
     /// runs beside containers being started).
     pub cgroups: bool,
+    /// Also the used members of this state dir's pools. Their pool's filler removes them
+    /// (every retirement starts or queues one), once the pool's claims pause; the start-up
+    /// reconciliation of each CLI process in a burst would tear them down beside the jobs.
+    pub retired: bool,
 }
 
 /// What a reclaim removed, and what it kept.
@@ -65,7 +69,12 @@ impl Engine {
                 // Another state dir's members hold late binds under that dir: its runners (or a
                 // gc there) remove them, unless that dir is gone.
                 let theirs = c.labels.get(LABEL_STATE_DIR).map(PathBuf::from).filter(|d| *d != ours);
-                if theirs.is_some_and(|d| d.exists()) {
+                if theirs.as_ref().is_some_and(|d| d.exists()) {
+                    continue;
+                }
+                let filler_removes =
+                    || theirs.is_none() && c.labels.get(LABEL_POOL).is_some_and(|p| keep.pool_keys.contains_key(p));
+                if kind == Some(KIND_RETIRED) && !keep.retired && filler_removes() {
                     continue;
                 }
                 let removed = if kind == Some(KIND_RETIRED) {

@@ -140,10 +140,11 @@ impl Member {
     }
 }
 
-/// How long a process's claims must pause before a session's claim starts its pool's refill.
-const REFILL_QUIET: Duration = Duration::from_millis(300);
+/// How long a pool's claims must pause before a refill starts (a session's in its server, a
+/// queued filler's for the CLI's claims).
+pub const REFILL_QUIET: Duration = Duration::from_millis(300);
 /// The longest a refill waits for the claims to pause (a steady stream of claims refills too).
-const REFILL_WAIT_MOST: Duration = Duration::from_secs(2);
+pub const REFILL_WAIT_MOST: Duration = Duration::from_secs(2);
 
 /// When this process last claimed a member for a session (ms since `claims_epoch`).
 static LAST_CLAIM_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -424,6 +425,12 @@ impl Engine {
     /// the run directories): what a claim reads.
     fn ready_index(&self, key: &str) -> PathBuf {
         self.run_dir.with_file_name("ready").join(key)
+    }
+
+    /// When a member of pool key `key` was last claimed (or made): each claim takes its entry
+    /// out of the key's ready index, which any process of the state dir can see.
+    pub fn last_claim(&self, key: &str) -> Option<std::time::SystemTime> {
+        std::fs::metadata(self.ready_index(key)).and_then(|m| m.modified()).ok()
     }
 
     /// Where a member's late places live (beside the run directories).
