@@ -19,7 +19,22 @@ use crate::config::Config;
 
 /// Threads (pids) one session takes: its shim's threads (the Go runtime's; 11.4 on average
 /// measured at 500 idle sessions) plus the container's init and resident shell, rounded up.
-pub const THREADS_PER_SESSION: u64 = 14;
+pub const THREADS_PER_SESSION: u64 = SHIM_THREADS + SANDBOX_THREADS;
+/// Threads of one idle shim serving one container.
+const SHIM_THREADS: u64 = 11;
+/// The container's init and resident shell, and one spare.
+const SANDBOX_THREADS: u64 = 3;
+/// Threads of one idle shim serving a group of containers (`--sessions-per-shim`): the Go
+/// runtime's few more for the group's blocking reads. PLACEHOLDER
+const GROUPED_SHIM_THREADS: u64 = 16;
+
+/// Threads per session when `per_shim` sessions share a shim, rounded up.
+pub fn threads_per_session(per_shim: u64) -> u64 {
+    if per_shim <= 1 {
+        return THREADS_PER_SESSION;
+    }
+    SANDBOX_THREADS + GROUPED_SHIM_THREADS.div_ceil(per_shim)
+}
 /// Open files of the server per session: 6 measured (the init's stdout and stderr FIFOs, the
 /// agent directory, its control FIFO, the resident shell's input and status FIFOs), plus one.
 pub const SERVER_FDS_PER_SESSION: u64 = 7;
@@ -74,10 +89,11 @@ impl Shortfall {
     }
 }
 
-/// What the host lacks for `sessions` live sessions (PURE: unit-tested on made-up hosts).
-pub fn shortfalls(facts: &HostFacts, sessions: u64) -> Vec<Shortfall> {
+/// What the host lacks for `sessions` live sessions, `per_shim` of them sharing a shim (PURE:
+/// unit-tested on made-up hosts).
+pub fn shortfalls(facts: &HostFacts, sessions: u64, per_shim: u64) -> Vec<Shortfall> {
     let mut out = Vec::new();
-    let threads = BASE + sessions * THREADS_PER_SESSION;
+    let threads = BASE + sessions * threads_per_session(per_shim);
     // Threads already running besides ours count against the same pid space.
     let threads_with_host = threads + facts.threads_now.unwrap_or(0);
     let mut want = |setting: &'static str, have: Option<u64>, need: u64, fix: String| {
@@ -149,16 +165,32 @@ pub fn shortfalls(facts: &HostFacts, sessions: u64) -> Vec<Shortfall> {
     out
 }
 
-/// Raise this process's open-files limit (soft) to its hard limit: the server holds files for
-/// every session, and processes it starts (the private containerd) inherit the limit. Returns
-/// (before, after).
+/// Raise this process's open-files limit: the server holds files for every session, and
+/// processes it starts (the private containerd) inherit the limit. With CAP_SYS_RESOURCE
+/// (root outside a container that drops it) the hard limit too, up to the kernel's
+/// `fs.nr_open` (a host whose hard limit is 20,000 or systemd's 524,288 would stop a server
+/// at ~3,000 or ~75,000 sessions); else the soft limit up to the hard one. Returns (before,
+/// after), soft limits.
 pub fn raise_nofile() -> std::io::Result<(u64, u64)> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(std::io::Error::from)?;
+    let nr_open = read_small(Path::new("/proc/sys/fs/nr_open")).and_then(|s| s.trim().parse::<u64>().ok());
+    if let Some(target) = nofile_target(hard, nr_open)
+        && setrlimit(Resource::RLIMIT_NOFILE, target, target).is_ok()
+    {
+        return Ok((soft, target));
+    }
     if soft < hard {
         setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(std::io::Error::from)?;
     }
     Ok((soft, hard.max(soft)))
+}
+
+/// The hard open-files limit worth asking for (PURE): the kernel's `fs.nr_open`, capped at
+/// 2^20 (programs that walk every possible fd get slow past that), when above `hard`.
+fn nofile_target(hard: u64, nr_open: Option<u64>) -> Option<u64> {
+    let target = nr_open?.min(1 << 20);
+    (target > hard).then_some(target)
 }
 
 /// Read the host's facts (small procfs and cgroupfs files, each read bounded; a missing one
@@ -234,9 +266,10 @@ fn read_small(path: &Path) -> Option<String> {
     Some(text)
 }
 
-/// What the host lacks for `sessions` live sessions of the containerd `config` names, as the
-/// lines the server prints (blocking: a few procfs reads and a connect to a unix socket).
-pub fn check(config: &Config, sessions: u64) -> Vec<String> {
+/// What the host lacks for `sessions` live sessions of the containerd `config` names, with
+/// `per_shim` sessions per shim, as the lines the server prints (blocking: a few procfs reads
+/// and a connect to a unix socket).
+pub fn check(config: &Config, sessions: u64, per_shim: usize) -> Vec<String> {
     let private = crate::containerd::daemon::DaemonPaths::new(&config.state_dir).socket;
     let candidates = match &config.address {
         Some(address) => vec![address.clone()],
@@ -244,7 +277,7 @@ pub fn check(config: &Config, sessions: u64) -> Vec<String> {
         None => vec![crate::config::DEFAULT_ADDRESS.into(), private],
     };
     let pid = candidates.iter().find_map(|s| socket_peer_pid(s));
-    shortfalls(&read_facts(pid), sessions)
+    shortfalls(&read_facts(pid), sessions, per_shim as u64)
         .iter()
         .map(|s| s.message(sessions))
         .collect()
@@ -278,7 +311,7 @@ mod tests {
 
     #[test]
     fn a_roomy_host_holds_five_thousand() {
-        assert_eq!(shortfalls(&roomy(), 5000), vec![]);
+        assert_eq!(shortfalls(&roomy(), 5000, 1), vec![]);
     }
 
     #[test]
@@ -287,7 +320,7 @@ mod tests {
             pid_max: Some(32768),
             ..roomy()
         };
-        let found = shortfalls(&facts, 5000);
+        let found = shortfalls(&facts, 5000, 1);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].setting, "kernel.pid_max");
         assert_eq!(found[0].need, BASE + 5000 * THREADS_PER_SESSION + 500);
@@ -297,7 +330,7 @@ mod tests {
             found[0].fix
         );
         // A thousand fit.
-        assert_eq!(shortfalls(&facts, 1000), vec![]);
+        assert_eq!(shortfalls(&facts, 1000, 1), vec![]);
     }
 
     #[test]
@@ -307,7 +340,7 @@ mod tests {
             containerd_nofile: Some(20000),
             ..roomy()
         };
-        let found = shortfalls(&facts, 5000);
+        let found = shortfalls(&facts, 5000, 1);
         let settings: Vec<_> = found.iter().map(|s| s.setting).collect();
         assert_eq!(
             settings,
@@ -326,9 +359,9 @@ mod tests {
             inotify_instances: Some(128),
             ..roomy()
         };
-        assert_eq!(shortfalls(&facts, 5000)[0].setting, "fs.inotify.max_user_instances");
+        assert_eq!(shortfalls(&facts, 5000, 1)[0].setting, "fs.inotify.max_user_instances");
         facts.cgroup_v2 = false;
-        assert_eq!(shortfalls(&facts, 5000), vec![]);
+        assert_eq!(shortfalls(&facts, 5000, 1), vec![]);
     }
 
     #[test]
@@ -337,14 +370,36 @@ mod tests {
             own_pids_max: Some(4915),
             ..roomy()
         };
-        let found = shortfalls(&facts, 1000);
+        let found = shortfalls(&facts, 1000, 1);
         assert_eq!(found[0].setting, "pids.max of runner's cgroup");
         assert!(found[0].fix.contains("TasksMax"));
     }
 
     #[test]
+    fn shared_shims_take_fewer_threads() {
+        let facts = HostFacts {
+            pid_max: Some(32768),
+            ..roomy()
+        };
+        // 5,000 sessions with a shim each need ~74,000 pids; 16 to a shim, 5 each.
+        assert_eq!(shortfalls(&facts, 5000, 1)[0].setting, "kernel.pid_max");
+        assert_eq!(threads_per_session(16), SANDBOX_THREADS + 1);
+        assert_eq!(shortfalls(&facts, 5000, 16), vec![]);
+        assert_eq!(threads_per_session(1), THREADS_PER_SESSION);
+        assert!(threads_per_session(2) < THREADS_PER_SESSION);
+    }
+
+    #[test]
+    fn the_hard_file_limit_is_raised_to_nr_open_at_most_a_million() {
+        assert_eq!(nofile_target(20_000, Some(1_048_576)), Some(1_048_576));
+        assert_eq!(nofile_target(524_288, Some(1 << 30)), Some(1 << 20));
+        assert_eq!(nofile_target(1 << 20, Some(1 << 20)), None);
+        assert_eq!(nofile_target(20_000, None), None);
+    }
+
+    #[test]
     fn unknown_limits_are_not_guessed() {
-        assert_eq!(shortfalls(&HostFacts::default(), 100_000), vec![]);
+        assert_eq!(shortfalls(&HostFacts::default(), 100_000, 1), vec![]);
     }
 
     #[test]
