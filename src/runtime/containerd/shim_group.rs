@@ -199,7 +199,11 @@ impl ShimGroups {
     /// (bounded) until their tasks exist, so the shim outlives their handover. No-op for a
     /// container of no group.
     pub async fn leaving(&self, container: &str) {
-        let deadline = tokio::time::Instant::now() + JOINERS_WAIT;
+        self.leaving_within(container, JOINERS_WAIT).await
+    }
+
+    async fn leaving_within(&self, container: &str, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
@@ -365,7 +369,7 @@ mod tests {
         assert_eq!(c.group, name, "b still holds the shim: its place is free");
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn the_last_member_waits_for_joiners_before_its_delete() {
         let g = groups(4);
         let a = g.join("k", "a");
@@ -382,7 +386,7 @@ mod tests {
         assert_eq!(g.counts(), (1, 1));
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_waiting_delete_goes_on_after_a_failed_join_and_after_its_bound() {
         let g = groups(4);
         let a = g.join("k", "a");
@@ -401,8 +405,9 @@ mod tests {
         b.established();
         let _stuck = g.join("k", "stuck");
         let t0 = tokio::time::Instant::now();
-        g.leaving("b").await;
-        assert!(t0.elapsed() >= JOINERS_WAIT);
+        g.leaving_within("b", Duration::from_millis(200)).await;
+        assert!(t0.elapsed() >= Duration::from_millis(200));
+        assert_eq!(g.counts(), (1, 1), "only the stuck joiner is left");
     }
 
     #[tokio::test]
