@@ -165,32 +165,11 @@ pub fn shortfalls(facts: &HostFacts, sessions: u64, per_shim: u64) -> Vec<Shortf
     out
 }
 
-/// Raise this process's open-files limit: the server holds files for every session, and
-/// processes it starts (the private containerd) inherit the limit. With CAP_SYS_RESOURCE
-/// (root outside a container that drops it) the hard limit too, up to the kernel's
-/// `fs.nr_open` (a host whose hard limit is 20,000 or systemd's 524,288 would stop a server
-/// at ~3,000 or ~75,000 sessions); else the soft limit up to the hard one. Returns (before,
-/// after), soft limits.
+/// Raise this process's open-files limit (see `containerd::daemon::raise_open_files`): the
+/// server holds files for every session, and processes it starts (the private containerd)
+/// inherit the limit. Returns (before, after), soft limits.
 pub fn raise_nofile() -> std::io::Result<(u64, u64)> {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(std::io::Error::from)?;
-    let nr_open = read_small(Path::new("/proc/sys/fs/nr_open")).and_then(|s| s.trim().parse::<u64>().ok());
-    if let Some(target) = nofile_target(hard, nr_open)
-        && setrlimit(Resource::RLIMIT_NOFILE, target, target).is_ok()
-    {
-        return Ok((soft, target));
-    }
-    if soft < hard {
-        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(std::io::Error::from)?;
-    }
-    Ok((soft, hard.max(soft)))
-}
-
-/// The hard open-files limit worth asking for (PURE): the kernel's `fs.nr_open`, capped at
-/// 2^20 (programs that walk every possible fd get slow past that), when above `hard`.
-fn nofile_target(hard: u64, nr_open: Option<u64>) -> Option<u64> {
-    let target = nr_open?.min(1 << 20);
-    (target > hard).then_some(target)
+    crate::containerd::daemon::raise_open_files()
 }
 
 /// Read the host's facts (small procfs and cgroupfs files, each read bounded; a missing one
@@ -387,14 +366,6 @@ mod tests {
         assert_eq!(shortfalls(&facts, 5000, 16), vec![]);
         assert_eq!(threads_per_session(1), THREADS_PER_SESSION);
         assert!(threads_per_session(2) < THREADS_PER_SESSION);
-    }
-
-    #[test]
-    fn the_hard_file_limit_is_raised_to_nr_open_at_most_a_million() {
-        assert_eq!(nofile_target(20_000, Some(1_048_576)), Some(1_048_576));
-        assert_eq!(nofile_target(524_288, Some(1 << 30)), Some(1 << 20));
-        assert_eq!(nofile_target(1 << 20, Some(1 << 20)), None);
-        assert_eq!(nofile_target(20_000, None), None);
     }
 
     #[test]
