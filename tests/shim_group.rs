@@ -199,3 +199,60 @@ fn without_the_option_each_session_has_its_own_shim() {
         );
     }
 }
+
+/// Creates and deletes at once, 4 to a shim: no shim ever supervises more than 4 inits, and
+/// every session answers (a joiner never lands on a shim that its group's last delete shut
+/// down). A group takes joiners once its first task exists: creates that all start before
+/// any exists found groups of their own (later ones fill them), so one session comes first.
+#[test]
+#[ignore = "needs the containerd of scripts/test.sh"]
+fn concurrent_creates_and_deletes_keep_groups_within_their_size() {
+    let s = std::sync::Arc::new(server(&["--sessions-per-shim", "4"]));
+    let create_many = |n: usize| -> Vec<String> {
+        let handles: Vec<_> = (0..n)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || s.create(BUSYBOX))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    };
+    let mut first = vec![s.create(BUSYBOX)];
+    first.extend(create_many(9));
+    let check = |ids: &[String]| {
+        let mut per_shim: HashMap<u32, usize> = HashMap::new();
+        for id in ids {
+            *per_shim.entry(shim_of(id)).or_default() += 1;
+        }
+        for (shim, n) in &per_shim {
+            assert!(*n <= 4, "shim {shim} supervises {n}: {per_shim:?}");
+            assert_eq!(children_of(*shim), *n, "shim {shim}");
+        }
+        per_shim.len()
+    };
+    let shims = check(&first);
+    assert!(shims < first.len(), "10 sessions, {shims} shims: none shared");
+    // Half of them go while as many come; the one that founded the first group among them.
+    let (leaving, staying) = first.split_at(5);
+    let deleters: Vec<_> = leaving
+        .iter()
+        .cloned()
+        .map(|id| {
+            let s = s.clone();
+            std::thread::spawn(move || s.delete(&id))
+        })
+        .collect();
+    let second = create_many(5);
+    for d in deleters {
+        d.join().unwrap();
+    }
+    let live: Vec<String> = staying.iter().cloned().chain(second).collect();
+    check(&live);
+    for (i, id) in live.iter().enumerate() {
+        s.answers(id, &format!("live-{i}"));
+    }
+    for id in &live {
+        s.delete(id);
+        assert_eq!(containers_of(id), 0, "{id}");
+    }
+}
