@@ -21,6 +21,8 @@
 #                                       binary, else this tree's debug build
 #   BENCH_ONLY=density scripts/bench.sh [RUNS] [CONCURRENT] [N]   from bench.sh (release build)
 # BENCH_DENSITY_CONCURRENCY: creates in flight at once (default 8).
+# BENCH_SESSIONS_PER_SHIM=N: the server runs with `--sessions-per-shim N` (sessions of one
+# Environment share a containerd shim, N at most; default 1: a shim each).
 
 # density_rows N: needs $runner, $work, a running containerd (CONTAINERD_ADDRESS) with
 # local/python:3.11 imported, and ctr_ (bench.sh's).
@@ -41,6 +43,11 @@ density_rows() {
   # Sessions live as long as the run: the TTL is far beyond it.
   local expect=()
   if "$runner" serve --help | grep -q -- --expect-sessions; then expect=(--expect-sessions "$n"); fi
+  local per_shim=${BENCH_SESSIONS_PER_SHIM:-1}
+  if [ "$per_shim" != 1 ]; then
+    expect+=(--sessions-per-shim "$per_shim")
+    echo "density    runner serve --sessions-per-shim $per_shim"
+  fi
   "$runner" serve --listen 127.0.0.1:0 --token-file "$work/density-token" --session-ttl 24h \
     "${expect[@]}" > "$work/density-serve.out" 2>"$work/density-serve.err" &
   serve_pid=$!
@@ -365,8 +372,12 @@ try:
           f"MemAvailable {meminfo('MemAvailable') / 2**30:.1f} GiB")
     # --- the walls: what N sessions use of the host's limits ---
     shim_threads = sum(count(f"/proc/{s}/task") for s in shims)
+    sandbox_threads = sum(count(f"/proc/{p}/task") for p in below)
     with open("/proc/sys/kernel/pid_max") as f:
         pid_max = int(f.read())
+    print(f"density    threads per session: {(shim_threads + sandbox_threads) / n:.2f} (shims' {shim_threads / n:.2f}: "
+          f"{len(shims)} shims of {shim_threads / max(len(shims), 1):.1f} threads, {n / max(len(shims), 1):.1f} sessions each; "
+          f"sandboxes' {sandbox_threads / n:.2f})")
     print(f"density    walls: threads {threads_total()} (kernel.pid_max {pid_max}; shims {shim_threads / max(len(shims), 1):.1f} threads each)   "
           f"server fds {count(f'/proc/{serve_pid}/fd')} (limit {limit(serve_pid, 'Max open files')})   "
           f"containerd fds {count(f'/proc/{cd}/fd') if cd else '?'} (limit {limit(cd, 'Max open files') if cd else '?'})   "

@@ -309,6 +309,8 @@ pub struct ServeConfig {
     pub pools: Vec<String>,
     /// How many live sessions the host's limits are checked for at start.
     pub expect_sessions: u64,
+    /// Live sessions of one Environment per containerd shim (1: a shim each).
+    pub sessions_per_shim: usize,
 }
 
 /// What a server tells its operator (the CLI prints it).

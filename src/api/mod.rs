@@ -523,12 +523,12 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
         Err(e) => on_event(ServeEvent::ContainerdUnavailable(e.to_string())),
     }
     let config = serve.config.clone();
-    let expect = serve.expect_sessions;
-    match tokio::task::spawn_blocking(move || crate::service::capacity::check(&config, expect)).await {
+    let (expect, per_shim) = (serve.expect_sessions, serve.sessions_per_shim);
+    match tokio::task::spawn_blocking(move || crate::service::capacity::check(&config, expect, per_shim)).await {
         Ok(found) => found.into_iter().for_each(|m| on_event(ServeEvent::HostLimit(m))),
         Err(e) => tracing::warn!(error = %e, "checking the host's limits"),
     }
-    let ctx = Context::new(serve.config.clone(), Connect::Existing)?;
+    let ctx = Context::new(serve.config.clone(), Connect::Existing)?.with_sessions_per_shim(serve.sessions_per_shim);
     let pools = serve
         .pools
         .iter()

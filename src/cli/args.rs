@@ -413,6 +413,11 @@ pub enum Verb {
         /// many live sessions, and say what to set when they do not.
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         expect_sessions: u64,
+        /// Live sessions of one Environment share a containerd shim, up to this many per shim
+        /// (1: a shim each). Fewer shims: less idle CPU and fewer threads per session; a shim
+        /// that dies ends every session of its group.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
+        sessions_per_shim: u64,
     },
     /// Run a command on a terminal in a session of a `runner serve` (`-it`: your terminal,
     /// in raw mode, is connected to it; exits with the command's status).

@@ -294,6 +294,7 @@ impl Cli {
                 metrics_listen,
                 pools,
                 expect_sessions,
+                sessions_per_shim,
             } => {
                 let mut config = g.config();
                 config.env_dir = env_dir;
@@ -309,6 +310,7 @@ impl Cli {
                     metrics_listen,
                     pools,
                     expect_sessions,
+                    sessions_per_shim: sessions_per_shim as usize,
                 })));
             }
             Verb::Image { verb } => images::run(&context(g, None)?, verb).await?,

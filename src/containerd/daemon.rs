@@ -128,14 +128,10 @@ pub async fn start(paths: &DaemonPaths) -> Result<u32, DaemonError> {
         .open(&paths.log)
         .map_err(io("opening the daemon log"))?;
     let log2 = log.try_clone().map_err(io("opening the daemon log"))?;
-    // containerd holds ~4 files for every live container: it starts with the hard open-files
-    // limit as its soft one (a containerd built with Go >= 1.19 raises it itself; older builds
-    // kept a shell's soft 1024, ~250 containers).
-    if let Ok((soft, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-        && soft < hard
-    {
-        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
-    }
+    // containerd holds ~4 files for every live container: it starts with the raised limit
+    // (a containerd built with Go >= 1.19 raises soft to hard itself; older builds kept a
+    // shell's soft 1024, ~250 containers).
+    let _ = raise_open_files();
     let child = std::process::Command::new(binary)
         .arg("--config")
         .arg(&paths.config)
@@ -192,4 +188,46 @@ pub async fn stop(paths: &DaemonPaths) -> Result<Option<u32>, DaemonError> {
     }
     let _ = std::fs::remove_file(&paths.pid_file);
     Ok(Some(pid))
+}
+
+/// Raise this process's open-files limit: with the privilege to (CAP_SYS_RESOURCE, which a
+/// container usually drops) the hard limit too, up to the kernel's `fs.nr_open` (a hard limit
+/// of 20,000, or systemd's 524,288, stops a server at ~3,000 or ~75,000 live sessions); else
+/// the soft limit up to the hard one. Processes started after inherit it. Returns (before,
+/// after), soft limits.
+pub fn raise_open_files() -> std::io::Result<(u64, u64)> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(std::io::Error::from)?;
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    if let Some(target) = nofile_target(hard, nr_open)
+        && setrlimit(Resource::RLIMIT_NOFILE, target, target).is_ok()
+    {
+        return Ok((soft, target));
+    }
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(std::io::Error::from)?;
+    }
+    Ok((soft, hard.max(soft)))
+}
+
+/// The hard open-files limit worth asking for (PURE): the kernel's `fs.nr_open`, capped at
+/// 2^20 (programs that walk every possible fd get slow past that), when above `hard`.
+fn nofile_target(hard: u64, nr_open: Option<u64>) -> Option<u64> {
+    let target = nr_open?.min(1 << 20);
+    (target > hard).then_some(target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hard_file_limit_is_raised_to_nr_open_at_most_a_million() {
+        assert_eq!(nofile_target(20_000, Some(1_048_576)), Some(1_048_576));
+        assert_eq!(nofile_target(524_288, Some(1 << 30)), Some(1 << 20));
+        assert_eq!(nofile_target(1 << 20, Some(1 << 20)), None);
+        assert_eq!(nofile_target(20_000, None), None);
+    }
 }

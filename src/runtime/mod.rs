@@ -179,6 +179,10 @@ pub enum RuntimeError {
     /// The sandbox was evicted (its processes killed) for the reason given.
     #[error("the sandbox was evicted: {0}")]
     Evicted(String),
+    /// The sandbox's init exited under it (killed, or the shim supervising it died): it runs
+    /// no more commands.
+    #[error("the sandbox ended: {0}")]
+    Ended(String),
     #[error("{0}")]
     Refused(String),
     #[error("backend {0} is not connected")]
@@ -390,6 +394,9 @@ pub struct RuntimeOptions {
     pub rootfs_dir: std::path::PathBuf,
     /// User-namespace range leases (`Config::userns_dir`).
     pub userns_dir: std::path::PathBuf,
+    /// containerd: live sessions of one Environment share shims, this many per shim
+    /// (`runner serve --sessions-per-shim`); `None`: a shim each.
+    pub shim_groups: Option<std::sync::Arc<containerd::shim_group::ShimGroups>>,
 }
 
 /// A warm pool as a claim sees it: what its members serve.
@@ -458,6 +465,7 @@ impl Default for RuntimeOptions {
             net: crate::config::NetPaths::default(),
             rootfs_dir: crate::config::DEFAULT_ROOTFS_DIR.into(),
             userns_dir: crate::config::DEFAULT_USERNS_DIR.into(),
+            shim_groups: None,
         }
     }
 }

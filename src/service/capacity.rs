@@ -19,13 +19,31 @@ use crate::config::Config;
 
 /// Threads (pids) one session takes: its shim's threads (the Go runtime's; 11.4 on average
 /// measured at 500 idle sessions) plus the container's init and resident shell, rounded up.
-pub const THREADS_PER_SESSION: u64 = 14;
+pub const THREADS_PER_SESSION: u64 = SHIM_THREADS + SANDBOX_THREADS;
+/// Threads of one idle shim serving one container.
+const SHIM_THREADS: u64 = 11;
+/// The container's init and resident shell, and one spare.
+const SANDBOX_THREADS: u64 = 3;
+/// Threads of one idle shim serving a group of containers (`--sessions-per-shim`): 12.0 on
+/// average measured for 32 shims serving 500 idle sessions (16 each), with slack.
+const GROUPED_SHIM_THREADS: u64 = 16;
+
+/// Threads per session when `per_shim` sessions share a shim, rounded up.
+pub fn threads_per_session(per_shim: u64) -> u64 {
+    if per_shim <= 1 {
+        return THREADS_PER_SESSION;
+    }
+    SANDBOX_THREADS + GROUPED_SHIM_THREADS.div_ceil(per_shim)
+}
 /// Open files of the server per session: 6 measured (the init's stdout and stderr FIFOs, the
 /// agent directory, its control FIFO, the resident shell's input and status FIFOs), plus one.
 pub const SERVER_FDS_PER_SESSION: u64 = 7;
 /// Open files of containerd per session: 4 measured (its connections to the shim, the
 /// container's stdio FIFOs), plus one.
 pub const CONTAINERD_FDS_PER_SESSION: u64 = 5;
+/// The same with shared shims: 3.1 measured at 500 and 1,000 sessions, 16 per shim (one
+/// connection less per session), plus one.
+const CONTAINERD_FDS_PER_GROUPED_SESSION: u64 = 4;
 /// What the rest of the host (the server, containerd, other work) needs besides, in pids and fds.
 const BASE: u64 = 4096;
 
@@ -74,10 +92,11 @@ impl Shortfall {
     }
 }
 
-/// What the host lacks for `sessions` live sessions (PURE: unit-tested on made-up hosts).
-pub fn shortfalls(facts: &HostFacts, sessions: u64) -> Vec<Shortfall> {
+/// What the host lacks for `sessions` live sessions, `per_shim` of them sharing a shim (PURE:
+/// unit-tested on made-up hosts).
+pub fn shortfalls(facts: &HostFacts, sessions: u64, per_shim: u64) -> Vec<Shortfall> {
     let mut out = Vec::new();
-    let threads = BASE + sessions * THREADS_PER_SESSION;
+    let threads = BASE + sessions * threads_per_session(per_shim);
     // Threads already running besides ours count against the same pid space.
     let threads_with_host = threads + facts.threads_now.unwrap_or(0);
     let mut want = |setting: &'static str, have: Option<u64>, need: u64, fix: String| {
@@ -117,10 +136,15 @@ pub fn shortfalls(facts: &HostFacts, sessions: u64) -> Vec<Shortfall> {
         facts.nofile,
         server_fds,
         format!(
-            "raise the hard limit (ulimit -Hn {server_fds}, systemd: LimitNOFILE={server_fds}); runner raises its soft limit to the hard one itself"
+            "raise the hard limit (ulimit -Hn {server_fds}, systemd: LimitNOFILE={server_fds}); runner raises its soft limit to the hard one itself, and the hard one up to fs.nr_open when it holds CAP_SYS_RESOURCE"
         ),
     );
-    let containerd_fds = BASE + sessions * CONTAINERD_FDS_PER_SESSION;
+    let per_session = if per_shim > 1 {
+        CONTAINERD_FDS_PER_GROUPED_SESSION
+    } else {
+        CONTAINERD_FDS_PER_SESSION
+    };
+    let containerd_fds = BASE + sessions * per_session;
     want(
         "containerd's open-files limit",
         facts.containerd_nofile,
@@ -149,16 +173,11 @@ pub fn shortfalls(facts: &HostFacts, sessions: u64) -> Vec<Shortfall> {
     out
 }
 
-/// Raise this process's open-files limit (soft) to its hard limit: the server holds files for
-/// every session, and processes it starts (the private containerd) inherit the limit. Returns
-/// (before, after).
+/// Raise this process's open-files limit (see `containerd::daemon::raise_open_files`): the
+/// server holds files for every session, and processes it starts (the private containerd)
+/// inherit the limit. Returns (before, after), soft limits.
 pub fn raise_nofile() -> std::io::Result<(u64, u64)> {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(std::io::Error::from)?;
-    if soft < hard {
-        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(std::io::Error::from)?;
-    }
-    Ok((soft, hard.max(soft)))
+    crate::containerd::daemon::raise_open_files()
 }
 
 /// Read the host's facts (small procfs and cgroupfs files, each read bounded; a missing one
@@ -234,9 +253,10 @@ fn read_small(path: &Path) -> Option<String> {
     Some(text)
 }
 
-/// What the host lacks for `sessions` live sessions of the containerd `config` names, as the
-/// lines the server prints (blocking: a few procfs reads and a connect to a unix socket).
-pub fn check(config: &Config, sessions: u64) -> Vec<String> {
+/// What the host lacks for `sessions` live sessions of the containerd `config` names, with
+/// `per_shim` sessions per shim, as the lines the server prints (blocking: a few procfs reads
+/// and a connect to a unix socket).
+pub fn check(config: &Config, sessions: u64, per_shim: usize) -> Vec<String> {
     let private = crate::containerd::daemon::DaemonPaths::new(&config.state_dir).socket;
     let candidates = match &config.address {
         Some(address) => vec![address.clone()],
@@ -244,7 +264,7 @@ pub fn check(config: &Config, sessions: u64) -> Vec<String> {
         None => vec![crate::config::DEFAULT_ADDRESS.into(), private],
     };
     let pid = candidates.iter().find_map(|s| socket_peer_pid(s));
-    shortfalls(&read_facts(pid), sessions)
+    shortfalls(&read_facts(pid), sessions, per_shim as u64)
         .iter()
         .map(|s| s.message(sessions))
         .collect()
@@ -278,7 +298,7 @@ mod tests {
 
     #[test]
     fn a_roomy_host_holds_five_thousand() {
-        assert_eq!(shortfalls(&roomy(), 5000), vec![]);
+        assert_eq!(shortfalls(&roomy(), 5000, 1), vec![]);
     }
 
     #[test]
@@ -287,7 +307,7 @@ mod tests {
             pid_max: Some(32768),
             ..roomy()
         };
-        let found = shortfalls(&facts, 5000);
+        let found = shortfalls(&facts, 5000, 1);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].setting, "kernel.pid_max");
         assert_eq!(found[0].need, BASE + 5000 * THREADS_PER_SESSION + 500);
@@ -297,7 +317,7 @@ mod tests {
             found[0].fix
         );
         // A thousand fit.
-        assert_eq!(shortfalls(&facts, 1000), vec![]);
+        assert_eq!(shortfalls(&facts, 1000, 1), vec![]);
     }
 
     #[test]
@@ -307,7 +327,7 @@ mod tests {
             containerd_nofile: Some(20000),
             ..roomy()
         };
-        let found = shortfalls(&facts, 5000);
+        let found = shortfalls(&facts, 5000, 1);
         let settings: Vec<_> = found.iter().map(|s| s.setting).collect();
         assert_eq!(
             settings,
@@ -326,9 +346,9 @@ mod tests {
             inotify_instances: Some(128),
             ..roomy()
         };
-        assert_eq!(shortfalls(&facts, 5000)[0].setting, "fs.inotify.max_user_instances");
+        assert_eq!(shortfalls(&facts, 5000, 1)[0].setting, "fs.inotify.max_user_instances");
         facts.cgroup_v2 = false;
-        assert_eq!(shortfalls(&facts, 5000), vec![]);
+        assert_eq!(shortfalls(&facts, 5000, 1), vec![]);
     }
 
     #[test]
@@ -337,14 +357,28 @@ mod tests {
             own_pids_max: Some(4915),
             ..roomy()
         };
-        let found = shortfalls(&facts, 1000);
+        let found = shortfalls(&facts, 1000, 1);
         assert_eq!(found[0].setting, "pids.max of runner's cgroup");
         assert!(found[0].fix.contains("TasksMax"));
     }
 
     #[test]
+    fn shared_shims_take_fewer_threads() {
+        let facts = HostFacts {
+            pid_max: Some(32768),
+            ..roomy()
+        };
+        // 5,000 sessions with a shim each need ~74,000 pids; 16 to a shim, 5 each.
+        assert_eq!(shortfalls(&facts, 5000, 1)[0].setting, "kernel.pid_max");
+        assert_eq!(threads_per_session(16), SANDBOX_THREADS + 1);
+        assert_eq!(shortfalls(&facts, 5000, 16), vec![]);
+        assert_eq!(threads_per_session(1), THREADS_PER_SESSION);
+        assert!(threads_per_session(2) < THREADS_PER_SESSION);
+    }
+
+    #[test]
     fn unknown_limits_are_not_guessed() {
-        assert_eq!(shortfalls(&HostFacts::default(), 100_000), vec![]);
+        assert_eq!(shortfalls(&HostFacts::default(), 100_000, 1), vec![]);
     }
 
     #[test]

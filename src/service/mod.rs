@@ -166,7 +166,7 @@ impl From<RuntimeError> for ServiceError {
                 name: "(ended)".into(),
             },
             // Like a call to a pod that is gone: the sandbox's state says why.
-            e @ RuntimeError::Evicted(_) => ServiceError::Conflict(e.to_string()),
+            e @ (RuntimeError::Evicted(_) | RuntimeError::Ended(_)) => ServiceError::Conflict(e.to_string()),
             RuntimeError::Unavailable(what) => ServiceError::Unavailable {
                 what,
                 reason: format!("backend {what} is not connected"),
@@ -255,6 +255,8 @@ pub struct Context {
     /// The job store, opened once (on first use) for every call of this context.
     store: Arc<tokio::sync::OnceCell<crate::job::store::SharedStore>>,
     on_daemon_start: Option<DaemonNotice>,
+    /// Shared shims for live sessions (`with_sessions_per_shim`).
+    shim_groups: Option<Arc<crate::runtime::containerd::shim_group::ShimGroups>>,
 }
 
 impl Context {
@@ -270,7 +272,15 @@ impl Context {
             client: Arc::new(tokio::sync::OnceCell::new()),
             store: Arc::new(tokio::sync::OnceCell::new()),
             on_daemon_start: None,
+            shim_groups: None,
         })
+    }
+
+    /// Live sessions of one Environment share a containerd shim, up to `size` per shim (1:
+    /// a shim each). The groups are this context's (a server's): its clones share them.
+    pub fn with_sessions_per_shim(mut self, size: usize) -> Self {
+        self.shim_groups = crate::runtime::containerd::shim_group::ShimGroups::new(size);
+        self
     }
 
     /// Call `notice` when a call starts the private containerd.
@@ -326,6 +336,7 @@ impl Context {
                 net: self.config.net.clone(),
                 rootfs_dir: self.config.rootfs_dir.clone(),
                 userns_dir: self.config.userns_dir.clone(),
+                shim_groups: self.shim_groups.clone(),
                 ..RuntimeOptions::default()
             },
         )

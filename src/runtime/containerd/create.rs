@@ -219,6 +219,30 @@ impl Engine {
         removed
     }
 
+    /// With shim groups (`RuntimeOptions::shim_groups`), a cold live container's group,
+    /// named in its spec's annotations. Pool members and restored containers keep a shim of
+    /// their own: a member outlives this server's groups, a restore is CRIU's own path.
+    fn shim_group(
+        &self,
+        id: &str,
+        plan: &RunPlan,
+        image: &image::ImageInfo,
+        kind: &str,
+        shape: Option<&pool::Shape>,
+        built: &mut oci_spec::runtime::Spec,
+    ) -> Option<shim_group::Ticket> {
+        let groups = self.options.shim_groups.as_ref()?;
+        if kind != "live" || shape.is_some() || plan.restore.is_some() {
+            return None;
+        }
+        let key = shim_group::ShimGroups::key(plan.env(), &image.name, &image.top_chain);
+        let ticket = groups.join(&key, id);
+        let mut annotations = built.annotations().clone().unwrap_or_default();
+        annotations.insert(shim_group::GROUP_ANNOTATION.to_string(), ticket.group.clone());
+        built.set_annotations(Some(annotations));
+        Some(ticket)
+    }
+
     /// Create a container's run directory (FIFOs, stdin, agent, logger output) marked with its
     /// owner: a runner's gc removes run directories without a container only when their owner
     /// is gone, never one a live runner is filling before its container exists.
@@ -481,6 +505,7 @@ impl Engine {
             .process()
             .clone()
             .ok_or_else(|| RuntimeError::Refused("spec without process".into()))?;
+        let shim_group = self.shim_group(&id, plan, image, kind, shape, &mut built);
         let spec_json =
             serde_json::to_vec(&built).map_err(|e| RuntimeError::Refused(format!("encoding the spec: {e}")))?;
         let labels = self.labels(plan, kind);
@@ -555,6 +580,7 @@ impl Engine {
             process,
             agent,
             network: None,
+            shim_group,
         })
     }
 }
@@ -689,6 +715,8 @@ pub(super) struct Created {
     pub(super) agent: Option<Agent>,
     /// What it got on a bridge network.
     pub(super) network: Option<crate::runtime::NetworkStatus>,
+    /// The shim group it joins with its task (`None`: a shim of its own).
+    pub(super) shim_group: Option<shim_group::Ticket>,
 }
 
 /// A workspace bind that could not be given its view: refused when the workspace no longer

@@ -183,6 +183,10 @@ impl Engine {
             .exists()
             .then(|| tokio::task::spawn_blocking(move || layer.detach(&net)));
         let mut gone = true;
+        // A grouped container's delete may end its group's shim: not under a joiner.
+        if let Some(groups) = &self.options.shim_groups {
+            groups.leaving(id).await;
+        }
         match c.task_delete(id).await {
             Ok(_) => {}
             Err(e) => {

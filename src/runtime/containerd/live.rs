@@ -82,6 +82,9 @@ impl Engine {
         let mut pumps = OutputPump::start(&fifos, expect_marker, limit)?;
         let started = Instant::now();
         let (init_pid, mounts) = self.create_task(&id, created.rootfs.clone(), &fifos.stdio()).await?;
+        if let Some(ticket) = created.shim_group.take() {
+            ticket.established();
+        }
         tracing::debug!(ms = started.elapsed().as_secs_f64() * 1e3, "task created");
         let mut waiter = {
             let engine = self.clone();
@@ -152,6 +155,15 @@ impl Engine {
         }
         Ok(live)
     }
+}
+
+/// What a live container whose init exited answers every command: its processes are gone
+/// (killed, or with `--sessions-per-shim`, the shim its group shared died: containerd's
+/// clean-up after a dead shim kills each container it supervised).
+fn ended() -> RuntimeError {
+    RuntimeError::Ended(
+        "its init exited (it was killed, or the containerd shim supervising it died); it runs no more commands: delete the session".into(),
+    )
 }
 
 /// A command in flight in a live container.
@@ -297,6 +309,9 @@ impl LiveContainer {
         }
         if let Some(verdict) = self.eviction() {
             return Err(RuntimeError::Evicted(verdict));
+        }
+        if self.init_exited.is_cancelled() {
+            return Err(ended());
         }
         Ok(())
     }
@@ -506,7 +521,7 @@ impl LiveContainer {
             () = sleep => Err(()),
             () = self.init_exited.cancelled() => {
                 self.state.lock().expect("state lock").running = None;
-                return Err(RuntimeError::Internal("the sandbox's init exited; it runs no more commands".into()));
+                return Err(ended());
             }
         };
         let (status, timed_out) = match outcome {

@@ -19,6 +19,7 @@ pub mod reclaim;
 pub mod remap;
 mod seed;
 mod setup_snapshot;
+pub mod shim_group;
 pub mod snapshot;
 
 use std::time::Duration;
