@@ -28,13 +28,55 @@ fn import_busybox(state: &Path) {
 }
 
 /// The pool and what the test left, removed even when an assertion fails.
-struct Cleanup(PathBuf);
+struct Cleanup(PathBuf, &'static str);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let _ = runner_ctd(&["pool", "rm", POOL], &self.0);
+        let _ = runner_ctd(&["pool", "rm", self.1], &self.0);
         let _ = runner_ctd(&["gc"], &self.0);
     }
+}
+
+/// A pool named `pool` of `size` busybox members in a new state dir under `dir`; the
+/// Environment's document.
+fn busybox_pool(dir: &Path, pool: &str, size: usize) -> (PathBuf, String) {
+    let state = dir.join("state");
+    import_busybox(&state);
+    let env = format!(
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: {pool}}}\nspec:\n  image: local/busybox:1.35\n"
+    );
+    let env_file = write_manifest(dir, "env.yaml", &env);
+    let out = runner_ctd(
+        &[
+            "pool",
+            "create",
+            pool,
+            "-f",
+            env_file.to_str().unwrap(),
+            "--size",
+            &size.to_string(),
+        ],
+        &state,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    (state, env)
+}
+
+/// The sum of the numbers after `after` in the pool's fill reports (its fillers' output).
+fn filler_sum(state: &Path, pool: &str, after: &str) -> (usize, String) {
+    let log = std::fs::read_to_string(state.join("pools").join(format!("{pool}.log"))).unwrap_or_default();
+    let sum = log
+        .lines()
+        .filter_map(|l| {
+            l.split(after)
+                .nth(1)?
+                .split([',', ')', ' '])
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .sum();
+    (sum, log)
 }
 
 /// The pool's members nobody has claimed (ready, or being made), as containerd lists them: a
@@ -60,26 +102,8 @@ fn unclaimed_members(state: &Path) -> usize {
 #[ignore = "needs a private containerd: run scripts/test.sh"]
 fn twenty_cli_applies_at_once_from_a_pool_of_twenty() {
     let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    import_busybox(&state);
-    let env = format!(
-        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: {POOL}}}\nspec:\n  image: local/busybox:1.35\n"
-    );
-    let env_file = write_manifest(dir.path(), "env.yaml", &env);
-    let out = runner_ctd(
-        &[
-            "pool",
-            "create",
-            POOL,
-            "-f",
-            env_file.to_str().unwrap(),
-            "--size",
-            &SIZE.to_string(),
-        ],
-        &state,
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let _cleanup = Cleanup(state.clone());
+    let (state, env) = busybox_pool(dir.path(), POOL, SIZE);
+    let _cleanup = Cleanup(state.clone(), POOL);
     // Each job its own file and name; a member that served another job before would show the
     // mark that job left (members are never reused).
     let files: Vec<PathBuf> = (0..SIZE)
@@ -163,20 +187,51 @@ fn twenty_cli_applies_at_once_from_a_pool_of_twenty() {
     // What the fillers did, by their reports: exactly the missing members made, and every
     // used member removed by them (an apply's start-up reconciliation leaves a live pool's
     // used members to its filler, which waits for the burst to pass).
-    let log = std::fs::read_to_string(state.join("pools").join(format!("{POOL}.log"))).unwrap();
-    let sum = |after: &str| -> usize {
-        log.lines()
-            .filter_map(|l| {
-                l.split(after)
-                    .nth(1)?
-                    .split([',', ')', ' '])
-                    .next()?
-                    .parse::<usize>()
-                    .ok()
-            })
-            .sum()
-    };
-    assert_eq!(sum("(made "), SIZE, "members made by the fillers: {log}");
-    assert_eq!(sum("removed "), SIZE, "used members removed by the fillers: {log}");
+    let (made, log) = filler_sum(&state, POOL, "(made ");
+    assert_eq!(made, SIZE, "members made by the fillers: {log}");
+    assert_eq!(
+        filler_sum(&state, POOL, "removed ").0,
+        SIZE,
+        "used members removed by the fillers: {log}"
+    );
     assert_eq!(unclaimed_members(&state), SIZE);
+}
+
+/// Applies one right after another: each one's start-up reconciliation (which removes what
+/// dead runner processes left) leaves the used members of the one before to the pool's filler,
+/// which is waiting for the claims to pause — tearing them down there would put a teardown on
+/// every apply of a burst. (Each job runs long enough for its apply's reconciliation, which
+/// runs beside it, to finish.)
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn the_next_apply_leaves_used_members_to_the_pools_filler() {
+    const POOL2: &str = "cliseq";
+    const N: usize = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let (state, env) = busybox_pool(dir.path(), POOL2, N);
+    let _cleanup = Cleanup(state.clone(), POOL2);
+    for i in 0..N {
+        let file = write_manifest(
+            dir.path(),
+            &format!("seq-{i}.yaml"),
+            &format!(
+                "{env}---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: seq-{i}}}\nspec:\n  environment: {POOL2}\n  command: [\"sleep\", \"0.3\"]\n"
+            ),
+        );
+        let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(json_of(&out)["status"]["result"]["pool"], POOL2, "job {i} ran cold");
+    }
+    let ls = || json_of(&runner_ctd(&["pool", "ls", "-o", "json"], &state));
+    assert!(
+        eventually(Duration::from_secs(60), || ls()[0]["ready"] == N
+            && pool_fillers(&state, POOL2).is_empty()),
+        "the pool was not refilled: {}",
+        ls()
+    );
+    let (removed, log) = filler_sum(&state, POOL2, "removed ");
+    assert_eq!(
+        removed, N,
+        "used members removed by the fillers (not by the applies): {log}"
+    );
 }
