@@ -621,10 +621,8 @@ pub async fn fill_queued(ctx: &Context, name: &str, ticket: Option<QueueTicket>)
     };
     let queued = ticket.is_some();
     drop(ticket);
-    if queued {
-        if let Ok(def) = read_def(ctx, name) {
-            wait_for_quiet(ctx, &engine, &def).await;
-        }
+    if queued && let Ok(def) = read_def(ctx, name) {
+        wait_for_quiet(ctx, &engine, &def).await;
     }
     // Used members first, whatever became of their pool (their jobs are over and reported).
     // After the ticket is given up: a member retired before then started no filler of its
