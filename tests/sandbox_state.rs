@@ -549,7 +549,11 @@ fn the_cli_snapshots_a_running_job_attempt() {
     });
     assert!(ready, "the running attempt was snapshotted with its file: {made}");
     assert_eq!(made["source"], format!("{job}-0"), "{made}");
-    // The job's own name finds its one running container too.
+    // The job's own name finds its one running container too — not another state dir's Job
+    // of the same name on the same containerd namespace.
+    let state2 = dir.path().join("state2");
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "--detach"], &state2);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let out = runner_ctd(&["snapshot", "create", &job, &name, "--replace"], &state);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(
@@ -571,8 +575,10 @@ fn the_cli_snapshots_a_running_job_attempt() {
     let out = runner_ctd(&["snapshot", "rm", "never-made"], &state);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not found"), "{out:?}");
-    let out = runner_ctd(&["delete", "job", &job], &state);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    for state in [&state, &state2] {
+        let out = runner_ctd(&["delete", "job", &job], state);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    }
     let out = runner_ctd(&["snapshot", "rm", &name], &state);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
 }

@@ -160,6 +160,9 @@ fn sessions_of_one_environment_share_a_shim_and_a_dead_shim_ends_its_group_hones
             "{id}: {body}"
         );
         assert!(t0.elapsed() < Duration::from_secs(60), "{id}: took {:?}", t0.elapsed());
+        // What the session is, as a GET says: ended, not running.
+        let (code, view) = s.served.call("GET", &format!("/v1/sessions/{id}"), None);
+        assert_eq!((code, view["state"].as_str()), (200, Some("ended")), "{id}: {view}");
     }
     s.answers(&ids[3], "other-group");
     s.answers(&other, "other-env");

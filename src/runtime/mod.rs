@@ -223,6 +223,11 @@ pub trait Runtime: Send + Sync {
     fn pool(&self) -> Option<&str> {
         None
     }
+    /// Whether the sandbox ended under its holder (its init exited: killed, or the shim that
+    /// supervised it died): it runs no more commands.
+    fn ended(&self) -> bool {
+        false
+    }
     /// What the sandbox got on a bridge network (`None`: it is on none).
     fn network(&self) -> Option<&NetworkStatus> {
         None

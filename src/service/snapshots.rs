@@ -197,6 +197,14 @@ async fn find_container(
             .filter(|c| c.labels.get(LABEL_ATTEMPT).map(String::as_str) == Some(attempt))
             .collect();
     }
+    // Jobs are named per state dir: another state dir's on the same containerd namespace
+    // (another user's runner, a test's) is not this one's source.
+    let ours = engine.state_dir();
+    found.retain(|c| {
+        c.labels
+            .get(crate::runtime::containerd::LABEL_STATE_DIR)
+            .is_none_or(|d| std::path::Path::new(d) == ours)
+    });
     match found.len() {
         0 => Err(ServiceError::NotFound {
             kind: "running session or job attempt",

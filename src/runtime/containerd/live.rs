@@ -689,6 +689,10 @@ impl Runtime for LiveContainer {
         self.setup.get()
     }
 
+    fn ended(&self) -> bool {
+        self.init_exited.is_cancelled()
+    }
+
     fn pool(&self) -> Option<&str> {
         self.pool.as_deref()
     }

@@ -318,7 +318,11 @@ impl Session {
             active_calls: self.in_use.load(Ordering::SeqCst).saturating_sub(self.pause.held()),
             pool: self.runtime.pool().map(String::from),
             network: self.runtime.network().cloned(),
-            state: self.pause.state(),
+            state: if self.runtime.ended() {
+                pause::SessionState::Ended
+            } else {
+                self.pause.state()
+            },
             paused_since: self.pause.since(),
             auto_resume: self.pause.policy.auto_resume,
             idle_pause_seconds: self.pause.policy.idle_pause.map(|d| d.as_secs()),

@@ -12,12 +12,15 @@ use std::time::{Duration, Instant, SystemTime};
 use super::{Session, SessionManager, SessionView};
 use crate::service::ServiceError;
 
-/// Whether a session runs or is paused, as callers see it.
+/// Whether a session runs or is paused, as callers see it; or that its sandbox ended under
+/// it (its init exited: killed, or the shim it shared died), when every call answers 409 and
+/// only its delete is left.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum SessionState {
     Running,
     Paused,
+    Ended,
 }
 
 /// How a session pauses and resumes (fixed at its creation).

@@ -51,7 +51,8 @@ class SessionInfo:
     idle_seconds: int
     active_calls: int
     state: str = "running"
-    """`running`, or `paused` (its processes frozen: `Session.pause`)."""
+    """`running`, `paused` (its processes frozen: `Session.pause`), or `ended` (its sandbox
+    ended under it — its init was killed or the shim it shared died: only `delete` is left)."""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
