@@ -38,11 +38,7 @@ fn hard_nofile() -> u64 {
 fn server(soft: u64, hard: u64, args: &[&str]) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let out = runner_ctd(
-        &["image", "import", image_dir().join("busybox-oci.tar").to_str().unwrap()],
-        &state,
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    import_busybox(&state);
     std::fs::write(dir.path().join("token"), format!("{SERVE_TOKEN}\n")).unwrap();
     let stderr = dir.path().join("serve.err");
     let mut cmd = runner_ctd_command(&[], &state);

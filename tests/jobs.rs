@@ -17,14 +17,6 @@ fn job(name: &str, command: &str, extra: &str) -> String {
     )
 }
 
-fn import_busybox(state: &Path) {
-    let out = runner_ctd(
-        &["image", "import", image_dir().join("busybox-oci.tar").to_str().unwrap()],
-        state,
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
 #[test]
 #[ignore = "needs a private containerd: run scripts/test.sh"]
 fn a_detached_indexed_job_runs_every_index_n_at_a_time() {

@@ -13,19 +13,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{
-    containers_where, eventually, image_dir, json_of, pool_fillers, runner_ctd, runner_ctd_command, write_manifest,
+    containers_where, eventually, import_busybox, json_of, pool_fillers, runner_ctd, runner_ctd_command, write_manifest,
 };
 
 const SIZE: usize = 20;
 const POOL: &str = "cliburst";
-
-fn import_busybox(state: &Path) {
-    let out = runner_ctd(
-        &["image", "import", image_dir().join("busybox-oci.tar").to_str().unwrap()],
-        state,
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-}
 
 /// The pool and what the test left, removed even when an assertion fails.
 struct Cleanup(PathBuf, &'static str);
@@ -233,5 +225,48 @@ fn the_next_apply_leaves_used_members_to_the_pools_filler() {
     assert_eq!(
         removed, N,
         "used members removed by the fillers (not by the applies): {log}"
+    );
+}
+
+/// A filler a claim queued waits while its pool's used members keep coming (each marks the
+/// pool's `.queue` file, as a burst's applies do one after another), then fills once they
+/// pause: a refill inside a burst takes the CPU its jobs need.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_queued_filler_waits_for_the_burst_to_pass() {
+    const POOL3: &str = "cliwait";
+    let dir = tempfile::tempdir().unwrap();
+    let (state, env) = busybox_pool(dir.path(), POOL3, 1);
+    let _cleanup = Cleanup(state.clone(), POOL3);
+    let file = write_manifest(
+        dir.path(),
+        "one.yaml",
+        &format!(
+            "{env}---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: one}}\nspec:\n  environment: {POOL3}\n  command: [\"true\"]\n"
+        ),
+    );
+    let out = runner_ctd(&["apply", "-f", file.to_str().unwrap(), "-o", "json"], &state);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(json_of(&out)["status"]["result"]["pool"], POOL3);
+    // More used members, every 50 ms for 1.2 s (well inside the filler's longest wait, 2 s):
+    // the pool stays empty meanwhile.
+    let queue = state.join("pools").join(format!("{POOL3}.queue"));
+    let ready = || json_of(&runner_ctd(&["pool", "ls", "-o", "json"], &state))[0]["ready"].clone();
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_millis(1200) {
+        std::fs::File::options()
+            .write(true)
+            .open(&queue)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+            .unwrap();
+        assert_eq!(ready(), 0, "refilled during the burst, after {:?}", t0.elapsed());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Once they pause, it fills.
+    assert!(
+        eventually(Duration::from_secs(60), || ready() == 1
+            && pool_fillers(&state, POOL3).is_empty()),
+        "the pool was not refilled: {}",
+        ready()
     );
 }

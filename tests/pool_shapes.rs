@@ -84,14 +84,6 @@ fn manifest(dir: &Path) -> String {
     text
 }
 
-fn import_busybox(state: &Path) {
-    let out = runner_ctd(
-        &["image", "import", image_dir().join("busybox-oci.tar").to_str().unwrap()],
-        state,
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
 /// Per job: (name, what must be identical to a cold run, the pool that served it).
 fn results(items: &serde_json::Value) -> Vec<(String, serde_json::Value, Option<String>)> {
     let mut out: Vec<_> = items

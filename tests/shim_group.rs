@@ -22,11 +22,7 @@ struct Server {
 fn server(args: &[&str]) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let out = runner_ctd(
-        &["image", "import", image_dir().join("busybox-oci.tar").to_str().unwrap()],
-        &state,
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    import_busybox(&state);
     let served = serve_with_args(runner_ctd_command(&[], &state), dir.path(), args);
     Server { served, _dir: dir }
 }

@@ -5,6 +5,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+/// The busybox test image imported into the containerd of state dir `state`.
+pub fn import_busybox(state: &Path) {
+    let out = runner_ctd(
+        &["image", "import", image_dir().join("busybox-oci.tar").to_str().unwrap()],
+        state,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// The built `runner` binary.
 pub fn runner_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_runner"))
