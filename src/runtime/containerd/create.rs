@@ -222,7 +222,7 @@ impl Engine {
     /// With shim groups (`RuntimeOptions::shim_groups`), a cold live container's group,
     /// named in its spec's annotations. Pool members and restored containers keep a shim of
     /// their own: a member outlives this server's groups, a restore is CRIU's own path.
-    fn shim_group(
+    async fn shim_group(
         &self,
         id: &str,
         plan: &RunPlan,
@@ -236,7 +236,7 @@ impl Engine {
             return None;
         }
         let key = shim_group::ShimGroups::key(plan.env(), &image.name, &image.top_chain);
-        let ticket = groups.join(&key, id);
+        let ticket = groups.join(&key, id).await;
         let mut annotations = built.annotations().clone().unwrap_or_default();
         annotations.insert(shim_group::GROUP_ANNOTATION.to_string(), ticket.group.clone());
         built.set_annotations(Some(annotations));
@@ -505,7 +505,7 @@ impl Engine {
             .process()
             .clone()
             .ok_or_else(|| RuntimeError::Refused("spec without process".into()))?;
-        let shim_group = self.shim_group(&id, plan, image, kind, shape, &mut built);
+        let shim_group = self.shim_group(&id, plan, image, kind, shape, &mut built).await;
         let spec_json =
             serde_json::to_vec(&built).map_err(|e| RuntimeError::Refused(format!("encoding the spec: {e}")))?;
         let labels = self.labels(plan, kind);

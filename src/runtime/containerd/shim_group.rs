@@ -22,6 +22,13 @@
 //! member (one whose task exists), and a member's delete that would leave its group with no
 //! established member while joiners are on their way waits for them (bounded) first. A group
 //! with nobody left is forgotten: its name is never given again.
+//!
+//! A burst of creates would otherwise found a group each (none is established while its
+//! first create runs): a create that finds a group of its key still being founded takes a
+//! seat in it and waits (bounded) for the founder's task; when the seats are taken, the next
+//! create founds another group, so a burst of K founds about K / size groups. A founder whose
+//! create failed takes its group with it (its shim may be going away): its seated joiners
+//! choose again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -36,6 +43,9 @@ pub const MAX_GROUP_SIZE: usize = 256;
 /// How long a last member's delete waits for joiners' creates (a create that takes longer
 /// failed in all likelihood; the delete then goes on).
 const JOINERS_WAIT: Duration = Duration::from_secs(60);
+/// How long a create seated in a group being founded waits for its founder's task before it
+/// founds a group of its own (a founder's create under load takes well under this).
+const FOUNDER_WAIT: Duration = Duration::from_secs(10);
 
 /// The groups of one server (`runner serve --sessions-per-shim N`).
 #[derive(Debug)]
@@ -63,12 +73,25 @@ struct Group {
     established: usize,
     /// Members whose task is being created.
     creating: usize,
+    /// Creates seated in it while it is being founded (they join once it is established).
+    seated: usize,
 }
 
 impl Group {
     fn is_empty(&self) -> bool {
         self.established == 0 && self.creating == 0
     }
+
+    fn taken(&self) -> usize {
+        self.established + self.creating + self.seated
+    }
+}
+
+/// Where a create goes (see `ShimGroups::choose`).
+enum Choice {
+    Join(u64),
+    Wait(u64),
+    Found,
 }
 
 /// What a container was given: its group's name, for the annotation.
@@ -93,6 +116,24 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         if !self.settled {
             self.groups.settle(&self.container, false);
+        }
+    }
+}
+
+/// A seat a waiting create holds in a group being founded, given back if the create is
+/// dropped while it waits.
+struct Seat<'a> {
+    groups: &'a ShimGroups,
+    group: Option<u64>,
+}
+
+impl Drop for Seat<'_> {
+    fn drop(&mut self) {
+        if let Some(n) = self.group {
+            let mut table = self.groups.table.lock().expect("shim groups");
+            if let Some(g) = table.groups.get_mut(&n) {
+                g.seated -= 1;
+            }
         }
     }
 }
@@ -127,31 +168,94 @@ impl ShimGroups {
     }
 
     /// A group for container `container` of key `key`: the fullest with room that holds an
-    /// established member, else a new one.
-    pub fn join(self: &Arc<Self>, key: &str, container: &str) -> Ticket {
-        let mut table = self.table.lock().expect("shim groups");
-        let existing = table
-            .groups
-            .iter()
-            .filter(|(_, g)| g.key == key && g.established > 0 && g.established + g.creating < self.size)
-            .max_by_key(|(n, g)| (g.established + g.creating, std::cmp::Reverse(**n)))
-            .map(|(n, _)| *n);
-        let n = match existing {
-            Some(n) => n,
-            None => {
-                table.next += 1;
-                let n = table.next;
-                table.groups.insert(
-                    n,
-                    Group {
-                        key: key.to_string(),
-                        established: 0,
-                        creating: 0,
-                    },
-                );
-                n
-            }
+    /// established member; else a seat in one being founded, waiting (bounded) for its
+    /// founder's task; else a new one.
+    pub async fn join(self: &Arc<Self>, key: &str, container: &str) -> Ticket {
+        self.join_within(key, container, FOUNDER_WAIT).await
+    }
+
+    async fn join_within(self: &Arc<Self>, key: &str, container: &str, limit: Duration) -> Ticket {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut seat = Seat {
+            groups: self,
+            group: None,
         };
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut table = self.table.lock().expect("shim groups");
+                let late = tokio::time::Instant::now() >= deadline;
+                if let Some(n) = seat.group {
+                    match table.groups.get_mut(&n) {
+                        Some(g) if g.established > 0 || late => {
+                            g.seated -= 1;
+                            seat.group = None;
+                            if g.established > 0 {
+                                return self.enter(&mut table, n, container);
+                            }
+                            return self.found(&mut table, key, container);
+                        }
+                        Some(_) => {}
+                        // Its founder failed: choose again.
+                        None => seat.group = None,
+                    }
+                }
+                if seat.group.is_none() {
+                    match self.choose(&table, key) {
+                        Choice::Join(n) => return self.enter(&mut table, n, container),
+                        Choice::Wait(n) if !late => {
+                            if let Some(g) = table.groups.get_mut(&n) {
+                                g.seated += 1;
+                            }
+                            seat.group = Some(n);
+                        }
+                        Choice::Wait(_) | Choice::Found => return self.found(&mut table, key, container),
+                    }
+                }
+            }
+            let _ = tokio::time::timeout_at(deadline, notified).await;
+        }
+    }
+
+    /// The fullest group of `key` with room holding an established member; else the fullest
+    /// being founded with a free seat.
+    fn choose(&self, table: &Table, key: &str) -> Choice {
+        let open = |founded: bool| {
+            table
+                .groups
+                .iter()
+                .filter(|(_, g)| g.key == key && (g.established > 0) == founded && g.taken() < self.size)
+                .filter(|(_, g)| founded || g.creating > 0)
+                .max_by_key(|(n, g)| (g.taken(), std::cmp::Reverse(**n)))
+                .map(|(n, _)| *n)
+        };
+        match (open(true), open(false)) {
+            (Some(n), _) => Choice::Join(n),
+            (None, Some(n)) => Choice::Wait(n),
+            (None, None) => Choice::Found,
+        }
+    }
+
+    /// A new group of `key`, founded by `container`.
+    fn found(self: &Arc<Self>, table: &mut Table, key: &str, container: &str) -> Ticket {
+        table.next += 1;
+        let n = table.next;
+        table.groups.insert(
+            n,
+            Group {
+                key: key.to_string(),
+                established: 0,
+                creating: 0,
+                seated: 0,
+            },
+        );
+        self.enter(table, n, container)
+    }
+
+    /// `container` joins group `n` (its task is yet to be created).
+    fn enter(self: &Arc<Self>, table: &mut Table, n: u64, container: &str) -> Ticket {
         if let Some(group) = table.groups.get_mut(&n) {
             group.creating += 1;
         }
@@ -237,6 +341,8 @@ impl ShimGroups {
                     table.members.remove(container);
                     if gone {
                         table.groups.remove(&n);
+                        // Creates seated in it (a founder that left at once) choose again.
+                        self.changed.notify_waiters();
                     }
                     return;
                 }
@@ -273,68 +379,153 @@ mod tests {
         assert_eq!(groups(100_000).size(), MAX_GROUP_SIZE);
     }
 
-    #[test]
-    fn a_group_fills_to_its_size_then_another_begins() {
+    #[tokio::test]
+    async fn a_group_fills_to_its_size_then_another_begins() {
         let g = groups(3);
-        let first = g.join("k", "c1");
+        let first = g.join("k", "c1").await;
         let name = first.group.clone();
         first.established();
         let mut names = Vec::new();
         for c in ["c2", "c3"] {
-            let t = g.join("k", c);
+            let t = g.join("k", c).await;
             names.push(t.group.clone());
             t.established();
         }
         assert_eq!(names, vec![name.clone(), name.clone()]);
-        let fourth = g.join("k", "c4");
+        let fourth = g.join("k", "c4").await;
         assert_ne!(fourth.group, name);
         fourth.established();
         assert_eq!(g.counts(), (2, 4));
     }
 
-    #[test]
-    fn keys_never_share_a_group() {
+    #[tokio::test]
+    async fn keys_never_share_a_group() {
         let g = groups(8);
-        let a = g.join("env-a", "a1");
+        let a = g.join("env-a", "a1").await;
         let a_name = a.group.clone();
         a.established();
-        let b = g.join("env-b", "b1");
+        let b = g.join("env-b", "b1").await;
         assert_ne!(b.group, a_name);
         b.established();
-        let a2 = g.join("env-a", "a2");
+        let a2 = g.join("env-a", "a2").await;
         assert_eq!(a2.group, a_name);
     }
 
-    #[test]
-    fn nobody_joins_a_group_whose_first_member_is_not_created_yet() {
-        // Its shim may not exist yet, and its founder's create may fail.
+    #[tokio::test]
+    async fn nobody_joins_a_group_before_its_first_member_is_created() {
+        // Its shim may not exist yet, and its founder's create may fail: a second create
+        // waits in a seat until the founder's task exists.
         let g = groups(8);
-        let founder = g.join("k", "c1");
-        let second = g.join("k", "c2");
-        assert_ne!(founder.group, second.group);
+        let founder = g.join("k", "c1").await;
+        let name = founder.group.clone();
+        let second = {
+            let g = g.clone();
+            tokio::spawn(async move { g.join("k", "c2").await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!second.is_finished(), "c2 must wait for c1's task");
+        assert_eq!(g.group_of("c2"), None);
         founder.established();
+        let second = second.await.expect("join");
+        assert_eq!(second.group, name);
         second.established();
-        let third = g.join("k", "c3");
-        assert_eq!(g.group_of("c3").as_deref(), Some(third.group.as_str()));
+        assert_eq!(g.counts(), (1, 2));
     }
 
-    #[test]
-    fn a_failed_create_leaves_no_member_and_an_empty_group_is_forgotten() {
+    #[tokio::test]
+    async fn a_burst_founds_a_group_per_size_not_per_create() {
         let g = groups(4);
-        let t = g.join("k", "c1");
+        // 12 creates at once: 3 founders, 9 seated.
+        let joins: Vec<_> = (0..12)
+            .map(|i| {
+                let g = g.clone();
+                tokio::spawn(async move { g.join("k", &format!("c{i}")).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let founders: Vec<String> = (0..12).filter_map(|i| g.group_of(&format!("c{i}"))).collect();
+        assert_eq!(founders.len(), 3, "{founders:?}");
+        // Each founder's task comes to exist: the creates seated in its group join it.
+        for j in joins {
+            let t = tokio::time::timeout(Duration::from_secs(1), j)
+                .await
+                .expect("a seated create joins once its founder's task exists")
+                .expect("join");
+            t.established();
+        }
+        let mut sizes: HashMap<String, usize> = HashMap::new();
+        for i in 0..12 {
+            *sizes
+                .entry(g.group_of(&format!("c{i}")).expect("a member"))
+                .or_default() += 1;
+        }
+        assert_eq!(sizes.len(), 3, "{sizes:?}");
+        assert!(sizes.values().all(|n| *n == 4), "{sizes:?}");
+    }
+
+    #[tokio::test]
+    async fn seated_creates_choose_again_when_their_founder_fails() {
+        let g = groups(4);
+        let founder = g.join("k", "f").await;
+        let failed = founder.group.clone();
+        let join = |c: &'static str| {
+            let g = g.clone();
+            tokio::spawn(async move { g.join("k", c).await })
+        };
+        let (a, b) = (join("a"), join("b"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(founder); // its create failed
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // One of them founds a new group (never the failed one's name); the other sits in it.
+        let founded: Vec<String> = ["a", "b"].iter().filter_map(|c| g.group_of(c)).collect();
+        assert_eq!(founded.len(), 1, "{founded:?}");
+        assert_ne!(founded[0], failed);
+        assert!(a.is_finished() != b.is_finished(), "one founds, one waits");
+        let (new_founder, seated) = if a.is_finished() { (a, b) } else { (b, a) };
+        new_founder.await.expect("join").established();
+        let seated = seated.await.expect("join");
+        assert_eq!(seated.group, founded[0]);
+        seated.established();
+        assert_eq!(g.counts(), (1, 2));
+    }
+
+    #[tokio::test]
+    async fn a_seat_waits_its_bound_then_founds_and_a_dropped_wait_gives_its_seat_back() {
+        let g = groups(2);
+        let _founder = g.join("k", "f").await;
+        // Size 2: one seat. A create dropped while seated gives it back...
+        let dropped = {
+            let g = g.clone();
+            tokio::spawn(async move { g.join("k", "d").await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        dropped.abort();
+        let _ = dropped.await;
+        // ...so the next one sits in it (and founds its own after its bound).
+        let t0 = tokio::time::Instant::now();
+        let waited = g.join_within("k", "w", Duration::from_millis(200)).await;
+        assert!(t0.elapsed() >= Duration::from_millis(200));
+        assert_ne!(Some(waited.group.clone()), g.group_of("f"));
+        assert_eq!(g.counts(), (2, 2));
+    }
+
+    #[tokio::test]
+    async fn a_failed_create_leaves_no_member_and_an_empty_group_is_forgotten() {
+        let g = groups(4);
+        let t = g.join("k", "c1").await;
         let name = t.group.clone();
         drop(t); // its create failed
         assert_eq!(g.counts(), (0, 0));
-        let again = g.join("k", "c2");
+        let again = g.join("k", "c2").await;
         assert_ne!(again.group, name, "a group's name is never given again");
     }
 
     #[tokio::test]
     async fn a_teardown_before_the_task_existed_does_not_wait_for_itself() {
         let g = groups(4);
-        let a = g.join("k", "a");
+        let a = g.join("k", "a").await;
         a.established();
-        let t = g.join("k", "b");
+        let t = g.join("k", "b").await;
         g.leaving("b").await;
         drop(t);
         assert_eq!(g.counts(), (1, 1));
@@ -343,12 +534,12 @@ mod tests {
     #[tokio::test]
     async fn a_group_whose_members_all_left_is_gone() {
         let g = groups(4);
-        let t = g.join("k", "c1");
+        let t = g.join("k", "c1").await;
         let name = t.group.clone();
         t.established();
         g.leaving("c1").await;
         assert_eq!(g.counts(), (0, 0));
-        let next = g.join("k", "c2");
+        let next = g.join("k", "c2").await;
         assert_ne!(next.group, name);
         // Leaving twice, or a container of no group: nothing happens.
         g.leaving("c1").await;
@@ -358,23 +549,23 @@ mod tests {
     #[tokio::test]
     async fn a_left_place_is_taken_again() {
         let g = groups(2);
-        let a = g.join("k", "a");
+        let a = g.join("k", "a").await;
         let name = a.group.clone();
         a.established();
-        let b = g.join("k", "b");
+        let b = g.join("k", "b").await;
         assert_eq!(b.group, name);
         b.established();
         g.leaving("a").await;
-        let c = g.join("k", "c");
+        let c = g.join("k", "c").await;
         assert_eq!(c.group, name, "b still holds the shim: its place is free");
     }
 
     #[tokio::test]
     async fn the_last_member_waits_for_joiners_before_its_delete() {
         let g = groups(4);
-        let a = g.join("k", "a");
+        let a = g.join("k", "a").await;
         a.established();
-        let joiner = g.join("k", "j");
+        let joiner = g.join("k", "j").await;
         let leaving = {
             let g = g.clone();
             tokio::spawn(async move { g.leaving("a").await })
@@ -389,9 +580,9 @@ mod tests {
     #[tokio::test]
     async fn a_waiting_delete_goes_on_after_a_failed_join_and_after_its_bound() {
         let g = groups(4);
-        let a = g.join("k", "a");
+        let a = g.join("k", "a").await;
         a.established();
-        let joiner = g.join("k", "j");
+        let joiner = g.join("k", "j").await;
         let leaving = {
             let g = g.clone();
             tokio::spawn(async move { g.leaving("a").await })
@@ -401,29 +592,34 @@ mod tests {
         leaving.await.expect("leaving");
         assert_eq!(g.counts(), (0, 0));
         // A joiner that never ends: the delete waits its bound, then goes on.
-        let b = g.join("k", "b");
+        let b = g.join("k", "b").await;
         b.established();
-        let _stuck = g.join("k", "stuck");
+        let _stuck = g.join("k", "stuck").await;
         let t0 = tokio::time::Instant::now();
         g.leaving_within("b", Duration::from_millis(200)).await;
         assert!(t0.elapsed() >= Duration::from_millis(200));
         assert_eq!(g.counts(), (1, 1), "only the stuck joiner is left");
     }
 
-    #[tokio::test]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_joins_never_overfill() {
         let g = groups(5);
-        let first = g.join("k", "c0");
-        first.established();
-        let tickets: Vec<Ticket> = (1..40).map(|i| g.join("k", &format!("c{i}"))).collect();
+        let joins: Vec<_> = (0..40)
+            .map(|i| {
+                let g = g.clone();
+                tokio::spawn(async move {
+                    let t = g.join("k", &format!("c{i}")).await;
+                    let group = t.group.clone();
+                    t.established();
+                    group
+                })
+            })
+            .collect();
         let mut sizes: HashMap<String, usize> = HashMap::new();
-        *sizes.entry(g.group_of("c0").expect("c0")).or_default() += 1;
-        for t in &tickets {
-            *sizes.entry(t.group.clone()).or_default() += 1;
+        for j in joins {
+            *sizes.entry(j.await.expect("join")).or_default() += 1;
         }
         assert!(sizes.values().all(|n| *n <= 5), "{sizes:?}");
-        for t in tickets {
-            t.established();
-        }
+        assert_eq!(sizes.len(), 8, "40 creates in groups of 5: {sizes:?}");
     }
 }
