@@ -61,7 +61,8 @@ async fn main() {
         // session tools are part of the pool key); used members are retired, as the CLI
         // leaves them for its background filler, and torn down after the last result.
         use_pools: std::env::var_os("BENCH_POOL").is_some(),
-        on_claim: std::env::var_os("BENCH_POOL").map(|_| runner::runtime::ClaimHook(std::sync::Arc::new(|_: &str| {}))),
+        on_claim: std::env::var_os("BENCH_POOL")
+            .map(|_| runner::runtime::ClaimHook(std::sync::Arc::new(|_: &str, _| {}))),
         tools: if std::env::var_os("BENCH_POOL").is_some() {
             runner::service::sessions::tools()
         } else {

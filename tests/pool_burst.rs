@@ -62,7 +62,7 @@ fn filler_sum(state: &Path, pool: &str, after: &str) -> (usize, String) {
         .filter_map(|l| {
             l.split(after)
                 .nth(1)?
-                .split([',', ')', ' '])
+                .split([',', ')', ' ', ';'])
                 .next()?
                 .parse::<usize>()
                 .ok()

@@ -1035,6 +1035,15 @@ fn sessions_start_from_the_warm_pool_serve_keeps() {
         "the pool was not refilled: {}",
         ls()
     );
+    // The server waited for its claims to pause before it started the filler: the filler
+    // does not wait again (its report says how long it did).
+    let log = std::fs::read_to_string(s.state.join("pools").join("pooled-bb.log")).unwrap_or_default();
+    let fills: Vec<&str> = log.lines().filter(|l| l.contains("waited")).collect();
+    assert!(!fills.is_empty(), "no filler's report: {log}");
+    assert!(
+        fills.iter().all(|l| l.contains("waited 0 ms")),
+        "a server's filler waited again: {log}"
+    );
     // An Environment the pool does not fit (another image) starts cold.
     let cold = ok_json(
         "POST",

@@ -50,14 +50,16 @@ pub async fn run(ctx: &Context, verb: PoolVerb) -> Result<i32, ServiceError> {
         PoolVerb::Fill { name, queued_fd } => {
             let queued = queued_fd.map(pools::QueueTicket::from_inherited).transpose()?;
             let report = pools::fill_queued(ctx, &name, queued).await?;
+            // Whole milliseconds: a filler that did not wait says so (0 ms).
             outln!(
-                "pool {name}: {} ready (made {}{})",
+                "pool {name}: {} ready (made {}{}; waited {} ms for its claims to pause)",
                 report.ready,
                 report.created.len(),
                 report
                     .removed_text()
                     .map(|r| format!(", removed {r}"))
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                report.waited.as_millis()
             );
             Ok(0)
         }

@@ -440,9 +440,23 @@ impl std::fmt::Debug for NetworkHook {
     }
 }
 
-/// What runs when a pool member is claimed: given the pool's name.
+/// What runs when a pool member is claimed: given the pool's name, and when its refill may
+/// start.
 #[derive(Clone)]
-pub struct ClaimHook(pub std::sync::Arc<dyn Fn(&str) + Send + Sync>);
+pub struct ClaimHook(pub std::sync::Arc<ClaimFn>);
+
+/// A claim hook's function: the pool's name, and when its refill may start.
+pub type ClaimFn = dyn Fn(&str, Refill) + Send + Sync;
+
+/// When a claim's refill may start, by what the hook's caller already waited for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refill {
+    /// Once the pool's claims pause: the caller is one claim of a burst it cannot see (a CLI
+    /// process among others).
+    WhenQuiet,
+    /// At once: the caller waited for its own claims to pause first (a server's sessions).
+    Now,
+}
 
 impl std::fmt::Debug for ClaimHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

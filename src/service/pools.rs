@@ -19,7 +19,7 @@ use super::{Context, ServiceError};
 use crate::manifest::{self, Backend};
 use crate::runtime::containerd::Engine;
 use crate::runtime::containerd::pool::{LABEL_POOL, LABEL_POOL_KEY};
-use crate::runtime::{ClaimHook, RuntimeOptions};
+use crate::runtime::{ClaimHook, Refill, RuntimeOptions};
 use crate::spec::{self, RunPlan};
 
 /// Members made at once while filling (creating a container is mostly waiting on runc).
@@ -81,6 +81,8 @@ pub struct FillReport {
     pub surplus: Vec<String>,
     pub broken: Vec<String>,
     pub ready: usize,
+    /// How long a queued filler waited for the pool's claims to pause before it began.
+    pub waited: std::time::Duration,
 }
 
 impl FillReport {
@@ -155,8 +157,8 @@ pub fn with_pools(ctx: &Context, mut options: RuntimeOptions) -> RuntimeOptions 
         options.tools = super::sessions::tools();
         let ctx = ctx.clone();
         // Started before the hook returns: a CLI may exit right after its job.
-        options.on_claim = Some(ClaimHook(std::sync::Arc::new(move |pool: &str| {
-            if let Err(e) = spawn_filler(&ctx, pool) {
+        options.on_claim = Some(ClaimHook(std::sync::Arc::new(move |pool: &str, refill| {
+            if let Err(e) = spawn_filler(&ctx, pool, refill) {
                 tracing::warn!(pool, error = %e, "could not start refilling the pool");
             }
         })));
@@ -172,17 +174,35 @@ pub fn with_pools(ctx: &Context, mut options: RuntimeOptions) -> RuntimeOptions 
 pub struct QueueTicket(std::fs::File);
 
 impl QueueTicket {
-    /// The queue's place, when no filler holds it.
-    fn try_take(ctx: &Context, pool: &str) -> Result<Option<Self>, ServiceError> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(pools_dir(ctx).join(format!("{pool}.queue")))
-            .map_err(|e| ServiceError::internal("opening the pool's queue", e))?;
+    /// The queue's place, when no filler holds it. `refill`: whether this marks the pool's
+    /// activity (a claim of a burst), which a queued filler waits to see pause; a caller that
+    /// waited for its claims to pause already does not make the filler wait again.
+    fn try_take(ctx: &Context, pool: &str, refill: Refill) -> Result<Option<Self>, ServiceError> {
+        let path = pools_dir(ctx).join(format!("{pool}.queue"));
+        let open_err = |e| ServiceError::internal("opening the pool's queue", e);
+        let (file, created) = match std::fs::OpenOptions::new().write(true).open(&path) {
+            Ok(file) => (file, false),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&path)
+                    .map_err(open_err)?,
+                true,
+            ),
+            Err(e) => return Err(open_err(e)),
+        };
         // Every used member passes here: its time is what a queued filler waits to see
         // pause (`wait_for_quiet`). Best effort: a filler that cannot see it fills at once.
-        if let Err(e) = file.set_modified(std::time::SystemTime::now()) {
+        // A queue file made now by a caller that marks nothing is no activity either.
+        let mark = match refill {
+            Refill::WhenQuiet => Some(std::time::SystemTime::now()),
+            Refill::Now => created.then_some(std::time::UNIX_EPOCH),
+        };
+        if let Some(t) = mark
+            && let Err(e) = file.set_modified(t)
+        {
             tracing::debug!(pool, error = %e, "marking the pool's activity");
         }
         // libc's flock, not nix's Flock: that one unlocks when dropped, which would free the
@@ -219,8 +239,8 @@ impl QueueTicket {
 /// Start `runner pool fill NAME` in the background, in a session of its own and at a lower
 /// priority than jobs (refilling must not slow the claims it refills for), unless a filler of
 /// this pool is queued already.
-fn spawn_filler(ctx: &Context, pool: &str) -> Result<(), ServiceError> {
-    let Some(ticket) = QueueTicket::try_take(ctx, pool)? else {
+fn spawn_filler(ctx: &Context, pool: &str, refill: Refill) -> Result<(), ServiceError> {
+    let Some(ticket) = QueueTicket::try_take(ctx, pool, refill)? else {
         tracing::debug!(pool, "a filler is queued already");
         return Ok(());
     };
@@ -621,14 +641,17 @@ pub async fn fill_queued(ctx: &Context, name: &str, ticket: Option<QueueTicket>)
     };
     let queued = ticket.is_some();
     drop(ticket);
+    let waiting = std::time::Instant::now();
     if queued && let Ok(def) = read_def(ctx, name) {
         wait_for_quiet(ctx, &engine, &def).await;
     }
+    let waited = waiting.elapsed();
     // Used members first, whatever became of their pool (their jobs are over and reported).
     // After the ticket is given up: a member retired before then started no filler of its
     // own (this one was queued) and must be seen here.
     let mut report = FillReport {
         used: remove_retired(&engine).await?,
+        waited,
         ..FillReport::default()
     };
     // Read again under the lock: the pool may have been removed or resized meanwhile.

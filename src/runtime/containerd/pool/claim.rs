@@ -178,7 +178,7 @@ impl Engine {
             let _ = member.ready().await;
             let _ = self.teardown(&member.id).await;
             if let Some(hook) = &self.options.on_claim {
-                (hook.0)(&member.pool);
+                (hook.0)(&member.pool, crate::runtime::Refill::WhenQuiet);
             }
         }
         confirmed?;
@@ -244,7 +244,7 @@ impl Engine {
                     tracing::warn!(member = id, "a pool member was not running; removing it");
                     let _ = self.teardown(&id).await;
                     if let (Some(hook), Some(pool)) = (&self.options.on_claim, pool) {
-                        (hook.0)(&pool);
+                        (hook.0)(&pool, crate::runtime::Refill::WhenQuiet);
                     }
                     continue;
                 }

@@ -200,7 +200,7 @@ pub fn refill_when_quiet(hook: crate::runtime::ClaimHook, pool: String) {
     let claimed = note_claim();
     tokio::spawn(async move {
         quiet(claimed + REFILL_WAIT_MOST).await;
-        let _ = tokio::task::spawn_blocking(move || (hook.0)(&pool)).await;
+        let _ = tokio::task::spawn_blocking(move || (hook.0)(&pool, crate::runtime::Refill::Now)).await;
     });
 }
 

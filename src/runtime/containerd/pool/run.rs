@@ -67,14 +67,14 @@ impl Engine {
                 (LABEL_OWNER.to_string(), POOL_OWNER.to_string()),
             ]);
             if self.client.container_set_labels(&member.id, labels).await.is_ok() {
-                (hook.0)(&member.pool);
+                (hook.0)(&member.pool, crate::runtime::Refill::WhenQuiet);
                 return result;
             }
         }
         let teardown = self.teardown(&member.id).await;
         // The pool is one member short whatever happened.
         if let Some(hook) = &self.options.on_claim {
-            (hook.0)(&member.pool);
+            (hook.0)(&member.pool, crate::runtime::Refill::WhenQuiet);
         }
         let result = result?;
         teardown?;
