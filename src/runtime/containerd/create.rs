@@ -784,3 +784,35 @@ fn join_namespaces(spec: &mut oci_spec::runtime::Spec, pinned: &crate::net::Pinn
     }
     linux.set_namespaces(Some(namespaces));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The warming a create takes at its start ends with its Tasks.Create (`warmed`), not
+    /// with the container: a one-shot job's `Created` lives as long as the job, and each
+    /// warming write holds off forks host-wide.
+    #[test]
+    fn a_created_containers_warming_ends_with_its_task_create() {
+        attach_lock::configure(crate::config::WarmMode::Off);
+        let before = attach_lock::holders();
+        let created = Created {
+            id: "c".into(),
+            rootfs: Vec::new(),
+            upper: None,
+            cgroup: String::new(),
+            process: oci_spec::runtime::Process::default(),
+            agent: None,
+            network: None,
+            shim_group: None,
+            warm: std::sync::Mutex::new(Some(attach_lock::hold())),
+        };
+        assert_eq!(attach_lock::holders(), before + 1);
+        created.warmed();
+        assert_eq!(attach_lock::holders(), before, "still warming after Tasks.Create");
+        created.warmed();
+        assert_eq!(attach_lock::holders(), before);
+        drop(created);
+        assert_eq!(attach_lock::holders(), before);
+    }
+}
