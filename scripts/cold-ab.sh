@@ -26,6 +26,12 @@ bench_env coldab
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null || true; done
+  # Each server's namespace, and ctr's: what they left in containerd, and the cgroup parents
+  # runc leaves (runner gc removes its own; ctr's are under /NAMESPACE, empty by now).
+  for i in "${!pids[@]}"; do
+    RUNNER_STATE_DIR="$work/state-$i" CONTAINERD_NAMESPACE="$CONTAINERD_NAMESPACE-$i" "$runner" gc >/dev/null 2>&1 || true
+  done
+  for h in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do rmdir "$h$CONTAINERD_NAMESPACE-ctr" 2>/dev/null || true; done
   bench_stop
 }
 trap cleanup EXIT
