@@ -124,6 +124,12 @@ pub fn hold() -> Hold {
     WARMER.hold()
 }
 
+/// Holds taken and not yet dropped, in this process.
+#[cfg(test)]
+pub(super) fn holders() -> usize {
+    WARMER.state().holders
+}
+
 impl Warmer {
     fn new(target: Option<PathBuf>, mark: PathBuf, interval: Duration) -> Arc<Self> {
         Arc::new(Warmer {

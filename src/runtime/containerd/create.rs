@@ -147,14 +147,16 @@ impl Engine {
     /// workspace). The unmounts run beside Tasks.Start: `start_task` waits for them.
     pub(super) async fn create_task(
         &self,
-        id: &str,
-        rootfs: Vec<containerd_client::types::Mount>,
+        made: &Created,
         stdio: &client::Stdio,
     ) -> Result<(u32, HostMounts), CtdError> {
-        // runc moves the init into its cgroups in there (see `attach_lock`).
+        let id = made.id.as_str();
+        // runc moves the init into its cgroups in there (see `attach_lock`); the warming
+        // began with the create (`Created::warm`) and ends with Tasks.Create.
         let warm = attach_lock::hold();
-        let created = self.client.task_create(id, rootfs, stdio).await;
+        let created = self.client.task_create(id, made.rootfs.clone(), stdio).await;
         drop(warm);
+        made.warmed();
         let dropping = HostMounts({
             let (engine, id) = (self.clone(), id.to_string());
             tokio::task::spawn_blocking(move || engine.drop_host_mounts(&id))
@@ -289,11 +291,20 @@ impl Engine {
         let mut plan = plan.clone();
         plan.image_env = image.config.env.clone().unwrap_or_default();
         let id = container_id(&plan.job().name);
+        // runc's move of the init into its cgroups, inside Tasks.Create, finds the kernel's
+        // lock warm only if the warmer's own first write after an idle moment, which pays the
+        // grace period itself (5-25 ms measured here), is over by then: so the warming
+        // starts here, runner's own steps ahead of Tasks.Create, not at it. A restore's
+        // Tasks.Create (CRIU's) comes much later and warms for itself.
+        let warm = plan.restore.is_none().then(attach_lock::hold);
         self.claim_run_dir(&id)?;
         let mut lease = CreateLease::take(&self.client, &format!("{id}-create"), self.labels(&plan, kind));
         let created = self
             .create_in(&id, plan, &image, &mut lease, args, kind, with_agent, shape)
             .await;
+        if let Ok(created) = &created {
+            *created.warm.lock().unwrap_or_else(|e| e.into_inner()) = warm;
+        }
         match &created {
             Ok(_) => lease.release_later(),
             Err(_) => {
@@ -427,6 +438,11 @@ impl Engine {
         shape: Option<&pool::Shape>,
     ) -> Result<Created, RuntimeError> {
         let id = id.to_string();
+        // The remapped rootfs's user namespace is made beside what follows (the agent's
+        // files, the lease, containerd's snapshot): only its mounts need the snapshot.
+        let rootfs_namespace = plan
+            .userns
+            .map(|range| tokio::task::spawn_blocking(move || remap::rootfs_namespace(range)));
         let cgroup = self.cgroup_path(&id);
         if let Some(linux) = built.linux_mut() {
             linux.set_cgroups_path(Some(PathBuf::from(&cgroup)));
@@ -550,16 +566,25 @@ impl Engine {
             }
             // With a user namespace runner mounts the rootfs itself (see `remap`); the task is
             // then created without rootfs mounts.
-            let Some(range) = userns else {
+            let (Some(range), Some(namespace)) = (userns, rootfs_namespace) else {
                 return Ok((mounts, upper));
             };
             let t0 = Instant::now();
-            let mounted = remap::mount_rootfs(&mounts, &root_dir, range);
-            tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "remapped rootfs mounted");
-            mounted.map(|_| (Vec::new(), upper)).map_err(|source| RuntimeError::Io {
+            let io = |source| RuntimeError::Io {
                 what: "mounting the remapped rootfs".into(),
                 source,
-            })
+            };
+            let joined =
+                |e: tokio::task::JoinError| RuntimeError::Internal(format!("mounting the remapped rootfs: {e}"));
+            let namespace = namespace.await.map_err(joined)?.map_err(io)?;
+            // Mounts (a process's worth of system calls, 1-3 ms) on the blocking pool, not on
+            // a thread that serves every other sandbox's requests.
+            let mounted =
+                tokio::task::spawn_blocking(move || remap::mount_rootfs(&mounts, &root_dir, range, namespace))
+                    .await
+                    .map_err(joined)?;
+            tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "remapped rootfs mounted");
+            mounted.map(|_| (Vec::new(), upper)).map_err(io)
         };
         let recorded = self
             .client
@@ -581,6 +606,7 @@ impl Engine {
             agent,
             network: None,
             shim_group,
+            warm: std::sync::Mutex::new(None),
         })
     }
 }
@@ -717,6 +743,16 @@ pub(super) struct Created {
     pub(super) network: Option<crate::runtime::NetworkStatus>,
     /// The shim group it joins with its task (`None`: a shim of its own).
     pub(super) shim_group: Option<shim_group::Ticket>,
+    /// The cgroup attach warming held from the create's start until its Tasks.Create is
+    /// over (`Engine::create_task`); should the task never be created, until this goes.
+    pub(super) warm: std::sync::Mutex<Option<attach_lock::Hold>>,
+}
+
+impl Created {
+    /// Its Tasks.Create is over: the warming it held may stop.
+    pub(super) fn warmed(&self) {
+        self.warm.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
 }
 
 /// A workspace bind that could not be given its view: refused when the workspace no longer
@@ -747,4 +783,36 @@ fn join_namespaces(spec: &mut oci_spec::runtime::Spec, pinned: &crate::net::Pinn
         }
     }
     linux.set_namespaces(Some(namespaces));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The warming a create takes at its start ends with its Tasks.Create (`warmed`), not
+    /// with the container: a one-shot job's `Created` lives as long as the job, and each
+    /// warming write holds off forks host-wide.
+    #[test]
+    fn a_created_containers_warming_ends_with_its_task_create() {
+        attach_lock::configure(crate::config::WarmMode::Off);
+        let before = attach_lock::holders();
+        let created = Created {
+            id: "c".into(),
+            rootfs: Vec::new(),
+            upper: None,
+            cgroup: String::new(),
+            process: oci_spec::runtime::Process::default(),
+            agent: None,
+            network: None,
+            shim_group: None,
+            warm: std::sync::Mutex::new(Some(attach_lock::hold())),
+        };
+        assert_eq!(attach_lock::holders(), before + 1);
+        created.warmed();
+        assert_eq!(attach_lock::holders(), before, "still warming after Tasks.Create");
+        created.warmed();
+        assert_eq!(attach_lock::holders(), before);
+        drop(created);
+        assert_eq!(attach_lock::holders(), before);
+    }
 }

@@ -371,7 +371,7 @@ impl Engine {
             Some(OutputPump::start(&fifos, expect_marker, limit)?)
         };
         let started = Instant::now();
-        let (_, mounts) = self.create_task(id, created.rootfs.clone(), &stdio).await?;
+        let (_, mounts) = self.create_task(created, &stdio).await?;
         let waiter = {
             let engine = self.clone();
             let id = id.clone();

@@ -81,7 +81,7 @@ impl Engine {
         let limit = self.options.output_limit;
         let mut pumps = OutputPump::start(&fifos, expect_marker, limit)?;
         let started = Instant::now();
-        let (init_pid, mounts) = self.create_task(&id, created.rootfs.clone(), &fifos.stdio()).await?;
+        let (init_pid, mounts) = self.create_task(created, &fifos.stdio()).await?;
         if let Some(ticket) = created.shim_group.take() {
             ticket.established();
         }

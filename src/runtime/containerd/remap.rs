@@ -8,7 +8,7 @@
 //! container writes land in its own upper directory with its range's ids, and go with it.
 
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -28,9 +28,17 @@ pub const RANGE_FILE: &str = "userns";
 /// The largest mount data the kernel takes in one page.
 const MOUNT_DATA_MAX: usize = 4095;
 
-/// Mount the snapshot's `mounts` at `dir/rootfs` with the image's ids shifted into `range`.
-/// Returns the rootfs path.
-pub fn mount_rootfs(mounts: &[Mount], dir: &Path, range: IdRange) -> io::Result<PathBuf> {
+/// The user namespace whose mapping shifts an image's ids into `range`, for `mount_rootfs`.
+/// Made apart from the mounts so that a create can make it while containerd prepares the
+/// snapshot (a child process is cloned for it: ~0.3-0.5 ms that need not wait).
+pub fn rootfs_namespace(range: IdRange) -> io::Result<OwnedFd> {
+    let map = IdMap::range(range);
+    idmap::user_namespace(&[map], &[map])
+}
+
+/// Mount the snapshot's `mounts` at `dir/rootfs` with the image's ids shifted into `range`,
+/// whose namespace `userns` is (`rootfs_namespace`). Returns the rootfs path.
+pub fn mount_rootfs(mounts: &[Mount], dir: &Path, range: IdRange, userns: OwnedFd) -> io::Result<PathBuf> {
     let [mount] = mounts else {
         return Err(io::Error::other(format!(
             "the snapshotter gave {} mounts for a rootfs; remapping handles one",
@@ -40,8 +48,6 @@ pub fn mount_rootfs(mounts: &[Mount], dir: &Path, range: IdRange) -> io::Result<
     let target = dir.join(ROOTFS_DIR);
     std::fs::create_dir_all(&target)?;
     std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))?;
-    let map = IdMap::range(range);
-    let userns = idmap::user_namespace(&[map], &[map])?;
     match mount.r#type.as_str() {
         // A snapshot without parent: a plain directory.
         "bind" | "rbind" => {

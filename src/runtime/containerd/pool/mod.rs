@@ -509,9 +509,7 @@ impl Engine {
             }
             // Nothing reads a member's own output: its init writes none, and a FIFO without
             // a reader would stop it after the runner that made it exits.
-            let (init_pid, mounts) = self
-                .create_task(&id, created.rootfs.clone(), &crate::containerd::Stdio::default())
-                .await?;
+            let (init_pid, mounts) = self.create_task(&created, &crate::containerd::Stdio::default()).await?;
             self.start_task(&id, mounts).await?;
             self.prelaunch_shell(&created, init_pid).await;
             self.write_member_record(&id, init_pid).await?;
