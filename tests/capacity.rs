@@ -210,3 +210,67 @@ fn the_servers_threads_do_not_grow_with_the_sessions_it_served() {
         assert_eq!(s.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 204);
     }
 }
+
+/// A server whose open-files limit runs out answers a create with 503 and the limit and how
+/// to raise it (was 500 "internal error"); deleting a session makes room again. One
+/// keep-alive connection carries every request: at the limit the server could accept no new
+/// one.
+#[test]
+#[ignore = "needs the containerd of scripts/test.sh"]
+fn a_create_that_finds_no_file_descriptor_answers_503_with_the_limit() {
+    const LIMIT: u64 = 64;
+    let s = server(LIMIT, LIMIT, &[]);
+    let agent = ureq::AgentBuilder::new().max_idle_connections(1).build();
+    let call = |method: &str, path: &str, body: Option<&str>| -> (u16, serde_json::Value) {
+        let req = agent
+            .request(method, &format!("{}{path}", s.url))
+            .timeout(std::time::Duration::from_secs(120))
+            .set("Authorization", &format!("Bearer {SERVE_TOKEN}"));
+        let result = match body {
+            Some(b) => req.send_string(b),
+            None => req.call(),
+        };
+        let (code, text) = match result {
+            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+            Err(e) => panic!("{method} {path}: {e}"),
+        };
+        (
+            code,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        )
+    };
+    let body = r#"{"environment": {"image": "local/busybox:1.35"}}"#;
+    let mut live = Vec::new();
+    let refused = loop {
+        let (code, answer) = call("POST", "/v1/sessions", Some(body));
+        if code != 201 {
+            break (code, answer);
+        }
+        live.push(answer["id"].as_str().unwrap().to_string());
+        assert!(live.len() < 30, "{LIMIT} open files held {} sessions", live.len());
+    };
+    let (code, answer) = refused;
+    let message = answer["error"].as_str().unwrap_or_default().to_string();
+    assert_eq!(code, 503, "after {} sessions: {answer}", live.len());
+    assert!(!live.is_empty(), "not one session under {LIMIT} files: {message}");
+    assert!(
+        message.contains(&format!("limit of {LIMIT} (hard limit {LIMIT})")),
+        "{message}"
+    );
+    assert!(message.contains("LimitNOFILE="), "{message}");
+    // The refused creates left no container behind; room made by a delete is used.
+    let state = std::fs::canonicalize(s._dir.path().join("state")).unwrap();
+    let of_this_server =
+        || containers_where(&format!("labels.\"runner.dev/state-dir\"==\"{}\"", state.display())).len();
+    assert_eq!(of_this_server(), live.len());
+    let first = live.remove(0);
+    assert_eq!(call("DELETE", &format!("/v1/sessions/{first}"), None).0, 204);
+    let (code, answer) = call("POST", "/v1/sessions", Some(body));
+    assert_eq!(code, 201, "after a delete: {answer}");
+    live.push(answer["id"].as_str().unwrap().to_string());
+    for id in live {
+        assert_eq!(call("DELETE", &format!("/v1/sessions/{id}"), None).0, 204, "{id}");
+    }
+    assert_eq!(of_this_server(), 0);
+}
