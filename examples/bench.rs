@@ -251,8 +251,12 @@ fn http(n: usize) {
     let token = std::env::var("BENCH_TOKEN").expect("BENCH_TOKEN");
     let image = std::env::var("BENCH_IMAGE").unwrap_or_else(|_| "local/busybox:1.35".into());
     let auth = format!("Bearer {token}");
+    // One keep-alive connection, as runner's clients (the Python client's pool) use: a new
+    // connection per call is not what a user's session pays.
+    let agent = ureq::AgentBuilder::new().build();
     let post = |path: &str, body: &str| -> serde_json::Value {
-        let r = ureq::post(&format!("{url}{path}"))
+        let r = agent
+            .post(&format!("{url}{path}"))
             .set("Authorization", &auth)
             .send_string(body)
             .expect(path);
@@ -268,7 +272,8 @@ fn http(n: usize) {
     let pause = Duration::from_millis(env_number("BENCH_PAUSE_MS", 0));
     let (mut created, mut answered, mut pools) = (Vec::new(), Vec::new(), Vec::new());
     let delete = |id: &str| {
-        ureq::delete(&format!("{url}/v1/sessions/{id}"))
+        agent
+            .delete(&format!("{url}/v1/sessions/{id}"))
             .set("Authorization", &auth)
             .call()
             .expect("deleting a session");

@@ -255,3 +255,59 @@ fn concurrent_creates_and_deletes_keep_groups_within_their_size() {
         assert_eq!(containers_of(id), 0, "{id}");
     }
 }
+
+/// A session that shares its shim is checkpointed, forked and restored as one with a shim of
+/// its own: CRIU dumps its container alone (runc, not the shim, does the work), the group's
+/// other session goes on, and what starts from the checkpoint is a sandbox of its own.
+#[test]
+#[ignore = "needs the containerd of scripts/test.sh (and CRIU, scripts/criu.sh)"]
+fn a_session_sharing_its_shim_is_checkpointed_forked_and_restored() {
+    let s = server(&["--sessions-per-shim", "3"]);
+    let (source, neighbour) = (s.create(BUSYBOX), s.create(BUSYBOX));
+    let shim = shim_of(&source);
+    assert_eq!(shim_of(&neighbour), shim, "the two sessions share a shim");
+    let shell = |id: &str, command: &str| -> String {
+        let body = serde_json::json!({"command": command, "timeoutSeconds": 20}).to_string();
+        let (code, v) = s.served.call("POST", &format!("/v1/sessions/{id}/shell"), Some(&body));
+        assert_eq!(code, 200, "{id}: {v}");
+        assert_eq!(v["exitCode"], 0, "{id}: {command}: {v}");
+        v["output"].as_str().unwrap().to_string()
+    };
+    shell(&source, "export X=grouped; cd /tmp; echo data >/tmp/f");
+    shell(&neighbour, "export Y=neighbour");
+
+    let (code, v) = s
+        .served
+        .call("POST", &format!("/v1/sessions/{source}/fork"), Some(r#"{"count": 1}"#));
+    assert_eq!(code, 201, "{v}");
+    let fork = v["sessions"][0]["id"].as_str().unwrap().to_string();
+    // Long enough for a shell that saw EOF at its restore to be gone.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(shell(&fork, "echo $X; pwd; cat /tmp/f"), "grouped\n/tmp\ndata\n");
+    assert_eq!(shell(&source, "echo $X; pwd"), "grouped\n/tmp\n");
+    assert_eq!(shell(&neighbour, "echo $Y"), "neighbour\n");
+
+    let (code, v) = s.served.call(
+        "POST",
+        &format!("/v1/sessions/{source}/checkpoint"),
+        Some(r#"{"name": "grouped"}"#),
+    );
+    assert_eq!(code, 201, "{v}");
+    s.delete(&source);
+    // The group's other session keeps its shim and its state.
+    assert_eq!(shim_of(&neighbour), shim);
+    assert_eq!(shell(&neighbour, "echo $Y"), "neighbour\n");
+    let (code, v) = s
+        .served
+        .call("POST", "/v1/sessions", Some(r#"{"fromCheckpoint": "grouped"}"#));
+    assert_eq!(code, 201, "{v}");
+    let restored = v["id"].as_str().unwrap().to_string();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(shell(&restored, "echo $X; pwd; cat /tmp/f"), "grouped\n/tmp\ndata\n");
+    assert_ne!(shim_of(&restored), shim, "a restore has a shim of its own");
+    for id in [&fork, &restored, &neighbour] {
+        s.delete(id);
+    }
+    let (code, _) = s.served.call("DELETE", "/v1/checkpoints/grouped", None);
+    assert_eq!(code, 204);
+}

@@ -290,8 +290,36 @@ pub fn load_env_dir(dir: &Path) -> Result<Vec<Environment>, ManifestError> {
     Ok(load_env_dir_all(dir)?.0)
 }
 
+/// What an env dir defined, by directory, with the stamps of the files it was parsed from: a
+/// server reads its env dir for every session and job it is asked for, and parsing every file
+/// each time was most of a pooled session's manifest phase. A file added, removed, replaced or
+/// written (its inode, size, modification or change time) is parsed again; an env dir is the
+/// operator's, never a sandbox's to write.
+type EnvDirContents = std::sync::Arc<(Vec<Environment>, Vec<NetworkDef>)>;
+static ENV_DIRS: std::sync::Mutex<Vec<(PathBuf, Vec<FileStamp>, EnvDirContents)>> = std::sync::Mutex::new(Vec::new());
+/// Env dirs kept at once (a process has one or two).
+const ENV_DIRS_KEPT: usize = 8;
+
+#[derive(Debug, PartialEq, Eq)]
+struct FileStamp {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+/// How old every file of an env dir must be before what it defines is kept (see below).
+const ENV_DIR_SETTLED: Duration = Duration::from_secs(2);
+
 /// Every Environment and Network in the `*.yaml`/`*.yml` files of a directory.
 pub fn load_env_dir_all(dir: &Path) -> Result<(Vec<Environment>, Vec<NetworkDef>), ManifestError> {
+    load_env_dir_kept(dir, ENV_DIR_SETTLED)
+}
+
+fn load_env_dir_kept(dir: &Path, settle: Duration) -> Result<(Vec<Environment>, Vec<NetworkDef>), ManifestError> {
+    use std::os::unix::fs::MetadataExt;
     let read_err = |e| ManifestError::new(Origin::new("", None), ManifestErrorKind::Read(e)).in_file(dir);
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(read_err)?
@@ -299,6 +327,47 @@ pub fn load_env_dir_all(dir: &Path) -> Result<(Vec<Environment>, Vec<NetworkDef>
         .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
         .collect();
     files.sort();
+    // Stamped before they are read: a file written in between is parsed again next time.
+    let stamps: Option<Vec<FileStamp>> = files
+        .iter()
+        .map(|f| {
+            let m = std::fs::metadata(f).ok()?;
+            Some(FileStamp {
+                path: f.clone(),
+                dev: m.dev(),
+                ino: m.ino(),
+                len: m.len(),
+                mtime: (m.mtime(), m.mtime_nsec()),
+                ctime: (m.ctime(), m.ctime_nsec()),
+            })
+        })
+        .collect();
+    let kept = ENV_DIRS.lock().expect("env dir cache lock");
+    if let Some((_, _, contents)) = kept.iter().find(|(d, s, _)| d == dir && stamps.as_ref() == Some(s)) {
+        return Ok(contents.as_ref().clone());
+    }
+    drop(kept);
+    let contents = parse_env_dir(dir, files)?;
+    // As git's racily clean index entries: a file changed within the clock's granularity
+    // (a coarse tick, milliseconds) of its stamp could change again, at the same size, under
+    // the same stamp; such a directory is parsed every time until its files are older.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    let settled =
+        |(sec, nsec): (i64, i64)| (sec as i128) * 1_000_000_000 + nsec as i128 + (settle.as_nanos() as i128) < now;
+    if let Some(stamps) = stamps.filter(|s| s.iter().all(|f| settled(f.mtime) && settled(f.ctime))) {
+        let mut kept = ENV_DIRS.lock().expect("env dir cache lock");
+        kept.retain(|(d, _, _)| d != dir);
+        if kept.len() >= ENV_DIRS_KEPT {
+            kept.remove(0);
+        }
+        kept.push((dir.to_path_buf(), stamps, std::sync::Arc::new(contents.clone())));
+    }
+    Ok(contents)
+}
+
+fn parse_env_dir(dir: &Path, files: Vec<PathBuf>) -> Result<(Vec<Environment>, Vec<NetworkDef>), ManifestError> {
     let mut envs: Vec<Environment> = Vec::new();
     let mut networks: Vec<NetworkDef> = Vec::new();
     for file in files {
@@ -638,6 +707,55 @@ fn syntax_hint(message: &str) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn env_names(dir: &Path, settle: Duration) -> Vec<String> {
+        let (envs, _) = load_env_dir_kept(dir, settle).unwrap();
+        envs.into_iter()
+            .map(|e| format!("{}={}", e.name, e.image.unwrap_or_default()))
+            .collect()
+    }
+
+    fn env_file(name: &str, image: &str) -> String {
+        format!("apiVersion: {API_VERSION}\nkind: Environment\nmetadata: {{name: {name}}}\nspec:\n  image: {image}\n")
+    }
+
+    #[test]
+    fn a_kept_env_dir_follows_every_change_to_its_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a.yaml");
+        std::fs::write(&a, env_file("one", "img:1")).unwrap();
+        // Settled at once: kept from the first read.
+        let kept = Duration::ZERO;
+        assert_eq!(env_names(dir.path(), kept), ["one=img:1"]);
+        assert_eq!(env_names(dir.path(), kept), ["one=img:1"]);
+        std::fs::write(&a, env_file("two", "image:2")).unwrap();
+        assert_eq!(env_names(dir.path(), kept), ["two=image:2"]);
+        std::fs::write(dir.path().join("b.yml"), env_file("three", "img:3")).unwrap();
+        assert_eq!(env_names(dir.path(), kept), ["two=image:2", "three=img:3"]);
+        std::fs::remove_file(&a).unwrap();
+        assert_eq!(env_names(dir.path(), kept), ["three=img:3"]);
+        // The same size, written a clock tick later.
+        std::thread::sleep(Duration::from_millis(20));
+        std::fs::write(dir.path().join("b.yml"), env_file("three", "img:4")).unwrap();
+        assert_eq!(env_names(dir.path(), kept), ["three=img:4"]);
+        // Replaced by another file (a new inode) of the same size and times.
+        let c = dir.path().join("c.tmp");
+        std::fs::write(&c, env_file("three", "img:5")).unwrap();
+        std::fs::rename(&c, dir.path().join("b.yml")).unwrap();
+        assert_eq!(env_names(dir.path(), kept), ["three=img:5"]);
+    }
+
+    #[test]
+    fn a_file_written_within_the_settling_time_is_read_every_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a.yaml");
+        // Rewritten at once, at the same size: its stamp may not change (a coarse clock tick),
+        // so only not keeping fresh files makes the second read right.
+        for image in ["img:1", "img:2", "img:3", "img:4"] {
+            std::fs::write(&a, env_file("one", image)).unwrap();
+            assert_eq!(env_names(dir.path(), ENV_DIR_SETTLED), [format!("one={image}")]);
+        }
+    }
 
     #[test]
     fn splits_documents_and_keeps_file_line_numbers() {

@@ -522,21 +522,19 @@ impl SessionManager {
             EnvironmentRef::Document(_) => Some("environment.spec."),
             EnvironmentRef::Name(_) => None,
         };
-        if let (Some(env), Some(prefix)) = (&env_doc, env_prefix) {
-            manifest::parse_str(&format!("{env}\n"), &self.base_dir, None)
-                .map_err(|e| request_field(e, "spec.", prefix))?;
-        }
-        let text = match &env_doc {
-            Some(env) => format!("{env}\n---\n{job_doc}\n"),
-            None => format!("{job_doc}\n"),
+        // The two documents make the session's manifest as they are: not parsed again
+        // together (Environments are looked up at bind time, so the Job parses alone).
+        let mut set = match (&env_doc, env_prefix) {
+            (Some(env), Some(prefix)) => manifest::parse_str(&format!("{env}\n"), &self.base_dir, None)
+                .map_err(|e| request_field(e, "spec.", prefix))?,
+            _ => manifest::ManifestSet::default(),
         };
-        // (Environments are looked up at bind time, so the Job document parses alone.)
-        manifest::parse_str(&format!("{job_doc}\n"), &self.base_dir, None)
+        let job_set = manifest::parse_str(&format!("{job_doc}\n"), &self.base_dir, None)
             .map_err(|e| request_field(e, "spec.", ""))?;
+        set.jobs = job_set.jobs;
         let plan = {
-            let (ctx, base_dir, backend) = (self.ctx.clone(), self.base_dir.clone(), request.backend);
+            let (ctx, backend) = (self.ctx.clone(), request.backend);
             Context::blocking(move || {
-                let mut set = manifest::parse_str(&text, &base_dir, None)?;
                 if let Some(dir) = &ctx.config.env_dir {
                     set.use_env_dir(dir)?;
                 }

@@ -173,7 +173,9 @@ impl Engine {
             return claimed;
         }
         // The image moved under its name: a member of the old key is not this job's.
-        if let Ok(Claim::Member(member)) = claimed {
+        if let Ok(Claim::Member(mut member)) = claimed {
+            // Nothing of ours stays in its namespaces while it goes.
+            let _ = member.ready().await;
             let _ = self.teardown(&member.id).await;
             if let Some(hook) = &self.options.on_claim {
                 (hook.0)(&member.pool);
@@ -260,7 +262,7 @@ impl Engine {
                 let (client, id) = (self.client.clone(), id.clone());
                 tokio::spawn(async move { client.container_set_labels(&id, labels).await })
             };
-            let claimed = async {
+            let member = {
                 let MemberRecord {
                     pool,
                     range,
@@ -280,47 +282,37 @@ impl Engine {
                 let hostname: String = plan.job().name.chars().take(63).collect();
                 let unused = hide::Unused::of(&layout, plan, &dir);
                 let cgroup = self.cgroup_path(&id);
-                let t1 = Instant::now();
                 // Off the async workers: the agent's FIFO opens, and the thread that enters the
                 // member's namespaces (its unmounts wait on the kernel's mount lock, which a
                 // burst of claims contends for) would hold one of them, and every other
-                // request with it.
-                let agent = {
+                // request with it. Not awaited here: it runs beside the late binds
+                // (`Readying`), and whoever takes the member waits for it.
+                let readying = {
                     let (dir, cgroup) = (dir.clone(), cgroup.clone());
                     tokio::task::spawn_blocking(move || {
+                        let t1 = Instant::now();
                         let agent = Agent::open(&dir.join("agent"), uid, gid)?;
                         hide::enter(init_pid, &cgroup, &hostname, unused)?;
+                        super::super::claim_phase("member readied", t1);
                         Ok::<_, RuntimeError>(agent)
                     })
-                    .await
-                    .map_err(|e| RuntimeError::Internal(format!("readying the claimed member: {e}")))??
                 };
-                super::super::claim_phase("member readied", t1);
-                Ok::<_, RuntimeError>(Member {
+                Member {
                     id: id.clone(),
                     pool: pool.unwrap_or_default(),
                     init_pid,
                     layout: layout.clone(),
-                    agent,
+                    agent: super::Readying::Pending(readying),
                     cgroup,
                     process,
                     range,
                     relabel,
                     init,
                     seed: image.workspace.clone(),
-                })
-            }
-            .await;
-            match claimed {
-                Ok(member) => {
-                    tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, member = member.id, "claimed");
-                    return Ok(Claim::Member(Box::new(member)));
                 }
-                Err(e) => {
-                    let _ = self.teardown(&id).await;
-                    return Err(e);
-                }
-            }
+            };
+            tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, member = member.id, "claimed");
+            return Ok(Claim::Member(Box::new(member)));
         }
         let pools: std::collections::BTreeSet<&str> = self
             .options

@@ -90,7 +90,8 @@ pub struct Member {
     pub pool: String,
     init_pid: u32,
     layout: Layout,
-    agent: Agent,
+    /// Its agent, once the member is readied for the claim (see `Readying`).
+    agent: Readying,
     cgroup: String,
     process: oci_spec::runtime::Process,
     /// Its user namespace's range (`None` with `hostUsers: true`).
@@ -105,9 +106,44 @@ pub struct Member {
     seed: Option<Box<crate::image::WorkspaceSeed>>,
 }
 
+/// A claimed member's readying — its agent's FIFOs opened, the places the job has no use for
+/// taken out and its hostname set, inside its namespaces — runs beside the binding of the
+/// job's workspace, mounts and assets on the host side (`bind_late`): the two touch disjoint
+/// places (what is taken out is what nothing is bound at), and neither needs the other's
+/// result, so a claim waits for the longer of the two instead of their sum.
+enum Readying {
+    Pending(tokio::task::JoinHandle<Result<Agent, RuntimeError>>),
+    Ready(Agent),
+}
+
 impl Member {
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Wait until the member is readied (started at the claim); its agent is then `agent()`.
+    /// Whoever holds a claimed member waits for this before it uses it or tears it down, so
+    /// no thread is still inside the member's namespaces when it goes.
+    async fn ready(&mut self) -> Result<(), RuntimeError> {
+        if let Readying::Pending(handle) = &mut self.agent {
+            let t0 = Instant::now();
+            let agent = handle
+                .await
+                .map_err(|e| RuntimeError::Internal(format!("readying the claimed member: {e}")))??;
+            super::claim_phase("member ready awaited", t0);
+            self.agent = Readying::Ready(agent);
+        }
+        Ok(())
+    }
+
+    /// The member's agent, once `ready` succeeded.
+    fn agent(&self) -> Result<&Agent, RuntimeError> {
+        match &self.agent {
+            Readying::Ready(agent) => Ok(agent),
+            Readying::Pending(_) => Err(RuntimeError::Internal(
+                "the claimed member's agent was used before the member was readied".into(),
+            )),
+        }
     }
 
     /// Kill every process of the member. Through its pinned init when it has one: the kernel

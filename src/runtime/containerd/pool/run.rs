@@ -38,11 +38,11 @@ impl Engine {
     /// as a PID 1 would, and everything else in the container does.
     pub async fn run_pooled(
         &self,
-        member: Member,
+        mut member: Member,
         plan: &RunPlan,
         cancel: &CancellationToken,
     ) -> Result<ExecResult, RuntimeError> {
-        let result = self.run_in_member(&member, plan, cancel).await.map(|mut r| {
+        let result = self.run_in_member(&mut member, plan, cancel).await.map(|mut r| {
             r.pool = Some(member.pool.clone());
             r
         });
@@ -83,15 +83,24 @@ impl Engine {
 
     async fn run_in_member(
         &self,
-        member: &Member,
+        member: &mut Member,
         plan: &RunPlan,
         cancel: &CancellationToken,
     ) -> Result<ExecResult, RuntimeError> {
         let job = plan.job();
         let env = plan.env();
-        self.seed_workspace(member.seed.as_deref(), plan).await?;
-        self.bind_late_blocking(&member.id, &member.layout, member.userns(), plan)
-            .await?;
+        // Beside the member's readying (`Readying`); both are waited for, whatever fails.
+        let bound = async {
+            self.seed_workspace(member.seed.as_deref(), plan).await?;
+            self.bind_late_blocking(&member.id, &member.layout, member.userns(), plan)
+                .await
+        }
+        .await;
+        let readied = member.ready().await;
+        bound?;
+        readied?;
+        let member = &*member;
+        let agent = member.agent()?;
         let argv = crate::spec::entry::compose(&env.setup, job.disable_setup, None, &job.command.argv());
         let vars: Vec<(String, String)> = env.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let cwd = member.process.cwd().to_string_lossy().into_owned();
@@ -99,8 +108,8 @@ impl Engine {
         let expect_marker = spec::runs_setup(job, env);
         let storage = self.watch_member_storage(plan, &member.id, &member.cgroup, None);
         let started = Instant::now();
-        (self.end_prelaunched(&member.id, &member.cgroup, member.init_pid, &member.agent)).await;
-        let req = member.agent.send(0, &script, job.stdin.as_deref().map(str::as_bytes))?;
+        (self.end_prelaunched(&member.id, &member.cgroup, member.init_pid, agent)).await;
+        let req = agent.send(0, &script, job.stdin.as_deref().map(str::as_bytes))?;
         let pumps = OutputPump::capture(req.out, req.err, expect_marker, self.options.output_limit);
         let limit = job.timeout.into_iter().chain(job.active_deadline).min();
         let mut done = Box::pin(crate::runtime::containerd::read_status(req.done));
@@ -219,9 +228,18 @@ impl Engine {
 
     /// A live container (a session's sandbox) on a claimed member: setup runs first through
     /// the agent, as it runs in a cold container's init.
-    pub async fn live_from_member(&self, member: Member, plan: &RunPlan) -> Result<LiveContainer, RuntimeError> {
+    pub async fn live_from_member(&self, mut member: Member, plan: &RunPlan) -> Result<LiveContainer, RuntimeError> {
         let id = member.id.clone();
         let userns = member.userns();
+        let t0 = Instant::now();
+        // Beside the member's readying (`Readying`); both are waited for, whatever fails.
+        let bound = async {
+            self.seed_workspace(member.seed.as_deref(), plan).await?;
+            self.bind_late_blocking(&member.id, &member.layout, userns, plan).await
+        }
+        .await;
+        super::super::claim_phase("bind late", t0);
+        let readied = member.ready().await;
         let relabel = member.relabel;
         tokio::spawn(async move {
             if let Ok(Err(e)) = relabel.await {
@@ -229,11 +247,11 @@ impl Engine {
             }
         });
         let built = async {
-            let t0 = Instant::now();
-            self.seed_workspace(member.seed.as_deref(), plan).await?;
-            self.bind_late_blocking(&member.id, &member.layout, userns, plan)
-                .await?;
-            super::super::claim_phase("bind late", t0);
+            bound?;
+            readied?;
+            let Readying::Ready(agent) = member.agent else {
+                return Err(RuntimeError::Internal("the claimed member was not readied".into()));
+            };
             let init_exited = CancellationToken::new();
             {
                 let engine = self.clone();
@@ -248,7 +266,7 @@ impl Engine {
             let pool = member.pool.clone();
             let mut live = LiveContainer::new(
                 self.clone(),
-                Some(std::sync::Arc::new(member.agent)),
+                Some(std::sync::Arc::new(agent)),
                 member.init_pid,
                 init_exited,
                 id.clone(),
