@@ -8,6 +8,7 @@ pub mod copytree;
 pub mod host;
 pub mod idmap;
 pub mod late;
+pub mod latency;
 pub mod output;
 pub mod pty;
 pub mod storage;
@@ -293,6 +294,12 @@ pub trait Sandbox: Send + Sync {
     /// Signal the process group a process given by its PID inside the sandbox leads (just
     /// the process when it leads none); whether it was signalled.
     fn signal_group(&self, pid: i32, signal: nix::sys::signal::Signal) -> bool;
+    /// Ask the kernel to run a process given by its PID inside the sandbox, which the host
+    /// waits on (a resident shell), with a short slice ([`latency`]), not its children;
+    /// whether it was done. Best effort: the default does nothing.
+    fn prefer_latency(&self, _pid: i32) -> bool {
+        false
+    }
     /// Make a FIFO called `name` in `shared_dir` (replacing what had that name), owned by the
     /// sandbox's user, and open it for the host. Non-blocking, checked to be the FIFO.
     fn fifo(&self, name: &str, end: FifoEnd) -> Result<std::os::fd::OwnedFd, RuntimeError>;

@@ -4,6 +4,7 @@
 
 pub mod capacity;
 pub mod daemon;
+mod exhausted;
 pub mod export;
 pub mod images;
 pub mod jobs;
@@ -84,11 +85,18 @@ pub enum Invalid {
 }
 
 impl ServiceError {
+    /// Runner failed at its own work — unless what failed was getting a file descriptor
+    /// (`EMFILE`, `ENFILE`): that is the host's capacity, and retrying may work
+    /// (`Unavailable`, with the limit and how to raise it).
     pub fn internal(context: impl Into<String>, source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
-        ServiceError::Internal {
-            context: context.into(),
-            source: source.into(),
+        let (context, source) = (context.into(), source.into());
+        if let Some(errno) = exhausted::out_of_files(source.as_ref()) {
+            return ServiceError::Unavailable {
+                what: "a file descriptor",
+                reason: exhausted::reason(&context, errno, exhausted::nofile_limits()),
+            };
         }
+        ServiceError::Internal { context, source }
     }
 
     pub fn field(field: impl Into<String>, message: impl Into<String>) -> Self {

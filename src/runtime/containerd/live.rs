@@ -655,6 +655,19 @@ impl crate::runtime::Sandbox for LiveContainer {
         }
     }
 
+    fn prefer_latency(&self, pid: i32) -> bool {
+        let Some(host) = agent::host_pid(&self.cgroup, self.init_pid, pid) else {
+            return false;
+        };
+        match crate::runtime::latency::request_slice(host, crate::runtime::latency::SHELL_SLICE) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(pid = host, error = %e, "could not ask for a short scheduling slice");
+                false
+            }
+        }
+    }
+
     fn fifo(&self, name: &str, end: crate::runtime::FifoEnd) -> Result<std::os::fd::OwnedFd, RuntimeError> {
         self.agent()?.fifo(name, end)
     }

@@ -261,6 +261,9 @@ impl Resident {
             _ => return Err(ServiceError::rejected("the shell did not start")),
         };
         shell.pid = pid;
+        // The host waits on this shell at every call: a short slice lets it run as soon as it
+        // wakes, even on CPUs that busy sandboxes keep full (its commands get the default).
+        sandbox.prefer_latency(pid);
         let st_ro = receiver(sandbox.reopen_fifo(&st_name, FifoEnd::Read)?)?;
         shell.status = BufReader::new(st_ro);
         // Write-only from now on: writing to a shell that is gone fails (EPIPE) instead of
