@@ -186,6 +186,11 @@ pub enum RuntimeError {
     Ended(String),
     #[error("{0}")]
     Refused(String),
+    /// A claimed pool member could not be readied for its job (it went away after its
+    /// record was checked): it was torn down, and the job may run cold as when no member is
+    /// ready.
+    #[error("the claimed pool member could not be readied: {0}")]
+    MemberLost(String),
     #[error("backend {0} is not connected")]
     Unavailable(&'static str),
     #[error(transparent)]

@@ -186,7 +186,9 @@ impl From<RuntimeError> for ServiceError {
                 format!("image {name:?} is not present (runner image import)"),
             ),
             RuntimeError::Image(e) => e.into(),
-            e @ (RuntimeError::Io { .. } | RuntimeError::Internal(_)) => ServiceError::internal("the runtime", e),
+            e @ (RuntimeError::Io { .. } | RuntimeError::Internal(_) | RuntimeError::MemberLost(_)) => {
+                ServiceError::internal("the runtime", e)
+            }
         }
     }
 }

@@ -321,7 +321,15 @@ impl Engine {
         let mut cold = None;
         if self.options.use_pools {
             match self.claim(plan, pool::KIND_POOLED).await {
-                Ok(pool::Claim::Member(member)) => return self.run_pooled(*member, plan, cancel).await,
+                Ok(pool::Claim::Member(member)) => match self.run_pooled(*member, plan, cancel).await {
+                    // Torn down already, before anything of the job ran in it: as when the
+                    // claim itself fails.
+                    Err(RuntimeError::MemberLost(why)) => {
+                        tracing::warn!(why, "the claimed pool member went away; running cold");
+                        cold = Some(format!("the claimed pool member went away: {why}"));
+                    }
+                    result => return result,
+                },
                 Ok(pool::Claim::Cold(resolved, why)) => {
                     image = resolved;
                     cold = Some(why);

@@ -45,7 +45,13 @@ impl Engine {
                     let t0 = Instant::now();
                     let live = self.live_from_member(*member, plan).await;
                     claim_phase("live from member", t0);
-                    return live;
+                    match live {
+                        // Torn down already: as when the claim itself fails.
+                        Err(RuntimeError::MemberLost(why)) => {
+                            tracing::warn!(why, "the claimed pool member went away; starting cold")
+                        }
+                        live => return live,
+                    }
                 }
                 Ok(pool::Claim::Cold(resolved, _)) => image = resolved,
                 Err(e) => tracing::warn!(error = %e, "claiming a pool member failed; starting cold"),

@@ -127,9 +127,11 @@ impl Member {
     async fn ready(&mut self) -> Result<(), RuntimeError> {
         if let Readying::Pending(handle) = &mut self.agent {
             let t0 = Instant::now();
-            let agent = handle
-                .await
-                .map_err(|e| RuntimeError::Internal(format!("readying the claimed member: {e}")))??;
+            let agent = match handle.await {
+                Ok(Ok(agent)) => agent,
+                Ok(Err(e)) => return Err(RuntimeError::MemberLost(e.to_string())),
+                Err(e) => return Err(RuntimeError::MemberLost(e.to_string())),
+            };
             super::claim_phase("member ready awaited", t0);
             self.agent = Readying::Ready(agent);
         }
