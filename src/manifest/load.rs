@@ -367,7 +367,16 @@ fn load_env_dir_kept(dir: &Path, settle: Duration) -> Result<(Vec<Environment>, 
     Ok(contents)
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Env dirs parsed by this thread (tests run on threads of their own): what shows a
+    /// kept directory is not parsed again.
+    static ENV_DIRS_PARSED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 fn parse_env_dir(dir: &Path, files: Vec<PathBuf>) -> Result<(Vec<Environment>, Vec<NetworkDef>), ManifestError> {
+    #[cfg(test)]
+    ENV_DIRS_PARSED.with(|n| n.set(n.get() + 1));
     let mut envs: Vec<Environment> = Vec::new();
     let mut networks: Vec<NetworkDef> = Vec::new();
     for file in files {
@@ -726,10 +735,15 @@ mod tests {
         std::fs::write(&a, env_file("one", "img:1")).unwrap();
         // Settled at once: kept from the first read.
         let kept = Duration::ZERO;
+        let parsed = || ENV_DIRS_PARSED.with(std::cell::Cell::get);
+        let before = parsed();
         assert_eq!(env_names(dir.path(), kept), ["one=img:1"]);
         assert_eq!(env_names(dir.path(), kept), ["one=img:1"]);
+        assert_eq!(env_names(dir.path(), kept), ["one=img:1"]);
+        assert_eq!(parsed() - before, 1, "a kept env dir is parsed again");
         std::fs::write(&a, env_file("two", "image:2")).unwrap();
         assert_eq!(env_names(dir.path(), kept), ["two=image:2"]);
+        assert_eq!(parsed() - before, 2);
         std::fs::write(dir.path().join("b.yml"), env_file("three", "img:3")).unwrap();
         assert_eq!(env_names(dir.path(), kept), ["two=image:2", "three=img:3"]);
         std::fs::remove_file(&a).unwrap();
@@ -751,10 +765,17 @@ mod tests {
         let a = dir.path().join("a.yaml");
         // Rewritten at once, at the same size: its stamp may not change (a coarse clock tick),
         // so only not keeping fresh files makes the second read right.
+        let before = ENV_DIRS_PARSED.with(std::cell::Cell::get);
         for image in ["img:1", "img:2", "img:3", "img:4"] {
             std::fs::write(&a, env_file("one", image)).unwrap();
             assert_eq!(env_names(dir.path(), ENV_DIR_SETTLED), [format!("one={image}")]);
+            assert_eq!(env_names(dir.path(), ENV_DIR_SETTLED), [format!("one={image}")]);
         }
+        assert_eq!(
+            ENV_DIRS_PARSED.with(std::cell::Cell::get) - before,
+            8,
+            "a fresh file was kept"
+        );
     }
 
     #[test]

@@ -127,11 +127,12 @@ impl Member {
     async fn ready(&mut self) -> Result<(), RuntimeError> {
         if let Readying::Pending(handle) = &mut self.agent {
             let t0 = Instant::now();
-            let agent = match handle.await {
-                Ok(Ok(agent)) => agent,
-                Ok(Err(e)) => return Err(RuntimeError::MemberLost(e.to_string())),
-                Err(e) => return Err(RuntimeError::MemberLost(e.to_string())),
-            };
+            // A readying that failed or panicked: the member is lost either way.
+            let agent = handle
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+                .map_err(RuntimeError::MemberLost)?;
             super::claim_phase("member ready awaited", t0);
             self.agent = Readying::Ready(agent);
         }
