@@ -7,14 +7,12 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use super::output::{self, outln, print_human, print_objects, print_wide, worst};
+use super::output::{self, worst};
 use super::{Cli, OutputFormat, Verb};
 use crate::config::Config;
 use crate::service::handoff::{Caller, Control, PROTOCOL, Reply, Request, mount_namespace};
-use crate::service::logs;
 use crate::signals::Shutdown;
 
 /// What `apply` printing needs of the verb's options.
@@ -130,7 +128,7 @@ fn follow(config: &Config, replies: &mut impl BufRead, printing: Printing, stopp
                 let object = object.into_object();
                 code = worst(code, object.status.exit_code());
                 if printing.format.is_none() {
-                    print_ended(&logs_dir, &object, printing.index);
+                    super::jobs::print_ended(&logs_dir, &object, printing.index);
                 }
                 objects.push(object);
             }
@@ -148,36 +146,10 @@ fn follow(config: &Config, replies: &mut impl BufRead, printing: Printing, stopp
             }
         }
     }
-    match printing.format {
-        None => {}
-        Some(OutputFormat::Wide) => print_wide(&objects, true),
-        Some(OutputFormat::Name) => {
-            for o in &objects {
-                outln!("job.runner/{}", o.metadata.name);
-            }
-        }
-        Some(format) => {
-            if let Err(e) = print_objects(&objects, format) {
-                return super::fail(&e);
-            }
-        }
+    if let Err(e) = super::jobs::print_applied(&objects, printing.format) {
+        return super::fail(&e);
     }
     stopped_by.get().map_or(code, |s| s.exit_code())
-}
-
-/// Every index's output (the last attempt of each), prefixed when there are several.
-fn print_ended(logs_dir: &Path, object: &crate::job::JobObject, index: Option<u32>) {
-    let name = &object.metadata.name;
-    match logs::results(logs_dir, name, &object.status, index) {
-        Ok(results) => {
-            let prefix = index.is_none() && object.spec.completions > 1;
-            print_human(name, &object.status, &results, prefix)
-        }
-        Err(e) => {
-            eprintln!("runner: {e}");
-            print_human(name, &object.status, &[], false)
-        }
-    }
 }
 
 /// Ctrl-C and SIGTERM stop the server's run of the jobs (which still report), as they stop an
