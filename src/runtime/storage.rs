@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::confined::Root;
+use crate::confined::{FullFile, Root};
 
 /// The walk cadence while a sandbox's usage moves.
 const FAST: Duration = Duration::from_millis(10);
@@ -107,6 +107,8 @@ struct Entry {
     baselining: bool,
     evicted: CancellationToken,
     verdict: Arc<Mutex<Option<String>>>,
+    /// When it began to be watched: before its command started.
+    since: std::time::SystemTime,
 }
 
 #[derive(Default)]
@@ -204,6 +206,7 @@ impl StorageMonitor {
                 baselining: false,
                 evicted: evicted.clone(),
                 verdict: verdict.clone(),
+                since: coarse_now(),
             },
         );
         StorageWatch {
@@ -274,7 +277,7 @@ impl StorageWatch {
             (todo, entry.limit)
         };
         let unmeasured: Vec<(PathBuf, Option<u64>)> = todo.iter().map(|(_, p)| (p.clone(), None)).collect();
-        let walk = measure(&unmeasured, limit);
+        let walk = measure(&unmeasured, limit, None);
         let mut state = self.inner.state.lock().expect("storage lock");
         let Some(entry) = state.entries.get_mut(&self.id) else {
             return;
@@ -304,14 +307,19 @@ impl StorageWatch {
     /// before. For the end of a command that failed: one that ran into the limit (a write
     /// refused with EFBIG at `RLIMIT_FSIZE`) ends before the next periodic walk would see it.
     pub fn check_now(&self) -> Option<String> {
-        let (trees, limit) = {
+        let (trees, limit, since) = {
             let state = self.inner.state.lock().expect("storage lock");
             let entry = state.entries.get(&self.id)?;
             let trees: Vec<(PathBuf, Option<u64>)> = entry.trees.iter().map(|t| (t.path.clone(), t.baseline)).collect();
-            (trees, entry.limit)
+            (trees, entry.limit, entry.since)
         };
         if trees.iter().any(|(_, baseline)| baseline.is_some()) {
-            let walk = measure(&trees, limit);
+            // `RLIMIT_FSIZE` is the limit: a file the command wrote to that size is where the
+            // kernel stopped it. The count may be under the limit then (the file was there
+            // before, counted in the baseline; or the command removed other files first), and
+            // the command ran into the limit all the same.
+            let full = FullFile { size: limit, since };
+            let walk = measure(&trees, limit, Some(full));
             let mut state = self.inner.state.lock().expect("storage lock");
             if let Some(entry) = state.entries.get_mut(&self.id) {
                 // Only trees measured before count: a first measurement now is no baseline.
@@ -322,7 +330,7 @@ impl StorageWatch {
                     .map(|(t, s)| t.baseline.and(*s))
                     .collect();
                 let (growth, parts) = growth_of(&mut entry.trees, &known);
-                if growth >= entry.limit || walk.too_deep {
+                if growth >= entry.limit || walk.too_deep || walk.full_file.is_some() {
                     evict(entry, growth, &walk, &parts);
                     state.entries.remove(&self.id);
                 }
@@ -357,22 +365,27 @@ struct Walk {
     stopped: bool,
     /// A tree holds directories nested too deep to measure.
     too_deep: bool,
+    /// The first file found that is the `FullFile` asked for: its tree's index, its path there.
+    full_file: Option<(usize, String)>,
     took: Duration,
 }
 
-fn measure(trees: &[(PathBuf, Option<u64>)], limit: u64) -> Walk {
+fn measure(trees: &[(PathBuf, Option<u64>)], limit: u64, full: Option<FullFile>) -> Walk {
     let began = Instant::now();
     let mut too_deep = false;
     let mut stopped = false;
-    let sizes = trees
-        .iter()
-        .map(|(path, baseline)| {
+    let mut full_file = None;
+    let sizes = (trees.iter().enumerate())
+        .map(|(i, (path, baseline))| {
             // Past `baseline + limit` this tree alone is over: the walk need not go on.
             let stop_at = baseline.map_or(u64::MAX, |b| b.saturating_add(limit).saturating_add(1));
-            match Root::open(path).and_then(|root| root.disk_usage(stop_at)) {
+            match Root::open(path).and_then(|root| root.disk_usage_noting(stop_at, full)) {
                 Ok(usage) => {
                     too_deep |= usage.too_deep;
                     stopped |= usage.stopped;
+                    if full_file.is_none() {
+                        full_file = usage.full_file.map(|f| (i, f));
+                    }
                     Some(usage.bytes)
                 }
                 Err(e) => {
@@ -386,6 +399,7 @@ fn measure(trees: &[(PathBuf, Option<u64>)], limit: u64) -> Walk {
         sizes,
         stopped,
         too_deep,
+        full_file,
         took: began.elapsed(),
     }
 }
@@ -442,7 +456,7 @@ fn worker(inner: &Inner) {
             let trees: Vec<(PathBuf, Option<u64>)> = entry.trees.iter().map(|t| (t.path.clone(), t.baseline)).collect();
             (id, trees, entry.limit)
         };
-        let walk = measure(&trees, limit);
+        let walk = measure(&trees, limit, None);
         let mut state = inner.state.lock().expect("storage lock");
         let watched = state.entries.len();
         let Some(entry) = state.entries.get_mut(&id) else {
@@ -486,6 +500,15 @@ fn evict(entry: &Entry, growth: u64, walk: &Walk, parts: &[String]) {
         format!(
             "ephemeral local storage cannot be measured: directories nested deeper than {} levels",
             crate::confined::MAX_PACK_DEPTH
+        )
+    } else if let (true, Some((i, path))) = (growth < entry.limit, &walk.full_file) {
+        let tree = entry.trees.get(*i).map_or("sandbox", |t| t.kind.name());
+        format!(
+            "ephemeral local storage limit of {} reached by the size of a file (no file may be larger): {tree} {path}; usage {}{} ({})",
+            human(entry.limit),
+            if walk.stopped { "of at least " } else { "" },
+            human(growth),
+            parts.join(", ")
         )
     } else {
         format!(
@@ -535,6 +558,17 @@ fn kill_cgroup(cgroup: &str) {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
     }
+}
+
+/// Now by the clock the kernel stamps files' times with (`CLOCK_REALTIME_COARSE`, one tick
+/// behind at most): a file changed after it, by its ctime, was changed after this call.
+fn coarse_now() -> std::time::SystemTime {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec through the pointer, which points at `now`.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut now) } != 0 {
+        return std::time::SystemTime::now();
+    }
+    std::time::UNIX_EPOCH + Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
 /// Sandboxes evicted, by reason (Prometheus counter).
@@ -623,6 +657,40 @@ mod tests {
         let verdict = watch.check_now().expect("a writer at its limit was not evicted");
         assert!(verdict.contains("reached the limit of 4Mi"), "{verdict}");
         assert!(verdict.contains("workspace +4Mi"), "{verdict}");
+        assert!(watch.evicted().is_cancelled());
+    }
+
+    /// `RLIMIT_FSIZE` is the limit: a file the command appended to until the kernel stopped
+    /// it is evicted by the check at its end, though the count is under the limit by what the
+    /// file was before (here one inode's charge, an empty file the workspace had). A file at
+    /// that size the command did not write (the workspace's own) evicts nothing.
+    #[test]
+    fn a_file_written_to_the_limit_is_an_eviction_and_one_that_was_there_is_not() {
+        let monitor = StorageMonitor::default();
+        let limit = 4 << 20;
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("dataset"), vec![1u8; limit as usize + 1]).unwrap();
+        std::fs::File::create(tmp.path().join("fill")).unwrap();
+        let watch = monitor.watch(limit, None);
+        watch.hold_for_baseline();
+        watch.add(Tree::Workspace, tmp.path().to_path_buf());
+        watch.baseline();
+        // A failed command that wrote nothing: the large file it found evicts nothing.
+        assert_eq!(watch.check_now(), None);
+        // A command's writes come ticks of the coarse clock after its watch began.
+        std::thread::sleep(Duration::from_millis(20));
+        let mut fill = std::fs::OpenOptions::new()
+            .append(true)
+            .open(tmp.path().join("fill"))
+            .unwrap();
+        std::io::Write::write_all(&mut fill, &vec![2u8; limit as usize]).unwrap();
+        let verdict = watch
+            .check_now()
+            .expect("a file written to the limit was not an eviction");
+        assert!(
+            verdict.contains("limit of 4Mi reached by the size of a file") && verdict.contains("workspace fill;"),
+            "{verdict}"
+        );
         assert!(watch.evicted().is_cancelled());
     }
 
