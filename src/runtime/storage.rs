@@ -278,6 +278,11 @@ impl StorageWatch {
         };
         let unmeasured: Vec<(PathBuf, Option<u64>)> = todo.iter().map(|(_, p)| (p.clone(), None)).collect();
         let walk = measure(&unmeasured, limit, None);
+        tracing::debug!(
+            ms = walk.took.as_secs_f64() * 1e3,
+            trees = todo.len(),
+            "storage baseline measured"
+        );
         let mut state = self.inner.state.lock().expect("storage lock");
         let Some(entry) = state.entries.get_mut(&self.id) else {
             return;
