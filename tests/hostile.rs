@@ -1738,19 +1738,48 @@ fn a_sandbox_writing_past_ephemeral_storage_is_evicted() {
     let _serial = serial();
     let mut problems = Problems::default();
     let cli = Cli::new();
-    for (name, target) in [
-        ("rootfs", "/tmp/fill"),
-        ("workspace", "/workspace/fill"),
-        ("rootfs, many files", "/tmp/*"),
+    // A workspace whose first measurement takes a while (60,000 files, about half a second),
+    // the file written in the directory that walk reads last: the baseline was measured
+    // beside the writer, what it had written by then taken for the workspace's own. Stopped
+    // at the limit by RLIMIT_FSIZE, the writer ended below it by the count, and the Job was
+    // "Error" (the same race, rarer, failed the plain workspace case under load). Now the
+    // count reaches the limit ("usage 64Mi reached the limit"). Last, a file the workspace
+    // had (empty: one inode's charge in the baseline) appended to until RLIMIT_FSIZE: the
+    // count is 4 KiB under the limit, and the writer ran into it all the same.
+    for (name, target, files, had_fill) in [
+        ("rootfs", "/tmp/fill", 0, false),
+        ("workspace", "/workspace/fill", 0, false),
+        ("rootfs, many files", "/tmp/*", 0, false),
+        ("workspace of 60,000 files", "/workspace/fill", 60_000, false),
+        ("workspace, a file it had", "/workspace/fill", 0, true),
     ] {
         let slug: String = name.chars().filter(char::is_ascii_alphanumeric).collect();
         let job = format!("eph-{slug}");
         let ws = cli.root().join(format!("ws-{slug}"));
         std::fs::create_dir_all(&ws).unwrap();
+        let mut target = target.to_string();
+        let mut fill = ws.join("fill");
+        if files > 0 {
+            for i in 0..files {
+                let dir = ws.join(format!("d{}", i / 1000));
+                if i % 1000 == 0 {
+                    std::fs::create_dir(&dir).unwrap();
+                }
+                std::fs::File::create(dir.join(format!("f{i}"))).unwrap();
+            }
+            // The walk goes depth first in the directories' own order (a hash of the names).
+            let last = std::fs::read_dir(&ws).unwrap().last().unwrap().unwrap().file_name();
+            let last = last.to_str().unwrap();
+            target = format!("/workspace/{last}/fill");
+            fill = ws.join(last).join("fill");
+        }
+        if had_fill {
+            std::fs::File::create(&fill).unwrap();
+        }
         let manifest = format!(
             "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: eph}}\nspec:\n  image: {BUSYBOX}\n  workdir: /workspace\n  resources: {{memory: 256Mi, cpu: \"1\", pids: 64, ephemeralStorage: {EPHEMERAL_LIMIT_MIB}Mi}}\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: {job}}}\nspec:\n  environment: eph\n  workspace: {}\n  timeoutSeconds: 60\n  command: {}\n",
             ws.display(),
-            serde_json::to_string(&["sh", "-c", &fill_script(target)]).unwrap()
+            serde_json::to_string(&["sh", "-c", &fill_script(&target)]).unwrap()
         );
         let file = write_manifest(cli.root(), &format!("{job}.yaml"), &manifest);
         let t = Instant::now();
@@ -1764,7 +1793,7 @@ fn a_sandbox_writing_past_ephemeral_storage_is_evicted() {
             .filter_map(|l| l.trim().parse::<u64>().ok())
             .max()
             .unwrap_or(0);
-        let on_disk = std::fs::metadata(ws.join("fill")).map(|m| m.blocks() * 512 / MIB).ok();
+        let on_disk = std::fs::metadata(&fill).map(|m| m.blocks() * 512 / MIB).ok();
         let reason = status["status"]["reason"].as_str().unwrap_or("").to_string();
         let attempt_reason = status["status"]["attempts"][0]["reason"]
             .as_str()
@@ -1796,12 +1825,19 @@ fn a_sandbox_writing_past_ephemeral_storage_is_evicted() {
         problems.check(status_text.contains("ephemeral"), || {
             format!("{name}: the status does not mention ephemeral storage")
         });
+        if files > 0 {
+            let message = status["status"]["message"].as_str().unwrap_or("");
+            problems.check(
+                message.contains("usage") && message.contains("reached the limit of") && message.contains("workspace +64Mi"),
+                || format!("{name}: the count did not reach the limit (its baseline held the writer's writes?): {message:?}"),
+            );
+        }
         problems.check(written <= EPHEMERAL_LIMIT_MIB + EPHEMERAL_SLACK_MIB, || {
             format!(
                 "{name}: {written} MiB written before the kill (limit {EPHEMERAL_LIMIT_MIB} + slack {EPHEMERAL_SLACK_MIB} MiB)"
             )
         });
-        let _ = std::fs::remove_file(ws.join("fill"));
+        let _ = std::fs::remove_file(&fill);
     }
 
     // A session over the limit: later calls say it was evicted.

@@ -236,7 +236,7 @@ pub struct SetidReport {
 }
 
 /// What [`Root::disk_usage`] measured.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct DiskUsage {
     /// Bytes charged: each inode's allocated blocks, at least [`MIN_INODE_CHARGE`], a hard
     /// link's inode once.
@@ -247,6 +247,18 @@ pub struct DiskUsage {
     pub stopped: bool,
     /// Directories nested deeper than [`MAX_PACK_DEPTH`] were found (and not measured).
     pub too_deep: bool,
+    /// The first regular file found that is a [`FullFile`] (the walk asked for one), by its
+    /// path beneath the root.
+    pub full_file: Option<String>,
+}
+
+/// A regular file a [`Root::disk_usage_noting`] walk looks out for: of at least `size` bytes,
+/// and changed after `since` (its ctime, which a write sets and no one can set back; the
+/// kernel stamps it from the coarse clock, `CLOCK_REALTIME_COARSE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FullFile {
+    pub size: u64,
+    pub since: std::time::SystemTime,
 }
 
 /// The least an inode is charged by [`Root::disk_usage`]: one block of a common filesystem,
@@ -330,6 +342,12 @@ impl Root {
     /// so its cost is bounded by what the caller allows (`stop_at / MIN_INODE_CHARGE`
     /// entries).
     pub fn disk_usage(&self, stop_at: u64) -> Result<DiskUsage> {
+        self.disk_usage_noting(stop_at, None)
+    }
+
+    /// [`disk_usage`](Self::disk_usage), noting the first regular file that is `full`
+    /// ([`DiskUsage::full_file`]).
+    pub fn disk_usage_noting(&self, stop_at: u64, full: Option<FullFile>) -> Result<DiskUsage> {
         let mut usage = DiskUsage::default();
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY;
         let top =
@@ -339,6 +357,10 @@ impl Root {
             dev: st.st_dev,
             stop_at,
             linked: std::collections::HashSet::new(),
+            full: full.map(|f| {
+                let since = f.since.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                (f.size, (since.as_secs() as i64, i64::from(since.subsec_nanos())))
+            }),
             usage: &mut usage,
         };
         walk.charge(&st);

@@ -9,6 +9,8 @@ pub(super) struct UsageWalk<'a> {
     pub(super) stop_at: u64,
     /// Inodes with more than one link, counted once.
     pub(super) linked: std::collections::HashSet<u64>,
+    /// The `FullFile` looked out for: its size, and its time as (seconds, nanoseconds).
+    pub(super) full: Option<(u64, (i64, i64))>,
     pub(super) usage: &'a mut DiskUsage,
 }
 
@@ -22,6 +24,17 @@ impl UsageWalk<'_> {
         self.usage.entries += 1;
         if self.usage.bytes >= self.stop_at {
             self.usage.stopped = true;
+        }
+    }
+
+    fn note_full(&mut self, st: &FileStat, shown: &str, name: &[u8]) {
+        let Some((size, since)) = self.full else { return };
+        if self.usage.full_file.is_none()
+            && file_type(st) == libc::S_IFREG
+            && u64::try_from(st.st_size).unwrap_or(0) >= size
+            && (st.st_ctime, st.st_ctime_nsec) > since
+        {
+            self.usage.full_file = Some(child_shown(shown, name));
         }
     }
 
@@ -49,6 +62,7 @@ impl UsageWalk<'_> {
             }
             self.charge(&st);
             if file_type(&st) != libc::S_IFDIR {
+                self.note_full(&st, shown, &name);
                 continue;
             }
             if depth >= MAX_PACK_DEPTH {

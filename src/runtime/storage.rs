@@ -17,8 +17,9 @@
 //! grows with the page cache a writer dirties) brings the next walk forward. With thousands
 //! of sandboxes the process keeps to a budget (1,000 probes and 100 idle walks a second):
 //! each sandbox is looked at less often instead (every 5 s and 50 s at 5,000). What is counted
-//! is growth since the sandbox was first measured: the workspace the user gave and the image
-//! are not the sandbox's writes.
+//! is growth since the sandbox was first measured, which its engine makes happen before the
+//! sandbox's command starts (`StorageWatch::baseline`): the workspace the user gave and the
+//! image are not the sandbox's writes, and none of the sandbox's writes is taken for them.
 
 use std::collections::{BinaryHeap, HashMap};
 use std::path::PathBuf;
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::confined::Root;
+use crate::confined::{FullFile, Root};
 
 /// The walk cadence while a sandbox's usage moves.
 const FAST: Duration = Duration::from_millis(10);
@@ -102,8 +103,12 @@ struct Entry {
     last_growth: Option<u64>,
     last_probe: Option<u64>,
     busy: bool,
+    /// Its baseline is being measured by [`StorageWatch::baseline`]: no periodic walk yet.
+    baselining: bool,
     evicted: CancellationToken,
     verdict: Arc<Mutex<Option<String>>>,
+    /// When it began to be watched: before its command started.
+    since: std::time::SystemTime,
 }
 
 #[derive(Default)]
@@ -198,8 +203,10 @@ impl StorageMonitor {
                 last_growth: None,
                 last_probe: None,
                 busy: false,
+                baselining: false,
                 evicted: evicted.clone(),
                 verdict: verdict.clone(),
+                since: coarse_now(),
             },
         );
         StorageWatch {
@@ -228,11 +235,71 @@ impl StorageWatch {
                 path,
                 baseline: None,
             });
+            if entry.baselining {
+                // `baseline` measures it and then schedules the walks.
+                return;
+            }
             entry.next_walk = now;
             entry.due = now;
             state.queue.push(std::cmp::Reverse((now, self.id)));
             self.inner.wake.notify_one();
         }
+    }
+
+    /// Hold the periodic walks until [`baseline`](Self::baseline) has measured the trees
+    /// added from now on (the monitor would otherwise walk them at once beside it).
+    pub fn hold_for_baseline(&self) {
+        if let Some(entry) = self.inner.state.lock().expect("storage lock").entries.get_mut(&self.id) {
+            entry.baselining = true;
+        }
+    }
+
+    /// Measure every tree not measured yet as its baseline, now, on the calling thread (it
+    /// blocks: call it off the async threads). Call it before the sandbox's command starts:
+    /// then none of the command's writes is taken for what was there before it. Left to the
+    /// first periodic walk, the baseline was taken whenever a monitor thread got to it, which
+    /// under load was after the command had written megabytes into its workspace; a writer
+    /// stopped at the limit by `RLIMIT_FSIZE` then ended below the limit by the count, its Job
+    /// "Error" instead of "Evicted".
+    ///
+    /// The periodic walks of the sandbox wait for it and start `FAST` after it.
+    pub fn baseline(&self) {
+        let (todo, limit) = {
+            let mut state = self.inner.state.lock().expect("storage lock");
+            let Some(entry) = state.entries.get_mut(&self.id) else {
+                return;
+            };
+            let todo: Vec<(usize, PathBuf)> = (entry.trees.iter().enumerate())
+                .filter(|(_, t)| t.baseline.is_none())
+                .map(|(i, t)| (i, t.path.clone()))
+                .collect();
+            entry.baselining = true;
+            (todo, entry.limit)
+        };
+        let unmeasured: Vec<(PathBuf, Option<u64>)> = todo.iter().map(|(_, p)| (p.clone(), None)).collect();
+        let walk = measure(&unmeasured, limit, None);
+        tracing::debug!(
+            ms = walk.took.as_secs_f64() * 1e3,
+            trees = todo.len(),
+            "storage baseline measured"
+        );
+        let mut state = self.inner.state.lock().expect("storage lock");
+        let Some(entry) = state.entries.get_mut(&self.id) else {
+            return;
+        };
+        for ((i, _), size) in todo.iter().zip(&walk.sizes) {
+            // A walk that began before this one may have set it first: also before the start.
+            if let (Some(tree), Some(size)) = (entry.trees.get_mut(*i), size) {
+                tree.baseline.get_or_insert(*size);
+            }
+        }
+        entry.baselining = false;
+        entry.interval = FAST.max(walk.took * WALK_DUTY);
+        let next = Instant::now() + entry.interval;
+        entry.next_walk = next;
+        entry.due = next;
+        state.queue.push(std::cmp::Reverse((next, self.id)));
+        self.inner.wake.notify_one();
     }
 
     /// Cancelled when the sandbox is found over its limit.
@@ -245,14 +312,19 @@ impl StorageWatch {
     /// before. For the end of a command that failed: one that ran into the limit (a write
     /// refused with EFBIG at `RLIMIT_FSIZE`) ends before the next periodic walk would see it.
     pub fn check_now(&self) -> Option<String> {
-        let (trees, limit) = {
+        let (trees, limit, since) = {
             let state = self.inner.state.lock().expect("storage lock");
             let entry = state.entries.get(&self.id)?;
             let trees: Vec<(PathBuf, Option<u64>)> = entry.trees.iter().map(|t| (t.path.clone(), t.baseline)).collect();
-            (trees, entry.limit)
+            (trees, entry.limit, entry.since)
         };
         if trees.iter().any(|(_, baseline)| baseline.is_some()) {
-            let walk = measure(&trees, limit);
+            // `RLIMIT_FSIZE` is the limit: a file the command wrote to that size is where the
+            // kernel stopped it. The count may be under the limit then (the file was there
+            // before, counted in the baseline; or the command removed other files first), and
+            // the command ran into the limit all the same.
+            let full = FullFile { size: limit, since };
+            let walk = measure(&trees, limit, Some(full));
             let mut state = self.inner.state.lock().expect("storage lock");
             if let Some(entry) = state.entries.get_mut(&self.id) {
                 // Only trees measured before count: a first measurement now is no baseline.
@@ -263,7 +335,7 @@ impl StorageWatch {
                     .map(|(t, s)| t.baseline.and(*s))
                     .collect();
                 let (growth, parts) = growth_of(&mut entry.trees, &known);
-                if growth >= entry.limit || walk.too_deep {
+                if growth >= entry.limit || walk.too_deep || walk.full_file.is_some() {
                     evict(entry, growth, &walk, &parts);
                     state.entries.remove(&self.id);
                 }
@@ -298,22 +370,27 @@ struct Walk {
     stopped: bool,
     /// A tree holds directories nested too deep to measure.
     too_deep: bool,
+    /// The first file found that is the `FullFile` asked for: its tree's index, its path there.
+    full_file: Option<(usize, String)>,
     took: Duration,
 }
 
-fn measure(trees: &[(PathBuf, Option<u64>)], limit: u64) -> Walk {
+fn measure(trees: &[(PathBuf, Option<u64>)], limit: u64, full: Option<FullFile>) -> Walk {
     let began = Instant::now();
     let mut too_deep = false;
     let mut stopped = false;
-    let sizes = trees
-        .iter()
-        .map(|(path, baseline)| {
+    let mut full_file = None;
+    let sizes = (trees.iter().enumerate())
+        .map(|(i, (path, baseline))| {
             // Past `baseline + limit` this tree alone is over: the walk need not go on.
             let stop_at = baseline.map_or(u64::MAX, |b| b.saturating_add(limit).saturating_add(1));
-            match Root::open(path).and_then(|root| root.disk_usage(stop_at)) {
+            match Root::open(path).and_then(|root| root.disk_usage_noting(stop_at, full)) {
                 Ok(usage) => {
                     too_deep |= usage.too_deep;
                     stopped |= usage.stopped;
+                    if full_file.is_none() {
+                        full_file = usage.full_file.map(|f| (i, f));
+                    }
                     Some(usage.bytes)
                 }
                 Err(e) => {
@@ -327,6 +404,7 @@ fn measure(trees: &[(PathBuf, Option<u64>)], limit: u64) -> Walk {
         sizes,
         stopped,
         too_deep,
+        full_file,
         took: began.elapsed(),
     }
 }
@@ -350,7 +428,7 @@ fn worker(inner: &Inner) {
                         // Only an entry's latest scheduling counts; one being walked is
                         // rescheduled by its walk.
                         match state.entries.get(&id) {
-                            Some(e) if !e.busy && e.due == due => break id,
+                            Some(e) if !e.busy && !e.baselining && e.due == due => break id,
                             _ => continue,
                         }
                     }
@@ -383,7 +461,7 @@ fn worker(inner: &Inner) {
             let trees: Vec<(PathBuf, Option<u64>)> = entry.trees.iter().map(|t| (t.path.clone(), t.baseline)).collect();
             (id, trees, entry.limit)
         };
-        let walk = measure(&trees, limit);
+        let walk = measure(&trees, limit, None);
         let mut state = inner.state.lock().expect("storage lock");
         let watched = state.entries.len();
         let Some(entry) = state.entries.get_mut(&id) else {
@@ -406,7 +484,13 @@ fn worker(inner: &Inner) {
         };
         entry.interval = entry.interval.max(walk.took * WALK_DUTY);
         let now = Instant::now();
-        entry.next_walk = now + entry.interval;
+        // A tree added during this walk (its scheduling was skipped while the entry was
+        // busy) gets its first measurement at once, not an interval later.
+        entry.next_walk = if entry.trees.len() > walk.sizes.len() {
+            now
+        } else {
+            now + entry.interval
+        };
         let next = (now + probe_every(watched)).min(entry.next_walk);
         entry.due = next;
         state.queue.push(std::cmp::Reverse((next, id)));
@@ -421,6 +505,15 @@ fn evict(entry: &Entry, growth: u64, walk: &Walk, parts: &[String]) {
         format!(
             "ephemeral local storage cannot be measured: directories nested deeper than {} levels",
             crate::confined::MAX_PACK_DEPTH
+        )
+    } else if let (true, Some((i, path))) = (growth < entry.limit, &walk.full_file) {
+        let tree = entry.trees.get(*i).map_or("sandbox", |t| t.kind.name());
+        format!(
+            "ephemeral local storage limit of {} reached by the size of a file (no file may be larger): {tree} {path}; usage {}{} ({})",
+            human(entry.limit),
+            if walk.stopped { "of at least " } else { "" },
+            human(growth),
+            parts.join(", ")
         )
     } else {
         format!(
@@ -470,6 +563,17 @@ fn kill_cgroup(cgroup: &str) {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
     }
+}
+
+/// Now by the clock the kernel stamps files' times with (`CLOCK_REALTIME_COARSE`, one tick
+/// behind at most): a file changed after it, by its ctime, was changed after this call.
+fn coarse_now() -> std::time::SystemTime {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec through the pointer, which points at `now`.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut now) } != 0 {
+        return std::time::SystemTime::now();
+    }
+    std::time::UNIX_EPOCH + Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
 /// Sandboxes evicted, by reason (Prometheus counter).
@@ -522,6 +626,142 @@ mod tests {
         assert_eq!(human((70 << 20) + (1 << 19)), "70.5Mi");
         assert_eq!(human(512), "512");
         assert_eq!(human(10 << 30), "10Gi");
+    }
+
+    /// The baseline is what was there before the command: a writer stopped by `RLIMIT_FSIZE`
+    /// exactly at the limit, whose command then fails, is evicted by the check at its end,
+    /// however slow the first walk of a large workspace is. The trees are measured by
+    /// `baseline`, which the periodic walks wait for; before it, the first walk ran on a
+    /// monitor thread beside the command, and took part of its writes for the baseline.
+    #[test]
+    fn a_writer_stopped_at_the_limit_is_evicted_whatever_the_first_walk_took() {
+        let monitor = StorageMonitor::default();
+        let tmp = tempfile::tempdir().unwrap();
+        let (ws, upper) = (tmp.path().join("ws"), tmp.path().join("upper"));
+        std::fs::create_dir(&upper).unwrap();
+        // A large workspace: its walk takes a while.
+        for d in 0..20 {
+            let dir = ws.join(format!("d{d}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            for f in 0..1000 {
+                std::fs::File::create(dir.join(format!("f{f}"))).unwrap();
+            }
+        }
+        std::fs::write(ws.join("before"), vec![1u8; 8 << 20]).unwrap();
+        let limit = 4 << 20;
+        let watch = monitor.watch(limit, None);
+        watch.hold_for_baseline();
+        watch.add(Tree::WritableLayer, upper.clone());
+        watch.add(Tree::Workspace, ws.clone());
+        let began = Instant::now();
+        watch.baseline();
+        eprintln!("baseline of 20,000 files: {:?}", began.elapsed());
+        // The command: a file written to exactly the limit (where RLIMIT_FSIZE stops it),
+        // then it fails, before any periodic walk could see it.
+        std::fs::write(ws.join("fill"), vec![2u8; limit as usize]).unwrap();
+        let verdict = watch.check_now().expect("a writer at its limit was not evicted");
+        assert!(verdict.contains("reached the limit of 4Mi"), "{verdict}");
+        assert!(verdict.contains("workspace +4Mi"), "{verdict}");
+        assert!(watch.evicted().is_cancelled());
+    }
+
+    /// `RLIMIT_FSIZE` is the limit: a file the command appended to until the kernel stopped
+    /// it is evicted by the check at its end, though the count is under the limit by what the
+    /// file was before (here one inode's charge, an empty file the workspace had). A file at
+    /// that size the command did not write (the workspace's own) evicts nothing.
+    #[test]
+    fn a_file_written_to_the_limit_is_an_eviction_and_one_that_was_there_is_not() {
+        let monitor = StorageMonitor::default();
+        let limit = 4 << 20;
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("dataset"), vec![1u8; limit as usize + 1]).unwrap();
+        std::fs::File::create(tmp.path().join("fill")).unwrap();
+        let watch = monitor.watch(limit, None);
+        watch.hold_for_baseline();
+        watch.add(Tree::Workspace, tmp.path().to_path_buf());
+        watch.baseline();
+        // A failed command that wrote nothing: the large file it found evicts nothing.
+        assert_eq!(watch.check_now(), None);
+        // A command's writes come ticks of the coarse clock after its watch began.
+        std::thread::sleep(Duration::from_millis(20));
+        let mut fill = std::fs::OpenOptions::new()
+            .append(true)
+            .open(tmp.path().join("fill"))
+            .unwrap();
+        std::io::Write::write_all(&mut fill, &vec![2u8; limit as usize]).unwrap();
+        let verdict = watch
+            .check_now()
+            .expect("a file written to the limit was not an eviction");
+        assert!(
+            verdict.contains("limit of 4Mi reached by the size of a file") && verdict.contains("workspace fill;"),
+            "{verdict}"
+        );
+        assert!(watch.evicted().is_cancelled());
+    }
+
+    /// A command that stays under its limit is not evicted by the check at its end, and the
+    /// trees' own contents (measured by `baseline`) never count.
+    #[test]
+    fn a_command_under_its_limit_is_not_evicted_at_its_end() {
+        let monitor = StorageMonitor::default();
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("before"), vec![1u8; 8 << 20]).unwrap();
+        let watch = monitor.watch(4 << 20, None);
+        watch.hold_for_baseline();
+        watch.add(Tree::Workspace, tmp.path().to_path_buf());
+        watch.baseline();
+        std::fs::write(tmp.path().join("small"), vec![2u8; 3 << 20]).unwrap();
+        assert_eq!(watch.check_now(), None);
+        assert!(!watch.evicted().is_cancelled());
+        // The periodic walks run after the baseline: they find the growth, and no eviction.
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(watch.verdict(), None);
+        assert_eq!(monitor.watched(), 1);
+    }
+
+    /// A tree added while the first walk is running is measured right after it, not one
+    /// interval later (`WALK_DUTY` times the walk: a second after a 50 ms walk).
+    #[test]
+    fn a_tree_added_during_a_walk_is_measured_next() {
+        let monitor = StorageMonitor::default();
+        let tmp = tempfile::tempdir().unwrap();
+        let (big, small) = (tmp.path().join("big"), tmp.path().join("small"));
+        std::fs::create_dir(&small).unwrap();
+        for d in 0..20 {
+            let dir = big.join(format!("d{d}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            for f in 0..1000 {
+                std::fs::File::create(dir.join(format!("f{f}"))).unwrap();
+            }
+        }
+        let watch = monitor.watch(1 << 30, None);
+        watch.add(Tree::WritableLayer, big);
+        // Wait until a monitor thread walks it.
+        let began = Instant::now();
+        while !monitor.inner.state.lock().unwrap().entries.values().any(|e| e.busy) {
+            assert!(began.elapsed() < Duration::from_secs(10), "the first walk never began");
+            std::thread::yield_now();
+        }
+        watch.add(Tree::Workspace, small);
+        // Once that walk is over, the next one (which measures the tree added) is due at once.
+        loop {
+            assert!(began.elapsed() < Duration::from_secs(30), "the first walk never ended");
+            let state = monitor.inner.state.lock().unwrap();
+            let entry = state.entries.values().next().unwrap();
+            if entry.busy {
+                drop(state);
+                std::thread::yield_now();
+                continue;
+            }
+            let (measured, next) = (entry.trees[1].baseline.is_some(), entry.next_walk);
+            drop(state);
+            assert!(
+                measured || next <= Instant::now(),
+                "the tree added is not measured, its next walk in {:?}",
+                next.saturating_duration_since(Instant::now())
+            );
+            break;
+        }
     }
 
     /// A sandbox writing past its limit is evicted within a few walks, one that stays under

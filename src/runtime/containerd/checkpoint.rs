@@ -435,7 +435,11 @@ impl Engine {
             tokio::spawn(async move { engine.wait(&id, "").await })
         };
         let agent_dir = created.agent.as_ref().map(|a| a.dir().to_path_buf());
-        let storage = self.watch_storage(plan, &id, &created.cgroup, created.upper.clone(), agent_dir.as_deref());
+        // The restored processes run already: its baseline is measured beside them, as soon as
+        // it can be (the restored files are there; what they write meanwhile may count as
+        // the baseline's).
+        let (storage, _baselined) =
+            self.watch_storage(plan, &id, &created.cgroup, created.upper.clone(), agent_dir.as_deref());
         pumps.discard_rest();
         let init_exited = tokio_util::sync::CancellationToken::new();
         {

@@ -379,13 +379,15 @@ impl Engine {
             Some(OutputPump::start(&fifos, expect_marker, limit)?)
         };
         let started = Instant::now();
+        // Its baseline is measured beside Tasks.Create and is there before the command starts.
+        let (storage, baselined) = self.watch_storage(plan, id, &created.cgroup, created.upper.clone(), None);
         let (_, mounts) = self.create_task(created, &stdio).await?;
         let waiter = {
             let engine = self.clone();
             let id = id.clone();
             tokio::spawn(async move { engine.wait(&id, "").await })
         };
-        let storage = self.watch_storage(plan, id, &created.cgroup, created.upper.clone(), None);
+        baselined.wait().await?;
         self.start_task(id, mounts).await?;
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "start")], started.elapsed());
         let deadline = job.timeout.into_iter().chain(job.active_deadline).min();
@@ -462,6 +464,8 @@ impl Engine {
     /// Watch a container's ephemeral storage (its writable layer, agent directory and
     /// workspace, see `runtime::storage`). When it goes over its limit every process of it is
     /// killed at once: a sandbox writing at disk speed gets no grace period to write more.
+    /// Its baseline is being measured on the blocking pool: wait for it before the sandbox's
+    /// command starts.
     pub(super) fn watch_storage(
         &self,
         plan: &RunPlan,
@@ -469,20 +473,30 @@ impl Engine {
         cgroup: &str,
         upper: Option<PathBuf>,
         agent: Option<&Path>,
-    ) -> Arc<StorageWatch> {
+    ) -> (Arc<StorageWatch>, Baselined) {
+        let trees = (upper.map(|u| (StorageTree::WritableLayer, u)).into_iter())
+            .chain(agent.map(|a| (StorageTree::AgentDir, a.to_path_buf())))
+            .chain(plan.workspace.clone().map(|w| (StorageTree::Workspace, w)));
+        self.watch_storage_trees(plan, id, cgroup, trees.collect())
+    }
+
+    /// `watch_storage` of the trees given.
+    pub(super) fn watch_storage_trees(
+        &self,
+        plan: &RunPlan,
+        id: &str,
+        cgroup: &str,
+        trees: Vec<(StorageTree, PathBuf)>,
+    ) -> (Arc<StorageWatch>, Baselined) {
         let watch = Arc::new(
             self.storage
                 .watch(plan.env().resources.ephemeral_storage.0, Some(cgroup.to_string())),
         );
-        if let Some(upper) = upper {
-            watch.add(StorageTree::WritableLayer, upper);
+        watch.hold_for_baseline();
+        for (kind, path) in trees {
+            watch.add(kind, path);
         }
-        if let Some(agent) = agent {
-            watch.add(StorageTree::AgentDir, agent.to_path_buf());
-        }
-        if let Some(ws) = &plan.workspace {
-            watch.add(StorageTree::Workspace, ws.clone());
-        }
+        let baselined = baseline(&watch);
         let (client, id) = (self.client.clone(), id.to_string());
         let (evicted, ended) = (watch.evicted().clone(), watch.ended().clone());
         tokio::spawn(async move {
@@ -495,7 +509,7 @@ impl Engine {
                 () = ended.cancelled() => {}
             }
         });
-        watch
+        (watch, baselined)
     }
 
     /// Wait for the process for at most `limit` more; on timeout or cancel, SIGTERM (the whole container for the init,
@@ -609,6 +623,23 @@ pub(super) async fn final_verdict(storage: &Arc<StorageWatch>, failed: bool) -> 
         .await
         .ok()
         .flatten()
+}
+
+/// A watched sandbox's baseline being measured (`StorageWatch::baseline`), on the blocking
+/// pool: started before Tasks.Create, waited for before Tasks.Start.
+pub(super) struct Baselined(tokio::task::JoinHandle<()>);
+
+fn baseline(storage: &Arc<StorageWatch>) -> Baselined {
+    let storage = storage.clone();
+    Baselined(tokio::task::spawn_blocking(move || storage.baseline()))
+}
+
+impl Baselined {
+    pub(super) async fn wait(self) -> Result<(), RuntimeError> {
+        self.0
+            .await
+            .map_err(|e| RuntimeError::Internal(format!("measuring the sandbox's storage baseline: {e}")))
+    }
 }
 
 /// Cancel `stop` when the watched sandbox is evicted; the task ends with the returned guard.

@@ -87,6 +87,10 @@ impl Engine {
         let limit = self.options.output_limit;
         let mut pumps = OutputPump::start(&fifos, expect_marker, limit)?;
         let started = Instant::now();
+        // Its baseline is measured beside Tasks.Create and is there before the init starts.
+        let agent_dir = created.agent.as_ref().map(|a| a.dir().to_path_buf());
+        let (storage, baselined) =
+            self.watch_storage(plan, &id, &created.cgroup, created.upper.clone(), agent_dir.as_deref());
         let (init_pid, mounts) = self.create_task(created, &fifos.stdio()).await?;
         if let Some(ticket) = created.shim_group.take() {
             ticket.established();
@@ -97,8 +101,7 @@ impl Engine {
             let id = id.clone();
             tokio::spawn(async move { engine.wait(&id, "").await })
         };
-        let agent_dir = created.agent.as_ref().map(|a| a.dir().to_path_buf());
-        let storage = self.watch_storage(plan, &id, &created.cgroup, created.upper.clone(), agent_dir.as_deref());
+        baselined.wait().await?;
         self.start_task(&id, mounts).await?;
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "start")], started.elapsed());
         tracing::debug!(ms = started.elapsed().as_secs_f64() * 1e3, "task started");

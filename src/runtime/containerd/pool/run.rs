@@ -89,6 +89,7 @@ impl Engine {
     ) -> Result<ExecResult, RuntimeError> {
         let job = plan.job();
         let env = plan.env();
+        let upper = self.find_upper(&member.id);
         // Beside the member's readying (`Readying`); both are waited for, whatever fails.
         let bound = async {
             self.seed_workspace(member.seed.as_deref(), plan).await?;
@@ -106,9 +107,10 @@ impl Engine {
         let cwd = member.process.cwd().to_string_lossy().into_owned();
         let script = pooled_script(&agent::request_name(0), &argv, &vars, &cwd);
         let expect_marker = spec::runs_setup(job, env);
-        let storage = self.watch_member_storage(plan, &member.id, &member.cgroup, None);
+        let (storage, baselined) = (self.watch_member_storage(plan, &member.id, &member.cgroup, None, upper)).await;
         let started = Instant::now();
         (self.end_prelaunched(&member.id, &member.cgroup, member.init_pid, agent)).await;
+        baselined.wait().await?;
         let req = agent.send(0, &script, job.stdin.as_deref().map(str::as_bytes))?;
         let pumps = OutputPump::capture(req.out, req.err, expect_marker, self.options.output_limit);
         let limit = job.timeout.into_iter().chain(job.active_deadline).min();
@@ -166,39 +168,62 @@ impl Engine {
         Ok(result)
     }
 
-    /// `watch_storage` for a claimed member: its writable layer is found in containerd
-    /// beside the job's start (one RPC not on the claim's path) and added when known.
-    fn watch_member_storage(
-        &self,
-        plan: &RunPlan,
-        id: &str,
-        cgroup: &str,
-        agent: Option<&std::path::Path>,
-    ) -> std::sync::Arc<crate::runtime::storage::StorageWatch> {
-        let storage = self.watch_storage(plan, id, cgroup, None, agent);
-        // The static root is the container root's to write in, as a cold container's `/static`
-        // in its rootfs is; here it is a host directory, counted as the rootfs would be (the
-        // walk crosses no mount point: the assets bound in it are not counted).
-        if !plan.assets.is_empty() {
-            storage.add(
-                crate::runtime::storage::Tree::WritableLayer,
-                self.late_dir(id).join(late::STATIC_DIR),
-            );
-        }
-        let (client, id, watch) = (self.client.clone(), id.to_string(), std::sync::Arc::downgrade(&storage));
+    /// A claimed member's writable layer, looked up in containerd (one RPC, started beside
+    /// the claim's readying so that it is not on the claim's path).
+    fn find_upper(&self, id: &str) -> tokio::task::JoinHandle<Option<std::path::PathBuf>> {
+        let (client, id) = (self.client.clone(), id.to_string());
         tokio::spawn(async move {
-            let upper = match client.snapshot_mounts(&id).await {
+            match client.snapshot_mounts(&id).await {
                 Ok(mounts) => crate::runtime::containerd::remap::writable_layer(&mounts),
                 Err(e) => {
                     tracing::warn!(container = id, error = %e, "finding the member's writable layer");
                     None
                 }
-            };
-            if let (Some(upper), Some(watch)) = (upper, watch.upgrade()) {
-                watch.add(crate::runtime::storage::Tree::WritableLayer, upper);
             }
-        });
-        storage
+        })
+    }
+
+    /// `watch_storage` for a claimed member. Its writable layer (`find_upper`) is in the
+    /// baseline when it is known by now, and added when known otherwise: the command is not
+    /// held for the RPC, and what it writes to its rootfs before the answer then counts as
+    /// the baseline's.
+    async fn watch_member_storage(
+        &self,
+        plan: &RunPlan,
+        id: &str,
+        cgroup: &str,
+        agent: Option<&std::path::Path>,
+        upper: tokio::task::JoinHandle<Option<std::path::PathBuf>>,
+    ) -> (
+        std::sync::Arc<crate::runtime::storage::StorageWatch>,
+        crate::runtime::containerd::Baselined,
+    ) {
+        use crate::runtime::storage::Tree;
+        let mut trees = Vec::new();
+        let upper = if upper.is_finished() {
+            trees.extend(upper.await.ok().flatten().map(|u| (Tree::WritableLayer, u)));
+            None
+        } else {
+            Some(upper)
+        };
+        trees.extend(agent.map(|a| (Tree::AgentDir, a.to_path_buf())));
+        trees.extend(plan.workspace.clone().map(|w| (Tree::Workspace, w)));
+        // The static root is the container root's to write in, as a cold container's `/static`
+        // in its rootfs is; here it is a host directory, counted as the rootfs would be (the
+        // walk crosses no mount point: the assets bound in it are not counted).
+        if !plan.assets.is_empty() {
+            trees.push((Tree::WritableLayer, self.late_dir(id).join(late::STATIC_DIR)));
+        }
+        let (storage, baselined) = self.watch_storage_trees(plan, id, cgroup, trees);
+        if let Some(upper) = upper {
+            let watch = std::sync::Arc::downgrade(&storage);
+            tokio::spawn(async move {
+                if let (Ok(Some(upper)), Some(watch)) = (upper.await, watch.upgrade()) {
+                    watch.add(Tree::WritableLayer, upper);
+                }
+            });
+        }
+        (storage, baselined)
     }
 
     /// A timeout or an interrupt: SIGTERM to every process of the member but its agent,
@@ -232,6 +257,7 @@ impl Engine {
         let id = member.id.clone();
         let userns = member.userns();
         let t0 = Instant::now();
+        let upper = self.find_upper(&id);
         // Beside the member's readying (`Readying`); both are waited for, whatever fails.
         let bound = async {
             self.seed_workspace(member.seed.as_deref(), plan).await?;
@@ -277,8 +303,12 @@ impl Engine {
             live.pool = Some(pool);
             live.workspace = plan.workspace.clone();
             let agent_dir = live.agent_dir().map(std::path::Path::to_path_buf);
-            live.storage = Some(self.watch_member_storage(plan, &id, &live.cgroup, agent_dir.as_deref()));
+            let (storage, baselined) =
+                (self.watch_member_storage(plan, &id, &live.cgroup, agent_dir.as_deref(), upper)).await;
+            live.storage = Some(storage);
             *live.prelaunched.get_mut().expect("prelaunched lock") = self.adopt_prelaunched(&live, plan).await;
+            // Measured beside the adoption; there before the session's first command.
+            baselined.wait().await?;
             if spec::runs_setup(plan.job(), env) {
                 let job = plan.job();
                 let started = Instant::now();
