@@ -55,6 +55,7 @@ clirate_rows() {
     echo "bench-token-$$-0123456789abcdef" > "$work/handoff-token"
     "$runner" serve --listen 127.0.0.1:0 --token-file "$work/handoff-token" > "$work/serve-handoff.out" 2>"$work/serve-handoff.err" &
     served_pid=$!
+    echo "$served_pid" >> "$work/servers"
     for _ in $(seq 1 300); do grep -q listening "$work/serve-handoff.out" 2>/dev/null && break; sleep 0.1; done
     [ -S "$state/serve.sock" ] || { echo "bench: the hand-off server did not start: $(tail -3 "$work/serve-handoff.err")" >&2; kill "$served_pid"; return 1; }
   fi
@@ -93,13 +94,17 @@ clirate_rows() {
   echo "bench-token-$$-0123456789abcdef" > "$work/burst-token"
   "$runner" serve --listen 127.0.0.1:0 --token-file "$work/burst-token" --env-dir "$work/burst-envs" --pool "bb=$size" > "$work/serve-burst.out" 2>"$work/serve-burst.err" &
   pid=$!
+  echo "$pid" >> "$work/servers"
   # The server makes its pool before it listens.
   for _ in $(seq 1 3000); do grep -q listening "$work/serve-burst.out" 2>/dev/null && break; sleep 0.1; done
   url=$(sed -n 's/^listening on //p' "$work/serve-burst.out")
   [ -n "$url" ] || { echo "bench: the burst server did not start: $(tail -3 "$work/serve-burst.err")" >&2; kill "$pid"; return 1; }
   for _ in $(seq 1 600); do "$runner" pool ls -o json | grep -q "\"ready\": *$size\b" && break; sleep 0.5; done
-  out=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/burst-token")" BENCH_ENV=bb "$bench" http-burst "$size")
+  # The server is stopped whatever the burst did: left running, its 256 members outlive the
+  # bench's containerd.
+  out=$(BENCH_URL="$url" BENCH_TOKEN="$(cat "$work/burst-token")" BENCH_ENV=bb "$bench" http-burst "$size") || out=
   kill "$pid"; wait "$pid" 2>/dev/null || true
+  [ -n "$out" ] || { echo "bench: the HTTP burst failed" >&2; "$runner" pool rm bb >/dev/null; return 1; }
   [ -z "${BENCH_BURST_LOG:-}" ] || cp "$work/serve-burst.err" "$BENCH_BURST_LOG"
   "$runner" pool rm bb >/dev/null
   local created from_pool

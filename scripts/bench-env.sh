@@ -11,7 +11,10 @@ bench_env() {
   if [ -n "${BENCH_RUNNER:-}" ]; then
     # A given binary (a before/after pair): nothing is built; the library rows need this tree's.
     runner=$BENCH_RUNNER
+    # Beside it (a kept pair), or where cargo puts it beside a target/release/runner.
     bench="$(dirname "$BENCH_RUNNER")/bench"
+    [ -x "$bench" ] || bench="$(dirname "$BENCH_RUNNER")/examples/bench"
+    [ -x "$bench" ] || { echo "bench: no bench program beside $BENCH_RUNNER (cargo build --release --example bench)" >&2; exit 1; }
   else
     cargo build --release --locked --bin runner --example bench >/dev/null 2>&1 ||
       cargo build --release --locked --bin runner --example bench

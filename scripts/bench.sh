@@ -49,6 +49,12 @@ concurrent=${2:-20}
 . scripts/bench-density.sh
 bench_env bench
 cleanup() {
+  # Servers a row started, and a pool one left (a failed row): their members must not outlive
+  # the bench's containerd.
+  if [ -f "$work/servers" ]; then
+    while read -r pid; do kill "$pid" 2>/dev/null && { wait "$pid" 2>/dev/null || true; }; done <"$work/servers"
+  fi
+  "$runner" pool rm bb >/dev/null 2>&1 || true
   ctr_ tasks kill -a -s 9 anchor >/dev/null 2>&1 || true
   sleep 0.2
   ctr_ tasks rm anchor >/dev/null 2>&1 || true
