@@ -262,6 +262,11 @@ fn ctr(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The host's user-namespace range leases (as the suite's check finds them).
+fn userns_dir() -> std::path::PathBuf {
+    std::env::var_os("RUNNER_USERNS_DIR").map_or_else(|| "/run/runner/userns".into(), Into::into)
+}
+
 fn entries(dir: &Path) -> Vec<String> {
     match std::fs::read_dir(dir) {
         Ok(entries) => entries
@@ -275,10 +280,10 @@ fn entries(dir: &Path) -> Vec<String> {
 /// What server `pid` with state dir `state` (canonical) and rootfs directory `rootfs` holds.
 fn held(pid: u32, state: &Path, rootfs: &Path) -> Held {
     let label = format!("labels.\"runner.dev/state-dir\"==\"{}\"", state.display());
-    let ranges = entries(Path::new("/run/runner/userns"))
+    let ranges = entries(&userns_dir())
         .iter()
         .filter(|name| name.parse::<u32>().is_ok())
-        .filter_map(|name| std::fs::read(Path::new("/run/runner/userns").join(name)).ok())
+        .filter_map(|name| std::fs::read(userns_dir().join(name)).ok())
         .filter_map(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
         .filter(|lease| lease["stateDir"].as_str() == Some(state.to_str().unwrap()))
         .count();
@@ -291,7 +296,20 @@ fn held(pid: u32, state: &Path, rootfs: &Path) -> Held {
         .filter(|l| l.trim_end().ends_with("Active"))
         .filter_map(|l| l.split_whitespace().next())
         .filter(|key| {
-            let info = ctr(&["snapshots", "info", key]);
+            // Other tests' snapshots come and go meanwhile: one gone since the listing is
+            // not this server's.
+            let (address, namespace) = containerd_env();
+            let out = std::process::Command::new("ctr")
+                .args(["--address", address.to_str().unwrap(), "--namespace", &namespace])
+                .args(["snapshots", "info", key])
+                .output()
+                .expect("run ctr");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success() || err.contains("not found"),
+                "ctr snapshots info {key}: {err}"
+            );
+            let info = String::from_utf8_lossy(&out.stdout);
             serde_json::from_str::<serde_json::Value>(&info)
                 .is_ok_and(|v| v["Labels"]["runner.dev/state-dir"].as_str() == Some(state.to_str().unwrap()))
         })
@@ -390,9 +408,9 @@ fn a_create_refused_at_the_open_files_wall_answers_503_and_leaves_nothing_behind
             .arg(state.join("run"))
             .output()
             .unwrap();
-        let leases: Vec<String> = entries(Path::new("/run/runner/userns"))
+        let leases: Vec<String> = entries(&userns_dir())
             .iter()
-            .filter_map(|name| std::fs::read_to_string(Path::new("/run/runner/userns").join(name)).ok())
+            .filter_map(|name| std::fs::read_to_string(userns_dir().join(name)).ok())
             .filter(|lease| lease.contains(&format!("\"stateDir\":\"{}\"", state.display())))
             .collect();
         format!(

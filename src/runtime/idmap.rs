@@ -389,8 +389,10 @@ pub fn idmapped_tree(source: Source<'_>, userns: Option<BorrowedFd<'_>>, flags: 
         },
     };
     if fd < 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("open_tree {source}: {e}")));
+        // Its errno stays reachable: at the open-files limit this is a 503, not a 500.
+        return Err(crate::runtime::janitor::context(format!("open_tree {source}"))(
+            io::Error::last_os_error(),
+        ));
     }
     // SAFETY: open_tree returned a new descriptor nothing else owns.
     let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };

@@ -65,6 +65,29 @@ pub fn out_of_files(error: &(dyn Error + 'static)) -> Option<Errno> {
     None
 }
 
+/// What was being done when `source` failed; `source` stays reachable as the error's
+/// source, so [`out_of_files`] still finds its errno (a message that formats the errno in
+/// loses it), and an `io::Error` keeps its kind.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct Context<E: Error + 'static> {
+    what: String,
+    #[source]
+    source: E,
+}
+
+/// `map_err(context("removing x"))`: `Context` as an `io::Error` (of `source`'s kind when
+/// it is one).
+pub fn context<E: Error + Send + Sync + 'static>(what: impl Into<String>) -> impl FnOnce(E) -> io::Error {
+    let what = what.into();
+    move |source| {
+        let kind = (&source as &(dyn Error + 'static))
+            .downcast_ref::<io::Error>()
+            .map_or(io::ErrorKind::Other, io::Error::kind);
+        io::Error::new(kind, Context { what, source })
+    }
+}
+
 /// Run `op`; should it fail for want of a descriptor, run it again on the janitor's thread,
 /// whose table has room (see the module's comment: `op` must capture and return no
 /// descriptor). `op` is a cleanup step that can be repeated: what its first run did counts
@@ -248,6 +271,12 @@ mod tests {
         let boxed_io = io::Error::other(io::Error::from_raw_os_error(libc::EMFILE));
         assert_eq!(out_of_files(&boxed_io), Some(Errno::EMFILE));
         assert_eq!(out_of_files(&io::Error::other("no errno")), None);
+        // `context` says what was being done and keeps the errno and the kind.
+        let step = context("open_tree /x")(io::Error::from_raw_os_error(libc::EMFILE));
+        assert_eq!(out_of_files(&step), Some(Errno::EMFILE));
+        assert!(step.to_string().starts_with("open_tree /x: "), "{step}");
+        let missing = context("reading")(io::Error::from_raw_os_error(libc::ENOENT));
+        assert_eq!(missing.kind(), io::ErrorKind::NotFound);
     }
 
     /// A removal that cannot open a directory on this thread (its table is full) is done by

@@ -649,23 +649,6 @@ pub(super) struct RunDir {
     leases: crate::runtime::idmap::Leases,
 }
 
-/// A step of a cleanup that failed, with what it was doing. Its source stays reachable: the
-/// janitor tells a failure for want of a descriptor by it.
-#[derive(Debug, thiserror::Error)]
-#[error("{what}: {source}")]
-struct Step<E: std::error::Error + 'static> {
-    what: String,
-    #[source]
-    source: E,
-}
-
-pub(super) fn step<E: std::error::Error + Send + Sync + 'static>(
-    what: impl Into<String>,
-) -> impl FnOnce(E) -> std::io::Error {
-    let what = what.into();
-    move |source| std::io::Error::other(Step { what, source })
-}
-
 impl RunDir {
     /// Off the bridge network, the rootfs and run directories removed (mounts first), then
     /// the range given back (`release_range`) once nothing with its ids is mounted. Blocks.
@@ -678,7 +661,8 @@ impl RunDir {
         let range = match release_range {
             true => {
                 let dir = self.dir.clone();
-                janitor::or_at_the_wall(move || read_range(&dir)).map_err(step("reading the user-namespace range"))?
+                janitor::or_at_the_wall(move || read_range(&dir))
+                    .map_err(janitor::context("reading the user-namespace range"))?
             }
             false => None,
         };
@@ -687,7 +671,7 @@ impl RunDir {
         if let Some(range) = range {
             let (leases, id) = (self.leases.clone(), self.id.clone());
             janitor::or_at_the_wall(move || leases.release(range, &id))
-                .map_err(step("giving back the user-namespace range"))?;
+                .map_err(janitor::context("giving back the user-namespace range"))?;
         }
         Ok(())
     }
@@ -701,10 +685,13 @@ impl RunDir {
         if net.exists() {
             crate::net::Host::new(self.net.clone())
                 .detach(&net)
-                .map_err(step(format!("detaching {} from the bridge network", self.id)))?;
+                .map_err(janitor::context(format!(
+                    "detaching {} from the bridge network",
+                    self.id
+                )))?;
         }
-        late::release(&self.root).map_err(step(format!("removing {}", self.root.display())))?;
-        late::release(&self.dir).map_err(step(format!("removing {}", self.dir.display())))
+        late::release(&self.root).map_err(janitor::context(format!("removing {}", self.root.display())))?;
+        late::release(&self.dir).map_err(janitor::context(format!("removing {}", self.dir.display())))
     }
 }
 

@@ -212,7 +212,7 @@ impl Engine {
         let (root, views) = (self.root_dir(id), self.run_dir.join(id).join(remap::VIEWS_DIR));
         let unmounted = janitor::cleanup(move || {
             for dir in [&root, &views] {
-                late::release(dir).map_err(step(format!("unmounting {}", dir.display())))?;
+                late::release(dir).map_err(janitor::context(format!("unmounting {}", dir.display())))?;
             }
             Ok(())
         })
