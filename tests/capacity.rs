@@ -221,7 +221,7 @@ fn the_servers_threads_do_not_grow_with_the_sessions_it_served() {
 /// image: run directories, user-namespace range leases, rootfs directories (under its own
 /// `rootfs`), scratch workspaces, and in containerd its containers, active snapshots and
 /// leases. Each live session holds one of each but the containerd lease (only while its
-/// create runs).
+/// create runs) and host mounts.
 #[derive(Debug, PartialEq, Eq)]
 struct Held {
     run_dirs: usize,
@@ -231,6 +231,10 @@ struct Held {
     containers: usize,
     snapshots: usize,
     leases: usize,
+    /// Mounts on the host under its run and rootfs directories: a container's rootfs and
+    /// workspace views are unmounted there once its task exists (its mount namespace holds
+    /// its own), so none while its sessions live either.
+    host_mounts: usize,
 }
 
 impl Held {
@@ -243,6 +247,7 @@ impl Held {
             containers: n,
             snapshots: n,
             leases: 0,
+            host_mounts: 0,
         }
     }
 }
@@ -327,6 +332,12 @@ fn held(pid: u32, state: &Path, rootfs: &Path) -> Held {
         leases: ctr(&["leases", "ls", "-q", &label])
             .lines()
             .filter(|l| !l.trim().is_empty())
+            .count(),
+        host_mounts: std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(4))
+            .filter(|point| Path::new(point).starts_with(rootfs) || Path::new(point).starts_with(state))
             .count(),
     }
 }

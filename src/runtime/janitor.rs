@@ -21,6 +21,12 @@
 //! Cleanup runs where it always did and only comes here when it fails for want of a
 //! descriptor ([`or_at_the_wall`]): the usual path keeps its cost and its parallelism.
 //!
+//! Limits of it: the kernel's table of open files (`ENFILE`, `fs.file-max`) is host-wide and
+//! a table of its own does not help there (root with `CAP_SYS_ADMIN`, as runner runs, is not
+//! held to it). Where `unshare` is refused (a seccomp profile such as Docker's default one
+//! without `CAP_SYS_ADMIN`) there is no janitor: a cleanup at the wall then fails as it did
+//! before, logged, and `runner gc` takes the rest once this process is gone.
+//!
 //! The one rule for what runs here: **no descriptor crosses into the janitor** — a job
 //! captures paths, ids and plain data, never an `OwnedFd`, a `File`, a socket or anything
 //! holding one, and returns none. A descriptor number of the process means nothing (or
