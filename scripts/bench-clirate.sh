@@ -5,7 +5,9 @@
 #                               process and job name, as a CI matrix or a harness shelling out
 #                               runs them) from a full, settled pool of $concurrent, to the last
 #                               result (target 100 jobs/s), beside $concurrent `ctr run --rm`
-#                               at once; median of BENCH_CLI_ROUNDS (5) rounds
+#                               at once; median of BENCH_CLI_ROUNDS (5) rounds; two rows: each
+#                               apply running its job itself (`--local`), and each handed to a
+#                               `runner serve` of the state dir, in the same rounds
 #                  http burst:  `runner serve --pool bb=N` with N the largest pool (256), then N
 #                               `POST /v1/sessions` at once, to the last 201 (target 300/s) and
 #                               to the last first answer, beside the ctr rate above
@@ -45,15 +47,31 @@ clirate_rows() {
     fi
     echo $(((e - s) / 1000000))
   }
-  local cli=() ctrs=() pooled=0 p
+  # The same applies handed to a `runner serve` of the state dir (what a node that runs one
+  # gets; `--local` keeps an apply in its own process): the server is started once, and the
+  # in-process bursts pass --local so both shapes are measured in the same rounds.
+  local served_pid=
+  if [ "$rounds" -gt 0 ]; then
+    echo "bench-token-$$-0123456789abcdef" > "$work/handoff-token"
+    "$runner" serve --listen 127.0.0.1:0 --token-file "$work/handoff-token" > "$work/serve-handoff.out" 2>"$work/serve-handoff.err" &
+    served_pid=$!
+    for _ in $(seq 1 300); do grep -q listening "$work/serve-handoff.out" 2>/dev/null && break; sleep 0.1; done
+    [ -S "$state/serve.sock" ] || { echo "bench: the hand-off server did not start: $(tail -3 "$work/serve-handoff.err")" >&2; kill "$served_pid"; return 1; }
+  fi
+  local cli=() handed=() ctrs=() pooled=0 pooled_handed=0 p
   for r in $(seq 1 "$rounds"); do
     settle
-    cli+=("$(burst cli "$runner" apply $replace -f "$work/cli{}.yaml")")
+    cli+=("$(burst cli "$runner" apply --local $replace -f "$work/cli{}.yaml")")
     # Every job's own result, from the pool (the status line names the member's pool).
     p=$(cat "$work"/cli-*.err | grep -c 'Succeeded (Completed) exit=0 .* pool=bb' || true)
     pooled=$((pooled + p))
+    settle
+    handed+=("$(burst handed "$runner" apply $replace -f "$work/cli{}.yaml")")
+    p=$(cat "$work"/handed-*.err | grep -c 'Succeeded (Completed) exit=0 .* pool=bb' || true)
+    pooled_handed=$((pooled_handed + p))
     ctrs+=("$(burst ctr ctr_ run --rm local/busybox:1.35 "cr$r-{}" sh -c true)")
   done
+  if [ -n "$served_pid" ]; then kill "$served_pid"; wait "$served_pid" 2>/dev/null || true; fi
   [ "$rounds" -eq 0 ] || "$runner" pool rm bb >/dev/null
   [ "$rounds" -gt 0 ] || ctrs+=("$(burst ctr ctr_ run --rm local/busybox:1.35 "cr0-{}" sh -c true)")
   local mid=$(((rounds + 1) / 2)) cli_med ctr_med
@@ -62,7 +80,10 @@ clirate_rows() {
   rate() { awk "BEGIN{printf \"%.1f\", $concurrent * 1000 / $1}"; }
   [ "$rounds" -eq 0 ] || {
   cli_med=$(printf '%s\n' "${cli[@]}" | sort -n | sed -n "${mid}p")
-  echo "cli pooled $concurrent concurrent runner apply from a pool of $concurrent: $(rate "$cli_med") jobs/s to the last result (target 100)   $concurrent concurrent ctr run --rm: $(rate "$ctr_med") jobs/s   ratio $(awk "BEGIN{printf \"%.2f\", $cli_med/$ctr_med}") (runner's time / ctr's)  (median of $rounds rounds: runner ${cli[*]} ms, ctr ${ctrs[*]} ms; $pooled of $((rounds * concurrent)) from the pool; load $(cut -d' ' -f1-3 /proc/loadavg))"
+  echo "cli pooled $concurrent concurrent runner apply --local from a pool of $concurrent: $(rate "$cli_med") jobs/s to the last result (target 100)   $concurrent concurrent ctr run --rm: $(rate "$ctr_med") jobs/s   ratio $(awk "BEGIN{printf \"%.2f\", $cli_med/$ctr_med}") (runner's time / ctr's)  (median of $rounds rounds: runner ${cli[*]} ms, ctr ${ctrs[*]} ms; $pooled of $((rounds * concurrent)) from the pool; load $(cut -d' ' -f1-3 /proc/loadavg))"
+  local handed_med
+  handed_med=$(printf '%s\n' "${handed[@]}" | sort -n | sed -n "${mid}p")
+  echo "cli pooled $concurrent concurrent runner apply handed to runner serve, from a pool of $concurrent: $(rate "$handed_med") jobs/s to the last result (target 100)   $concurrent concurrent ctr run --rm: $(rate "$ctr_med") jobs/s   ratio $(awk "BEGIN{printf \"%.2f\", $handed_med/$ctr_med}") (runner's time / ctr's)  (median of $rounds rounds: runner ${handed[*]} ms; $pooled_handed of $((rounds * concurrent)) from the pool; load $(cut -d' ' -f1-3 /proc/loadavg))"
   }
 
   # A burst over HTTP from the largest pool a server keeps.

@@ -268,6 +268,37 @@ impl Config {
         self.state_dir.join("run")
     }
 
+    /// Where a `runner serve` of this state dir takes foreground applies from the CLI
+    /// (`service::handoff`): one per state dir, as dockerd's socket is one per host.
+    pub fn handoff_socket(&self) -> PathBuf {
+        self.state_dir.join("serve.sock")
+    }
+
+    /// What must be the same for a server to run a CLI's jobs as the CLI itself would: the
+    /// containerd it talks to and everything that changes how a job is run or pulled. The
+    /// binary's version is part of it (another build may run jobs differently). Not the log
+    /// filter or the shutdown grace, which are each process's own; not the env dir or the
+    /// output limit, which the hand-off carries. The executable is resolved: a server started from
+    /// another binary runs nothing for this one.
+    pub fn handoff_fingerprint(&self) -> String {
+        format!(
+            "{} {:?}",
+            env!("CARGO_PKG_VERSION"),
+            (
+                &self.namespace,
+                &self.address,
+                self.runner_exe().ok(),
+                &self.registry,
+                &self.dns_upstream,
+                &self.net,
+                self.warm_cgroup_attach,
+                &self.rootfs_dir,
+                &self.userns_dir,
+                self.backoff_base,
+            )
+        )
+    }
+
     /// The `runner` binary to start (supervisors, output loggers).
     pub fn runner_exe(&self) -> std::io::Result<PathBuf> {
         match &self.runner_exe {

@@ -14,6 +14,10 @@ fn main() {
     }
     let cli = cli::parse();
     cli.init_logging();
+    // A foreground apply the server of its state dir takes needs no runtime of its own.
+    if let Some(code) = cli::handoff::apply(&cli) {
+        std::process::exit(code);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -4,6 +4,7 @@
 
 mod checkpoints;
 pub mod error;
+mod handoff;
 mod jobs;
 mod observe;
 mod openapi;
@@ -592,6 +593,15 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
             stop.cancel();
         });
     }
+    // Foreground applies of this state dir's CLI run here (`service::handoff`); a server that
+    // cannot take them still serves HTTP, and the CLI runs its jobs itself.
+    let handoff = match handoff::listen(&ctx, stop.clone()) {
+        Ok(handoff) => handoff,
+        Err(e) => {
+            tracing::warn!(socket = %ctx.config.handoff_socket().display(), error = %e, "the CLI's applies will run in their own processes");
+            None
+        }
+    };
     let grace = serve.config.shutdown_grace;
     let reserve = (grace / 2).min(SHUTDOWN_TEARDOWN_RESERVE);
     let io = |what: &'static str| move |e: std::io::Error| ServiceError::internal(what, e);
@@ -619,6 +629,15 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
             }
         }
     };
+    // Stopping waits for the handed-over applies too: their jobs are stopped (as a signalled
+    // CLI apply's are) and their results sent to their CLIs.
+    let server = async {
+        let served = server.await;
+        if let Some(handoff) = &handoff {
+            handoff.finished().await;
+        }
+        served
+    };
     let served = tokio::select! {
         served = server => served,
         () = async {
@@ -629,6 +648,9 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
             Ok(())
         }
     };
+    if let Some(handoff) = handoff {
+        handoff.close();
+    }
     housekeeping.abort();
     idle_pauses.abort();
     if let Some(task) = metrics_server {

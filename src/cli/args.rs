@@ -324,6 +324,10 @@ pub enum Verb {
         kube_context: Option<String>,
         #[command(flatten)]
         kube_flags: KubeFlags,
+        /// Run the jobs in this process even when a `runner serve` of this state dir is
+        /// running (by default a foreground apply is handed to it, and only printed here).
+        #[arg(long, conflicts_with_all = ["detach", "kube"])]
+        local: bool,
     },
     /// List jobs, or show one.
     Get {

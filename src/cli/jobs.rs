@@ -152,36 +152,47 @@ pub async fn apply(ctx: &Context, file: &FileArgs, how: ApplyHow) -> Result<i32,
     }
     let mut code = 0;
     let logs_dir = ctx.config.logs_dir();
-    let objects = jobs::run_foreground(ctx, &sub, cancel, |plan, object: &JobObject| {
+    let objects = jobs::run_foreground(ctx, &sub, cancel, |_, object: &JobObject| {
         code = worst(code, object.status.exit_code());
         if format.is_none() {
-            let name = &plan.job().name;
-            // Every index's output (the last attempt of each), prefixed when there are several.
-            match logs::results(&logs_dir, name, &object.status, index) {
-                Ok(results) => {
-                    let prefix = index.is_none() && object.spec.completions > 1;
-                    print_human(name, &object.status, &results, prefix)
-                }
-                Err(e) => {
-                    eprintln!("runner: {e}");
-                    print_human(name, &object.status, &[], false)
-                }
-            }
+            print_ended(&logs_dir, object, index);
         }
     })
     .await?;
+    print_applied(&objects, format)?;
+    // Stopped by a signal: exit as a process ended by it would (130 for Ctrl-C, 143 for SIGTERM).
+    Ok(stopped_by.get().map_or(code, |s| s.exit_code()))
+}
+
+/// A foreground apply's job as it ends (without `-o`): every index's output (the last attempt
+/// of each), prefixed when there are several, and its status line.
+pub(super) fn print_ended(logs_dir: &std::path::Path, object: &JobObject, index: Option<u32>) {
+    let name = &object.metadata.name;
+    match logs::results(logs_dir, name, &object.status, index) {
+        Ok(results) => {
+            let prefix = index.is_none() && object.spec.completions > 1;
+            print_human(name, &object.status, &results, prefix)
+        }
+        Err(e) => {
+            eprintln!("runner: {e}");
+            print_human(name, &object.status, &[], false)
+        }
+    }
+}
+
+/// A foreground apply's jobs once all ended, in the `-o` format asked for.
+pub(super) fn print_applied(objects: &[JobObject], format: Option<OutputFormat>) -> Result<(), ServiceError> {
     match format {
         None => {}
-        Some(OutputFormat::Wide) => print_wide(&objects, true),
+        Some(OutputFormat::Wide) => print_wide(objects, true),
         Some(OutputFormat::Name) => {
-            for o in &objects {
+            for o in objects {
                 outln!("job.runner/{}", o.metadata.name);
             }
         }
-        Some(format) => print_objects(&objects, format)?,
+        Some(format) => print_objects(objects, format)?,
     }
-    // Stopped by a signal: exit as a process ended by it would (130 for Ctrl-C, 143 for SIGTERM).
-    Ok(stopped_by.get().map_or(code, |s| s.exit_code()))
+    Ok(())
 }
 
 /// What `get jobs` shows.

@@ -5,6 +5,7 @@
 
 mod args;
 mod daemon;
+pub mod handoff;
 mod images;
 mod jobs;
 mod kube;
@@ -136,6 +137,8 @@ impl Cli {
                 index,
                 ..
             } => {
+                // `local` or not: an apply the server of this state dir took never gets here
+                // (`handoff::apply`, before the async runtime).
                 let mut config = g.config();
                 config.env_dir = file.env_dir.clone();
                 config.output_limit = max_output_bytes;
@@ -351,7 +354,12 @@ fn cli_context(config: Config) -> Result<Context, ServiceError> {
 
 /// Report a failure of the runner itself on stderr; its exit code (always 2).
 pub fn fail(e: &ServiceError) -> i32 {
-    eprintln!("runner: {e}");
+    fail_message(&e.to_string())
+}
+
+/// As `fail`, for a failure another process (the server of a handed-over apply) described.
+fn fail_message(message: &str) -> i32 {
+    eprintln!("runner: {message}");
     2
 }
 

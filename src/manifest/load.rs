@@ -274,15 +274,26 @@ pub fn base_dir_of(path: &Path) -> PathBuf {
 /// was validated).
 pub fn load_file_text(path: &Path, env_dir: Option<&Path>) -> Result<(ManifestSet, String), ManifestError> {
     let text = read_limited(path)?;
-    let base_dir = base_dir_of(path);
-    let mut set = parse_str(&text, &base_dir, Some(path))?;
+    let set = parse_file_text(&text, path, &base_dir_of(path), env_dir)?;
+    Ok((set, text))
+}
+
+/// A manifest file's text as another process read it (`read_limited`): errors name the file
+/// as `shown`, relative paths resolve against `base_dir`.
+pub fn parse_file_text(
+    text: &str,
+    shown: &Path,
+    base_dir: &Path,
+    env_dir: Option<&Path>,
+) -> Result<ManifestSet, ManifestError> {
+    let mut set = parse_str(text, base_dir, Some(shown))?;
     if set.environments.is_empty() && set.jobs.is_empty() && set.pools.is_empty() && set.networks.is_empty() {
-        return Err(ManifestError::new(Origin::new("", None), ManifestErrorKind::Empty).in_file(path));
+        return Err(ManifestError::new(Origin::new("", None), ManifestErrorKind::Empty).in_file(shown));
     }
     if let Some(dir) = env_dir {
         set.use_env_dir(dir)?;
     }
-    Ok((set, text))
+    Ok(set)
 }
 
 /// Every Environment in the `*.yaml`/`*.yml` files of a directory (their Jobs are ignored).
@@ -415,7 +426,8 @@ fn parse_env_dir(dir: &Path, files: Vec<PathBuf>) -> Result<(Vec<Environment>, V
     Ok((envs, networks))
 }
 
-pub(super) fn read_limited(path: &Path) -> Result<String, ManifestError> {
+/// A manifest file's text, refused past `MAX_MANIFEST_BYTES` or when not UTF-8.
+pub fn read_limited(path: &Path) -> Result<String, ManifestError> {
     let err = |kind| ManifestError::new(Origin::new("", None), kind).in_file(path);
     let meta = std::fs::metadata(path).map_err(|e| err(ManifestErrorKind::Read(e)))?;
     if meta.len() > MAX_MANIFEST_BYTES {

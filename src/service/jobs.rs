@@ -40,6 +40,9 @@ pub struct Submission {
     /// Replace finished jobs of the same names (`--replace`); without it they are a conflict,
     /// as Kubernetes answers AlreadyExists.
     pub replace: bool,
+    /// Bytes kept per output stream of each job (`--max-output-bytes`; the config's unless a
+    /// CLI handed its own over).
+    pub output_limit: usize,
 }
 
 impl Submission {
@@ -61,6 +64,22 @@ impl Submission {
             env_dir,
             backend,
         )
+    }
+
+    /// A manifest file another process read (a CLI's hand-off to `runner serve`): errors
+    /// name it as `shown`, and it is recorded (and its relative paths resolve) as `absolute`;
+    /// only the given env dir is used, as the CLI would.
+    pub fn handed(
+        ctx: &Context,
+        text: String,
+        shown: &Path,
+        absolute: &Path,
+        env_dir: Option<&Path>,
+        backend: Option<Backend>,
+    ) -> Result<Self, ServiceError> {
+        let base_dir = manifest::base_dir_of(absolute);
+        let set = manifest::parse_file_text(&text, shown, &base_dir, env_dir)?;
+        Self::planned(ctx, set, text, base_dir, Some(absolute), env_dir, backend)
     }
 
     /// Manifest text (`POST /v1/jobs`): relative paths resolve against `base_dir`.
@@ -94,6 +113,7 @@ impl Submission {
             pools: set.pools.clone(),
             plans,
             replace: false,
+            output_limit: ctx.config.output_limit,
         })
     }
 
@@ -261,7 +281,7 @@ async fn register(ctx: &Context, store: &SharedStore, sub: &Submission) -> Resul
                 backend: sub.backend,
                 view: JobSpecView::of(plan),
                 status: JobStatus::pending(),
-                output_limit: ctx.config.output_limit,
+                output_limit: sub.output_limit,
                 owner: None,
                 delete_requested: false,
                 created_at: job::rfc3339(SystemTime::now()),
@@ -360,7 +380,27 @@ pub async fn run_foreground(
     ctx: &Context,
     sub: &Submission,
     cancel: CancellationToken,
+    on_done: impl FnMut(&RunPlan, &JobObject),
+) -> Result<Vec<JobObject>, ServiceError> {
+    run_in_process(ctx, sub, cancel, on_done, Reconcile::Now).await
+}
+
+/// Whether a foreground run first tidies what dead runner processes left.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reconcile {
+    /// A CLI's own run: nothing else of this state dir may be running to do it.
+    Now,
+    /// Inside `runner serve`, which reconciles at start-up and re-adopts on its timer: once
+    /// per handed-over apply would be 20 listings of containerd for a burst of 20.
+    Left,
+}
+
+pub(crate) async fn run_in_process(
+    ctx: &Context,
+    sub: &Submission,
+    cancel: CancellationToken,
     mut on_done: impl FnMut(&RunPlan, &JobObject),
+    reconcile: Reconcile,
 ) -> Result<Vec<JobObject>, ServiceError> {
     sub.require_jobs()?;
     let store = store(ctx).await?;
@@ -370,8 +410,10 @@ pub async fn run_foreground(
         // Connect now (a missing containerd fails before anything runs) and reconcile off the
         // job's path: it only removes what dead runner processes left, idempotently.
         ctx.containerd().await?;
-        let ctx = ctx.clone();
-        tokio::spawn(async move { reconcile::reconcile(&ctx).await });
+        if reconcile == Reconcile::Now {
+            let ctx = ctx.clone();
+            tokio::spawn(async move { reconcile::reconcile(&ctx).await });
+        }
     }
     let mut objects = Vec::new();
     for plan in &sub.plans {

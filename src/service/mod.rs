@@ -6,6 +6,7 @@ pub mod capacity;
 pub mod daemon;
 mod exhausted;
 pub mod export;
+pub mod handoff;
 pub mod images;
 pub mod jobs;
 pub mod kube;
