@@ -8,6 +8,7 @@ mod common;
 
 use std::io::BufRead;
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::Stdio;
 
 use common::*;
@@ -36,12 +37,17 @@ fn hard_nofile() -> u64 {
 
 /// `runner serve` with open-files limits `soft`/`hard` and more arguments; stderr to a file.
 fn server(soft: u64, hard: u64, args: &[&str]) -> Server {
-    let dir = tempfile::tempdir().unwrap();
+    server_in(tempfile::tempdir().unwrap(), soft, hard, args, &[])
+}
+
+/// `server` in `dir` (its state dir is `dir/state`), with more environment variables.
+fn server_in(dir: tempfile::TempDir, soft: u64, hard: u64, args: &[&str], envs: &[(&str, &Path)]) -> Server {
     let state = dir.path().join("state");
     import_busybox(&state);
     std::fs::write(dir.path().join("token"), format!("{SERVE_TOKEN}\n")).unwrap();
     let stderr = dir.path().join("serve.err");
     let mut cmd = runner_ctd_command(&[], &state);
+    cmd.envs(envs.iter().copied());
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--token-file"])
         .arg(dir.path().join("token"))
         .args(args)
@@ -209,4 +215,259 @@ fn the_servers_threads_do_not_grow_with_the_sessions_it_served() {
     for id in live {
         assert_eq!(s.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 204);
     }
+}
+
+/// What a server with state dir `state` holds on the host and in containerd, beyond its
+/// image: run directories, user-namespace range leases, rootfs directories (under its own
+/// `rootfs`), scratch workspaces, and in containerd its containers, active snapshots and
+/// leases. Each live session holds one of each but the containerd lease (only while its
+/// create runs) and host mounts.
+#[derive(Debug, PartialEq, Eq)]
+struct Held {
+    run_dirs: usize,
+    ranges: usize,
+    rootfs_dirs: usize,
+    scratch: usize,
+    containers: usize,
+    snapshots: usize,
+    leases: usize,
+    /// Mounts on the host under its run and rootfs directories: a container's rootfs and
+    /// workspace views are unmounted there once its task exists (its mount namespace holds
+    /// its own), so none while its sessions live either.
+    host_mounts: usize,
+}
+
+impl Held {
+    fn of_sessions(n: usize) -> Self {
+        Held {
+            run_dirs: n,
+            ranges: n,
+            rootfs_dirs: n,
+            scratch: n,
+            containers: n,
+            snapshots: n,
+            leases: 0,
+            host_mounts: 0,
+        }
+    }
+}
+
+fn ctr(args: &[&str]) -> String {
+    let (address, namespace) = containerd_env();
+    let out = std::process::Command::new("ctr")
+        .args(["--address", address.to_str().unwrap(), "--namespace", &namespace])
+        .args(args)
+        .output()
+        .expect("run ctr");
+    assert!(
+        out.status.success(),
+        "ctr {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The host's user-namespace range leases (as the suite's check finds them).
+fn userns_dir() -> std::path::PathBuf {
+    std::env::var_os("RUNNER_USERNS_DIR").map_or_else(|| "/run/runner/userns".into(), Into::into)
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => panic!("{}: {e}", dir.display()),
+    }
+}
+
+/// What server `pid` with state dir `state` (canonical) and rootfs directory `rootfs` holds.
+fn held(pid: u32, state: &Path, rootfs: &Path) -> Held {
+    let label = format!("labels.\"runner.dev/state-dir\"==\"{}\"", state.display());
+    let ranges = entries(&userns_dir())
+        .iter()
+        .filter(|name| name.parse::<u32>().is_ok())
+        .filter_map(|name| std::fs::read(userns_dir().join(name)).ok())
+        .filter_map(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+        .filter(|lease| lease["stateDir"].as_str() == Some(state.to_str().unwrap()))
+        .count();
+    // Scratch workspaces are named after the server's owner id (`pid-starttime`).
+    let start = stat_field(pid, 19).expect("the server's start time");
+    let scratch_prefix = format!("runner-session-{pid}-{start}-");
+    let snapshots = ctr(&["snapshots", "ls"])
+        .lines()
+        .skip(1)
+        .filter(|l| l.trim_end().ends_with("Active"))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|key| {
+            // Other tests' snapshots come and go meanwhile: one gone since the listing is
+            // not this server's.
+            let (address, namespace) = containerd_env();
+            let out = std::process::Command::new("ctr")
+                .args(["--address", address.to_str().unwrap(), "--namespace", &namespace])
+                .args(["snapshots", "info", key])
+                .output()
+                .expect("run ctr");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success() || err.contains("not found"),
+                "ctr snapshots info {key}: {err}"
+            );
+            let info = String::from_utf8_lossy(&out.stdout);
+            serde_json::from_str::<serde_json::Value>(&info)
+                .is_ok_and(|v| v["Labels"]["runner.dev/state-dir"].as_str() == Some(state.to_str().unwrap()))
+        })
+        .count();
+    Held {
+        run_dirs: entries(&state.join("run")).len(),
+        ranges,
+        rootfs_dirs: entries(rootfs).iter().map(|d| entries(&rootfs.join(d)).len()).sum(),
+        scratch: entries(&std::env::temp_dir())
+            .iter()
+            .filter(|n| n.starts_with(&scratch_prefix))
+            .count(),
+        containers: containers_where(&label).len(),
+        snapshots,
+        leases: ctr(&["leases", "ls", "-q", &label])
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .count(),
+        host_mounts: std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(4))
+            .filter(|point| Path::new(point).starts_with(rootfs) || Path::new(point).starts_with(state))
+            .count(),
+    }
+}
+
+/// A server whose open-files limit runs out answers a create with 503 and the limit and how
+/// to raise it (was 500 "internal error"); a refused create gives back everything it took —
+/// its run directory, user-namespace range, rootfs directory, scratch workspace, snapshot,
+/// container record and containerd lease — at once, at the wall (their removal needs
+/// descriptors too), not ten minutes later by `runner gc`; deleting a session makes room
+/// again. One keep-alive connection carries every request: at the limit the server could
+/// accept no new one.
+#[test]
+#[ignore = "needs the containerd of scripts/test.sh"]
+fn a_create_refused_at_the_open_files_wall_answers_503_and_leaves_nothing_behind() {
+    const LIMIT: u64 = 64;
+    let dir = tempfile::tempdir().unwrap();
+    // Its own rootfs directory, to count what its containers hold there (open to the
+    // containers' roots, as the host-wide one is).
+    let rootfs = dir.path().join("rootfs");
+    std::fs::create_dir(&rootfs).unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let s = server_in(dir, LIMIT, LIMIT, &[], &[("RUNNER_ROOTFS_DIR", &rootfs)]);
+    let state = std::fs::canonicalize(s._dir.path()).unwrap().join("state");
+    let pid = s.child.id();
+    let agent = ureq::AgentBuilder::new().max_idle_connections(1).build();
+    let call = |method: &str, path: &str, body: Option<&str>| -> (u16, serde_json::Value) {
+        let req = agent
+            .request(method, &format!("{}{path}", s.url))
+            .timeout(std::time::Duration::from_secs(120))
+            .set("Authorization", &format!("Bearer {SERVE_TOKEN}"));
+        let result = match body {
+            Some(b) => req.send_string(b),
+            None => req.call(),
+        };
+        let (code, text) = match result {
+            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+            Err(e) => panic!("{method} {path}: {e}"),
+        };
+        (
+            code,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        )
+    };
+    // What the server holds once the background work of its last create (the release of
+    // its containerd lease) is over.
+    let settled = |sessions: usize| -> Held {
+        let want = Held::of_sessions(sessions);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let now = held(pid, &state, &rootfs);
+            if now == want || std::time::Instant::now() > deadline {
+                return now;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    let body = r#"{"environment": {"image": "local/busybox:1.35"}}"#;
+    let mut live = Vec::new();
+    let refused = loop {
+        let (code, answer) = call("POST", "/v1/sessions", Some(body));
+        if code != 201 {
+            break (code, answer);
+        }
+        live.push(answer["id"].as_str().unwrap().to_string());
+        assert!(live.len() < 30, "{LIMIT} open files held {} sessions", live.len());
+    };
+    let (code, answer) = refused;
+    let message = answer["error"].as_str().unwrap_or_default().to_string();
+    assert_eq!(code, 503, "after {} sessions: {answer}", live.len());
+    assert!(!live.is_empty(), "not one session under {LIMIT} files: {message}");
+    assert!(
+        message.contains(&format!("limit of {LIMIT} (hard limit {LIMIT})")),
+        "{message}"
+    );
+    assert!(message.contains("LimitNOFILE="), "{message}");
+    let explain = || {
+        let tree = std::process::Command::new("find")
+            .arg(state.join("run"))
+            .output()
+            .unwrap();
+        let leases: Vec<String> = entries(&userns_dir())
+            .iter()
+            .filter_map(|name| std::fs::read_to_string(userns_dir().join(name)).ok())
+            .filter(|lease| lease.contains(&format!("\"stateDir\":\"{}\"", state.display())))
+            .collect();
+        format!(
+            "{}\nranges: {leases:?}\nserver's stderr:\n{}",
+            String::from_utf8_lossy(&tree.stdout),
+            std::fs::read_to_string(&s.stderr).unwrap()
+        )
+    };
+    assert_eq!(
+        settled(live.len()),
+        Held::of_sessions(live.len()),
+        "after the refused create: {}",
+        explain()
+    );
+    // Refused again and again at the wall, each refusal gives back all it took.
+    // (A descriptor the server used for a moment may be free again: such a create succeeds.)
+    let mut refusals = 1;
+    for attempt in 0..3 {
+        let (code, answer) = call("POST", "/v1/sessions", Some(body));
+        match code {
+            201 => live.push(answer["id"].as_str().unwrap().to_string()),
+            _ => {
+                assert_eq!(code, 503, "attempt {attempt} at the wall: {answer}");
+                refusals += 1;
+            }
+        }
+    }
+    assert_eq!(
+        settled(live.len()),
+        Held::of_sessions(live.len()),
+        "after {refusals} refused creates: {}",
+        explain()
+    );
+    // Room made by a delete is used.
+    let first = live.remove(0);
+    assert_eq!(call("DELETE", &format!("/v1/sessions/{first}"), None).0, 204);
+    let (code, answer) = call("POST", "/v1/sessions", Some(body));
+    assert_eq!(code, 201, "after a delete: {answer}");
+    live.push(answer["id"].as_str().unwrap().to_string());
+    for id in live {
+        assert_eq!(call("DELETE", &format!("/v1/sessions/{id}"), None).0, 204, "{id}");
+    }
+    assert_eq!(
+        settled(0),
+        Held::of_sessions(0),
+        "after every session is deleted: {}",
+        explain()
+    );
 }

@@ -231,7 +231,18 @@ impl Record {
     }
 
     fn read(dir: &Path) -> Option<Record> {
-        serde_json::from_slice(&std::fs::read(dir.join(CNI_CACHE)).ok()?).ok()
+        Self::load(dir).ok().flatten()
+    }
+
+    /// `read`, telling a record that is there but could not be read (no descriptor left, at
+    /// the open-files limit) from none: a detach must then fail, to be tried again, not
+    /// skip the CNI DEL.
+    fn load(dir: &Path) -> io::Result<Option<Record>> {
+        match std::fs::read(dir.join(CNI_CACHE)) {
+            Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     fn write(&self, dir: &Path) -> Result<(), NetError> {
@@ -447,7 +458,8 @@ impl Host {
     /// fails, and the first error is returned.
     pub fn detach(&self, dir: &Path) -> Result<(), NetError> {
         let mut first: Option<NetError> = None;
-        if let Some(record) = Record::read(dir) {
+        let record = Record::load(dir).map_err(io_err(format!("reading the attach record in {}", dir.display())))?;
+        if let Some(record) = record {
             match self.lock() {
                 Ok(_lock) => {
                     let t0 = std::time::Instant::now();

@@ -140,7 +140,7 @@ impl Leases {
             return Ok(());
         };
         let _lock = self.lock()?;
-        match self.read(slot) {
+        match self.load(slot)? {
             Some(lease) if lease.container == container => match std::fs::remove_file(self.slot_path(slot)) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
                 _ => Ok(()),
@@ -150,8 +150,19 @@ impl Leases {
     }
 
     fn read(&self, slot: u32) -> Option<Lease> {
-        let bytes = std::fs::read(self.slot_path(slot)).ok()?;
-        serde_json::from_slice(&bytes).ok()
+        self.load(slot).ok().flatten()
+    }
+
+    /// The lease of `slot` (`None`: no lease, or not one of ours). A lease that is there but
+    /// cannot be read (no descriptor left, at the open-files limit) is an error, not "none":
+    /// a release must then fail, to be tried again, not report a range given back that is
+    /// still leased.
+    fn load(&self, slot: u32) -> io::Result<Option<Lease>> {
+        match std::fs::read(self.slot_path(slot)) {
+            Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Every lease taken for `state_dir`.
@@ -378,8 +389,10 @@ pub fn idmapped_tree(source: Source<'_>, userns: Option<BorrowedFd<'_>>, flags: 
         },
     };
     if fd < 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("open_tree {source}: {e}")));
+        // Its errno stays reachable: at the open-files limit this is a 503, not a 500.
+        return Err(crate::runtime::janitor::context(format!("open_tree {source}"))(
+            io::Error::last_os_error(),
+        ));
     }
     // SAFETY: open_tree returned a new descriptor nothing else owns.
     let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
@@ -516,6 +529,32 @@ mod tests {
         assert_eq!(leases.allocate(state, "ctd", "c").unwrap(), a);
         let last = FIRST_BASE as u64 + SLOTS as u64 * IdRange::SIZE as u64 - 1;
         assert!(last <= crate::manifest::MAX_ID);
+    }
+
+    /// A release that cannot read its lease (no descriptor left) fails and the lease stays,
+    /// rather than answering "given back" for a range still leased; the janitor then does it.
+    #[test]
+    fn a_release_at_the_open_files_limit_fails_until_the_janitor_does_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let leases = Leases::at(dir.path());
+        let range = leases.allocate(Path::new("/state"), "ctd", "a").unwrap();
+        let (inline, at_the_wall) = std::thread::spawn({
+            let leases = leases.clone();
+            move || {
+                let held = crate::runtime::janitor::testing::fill_own_table();
+                let inline = leases.release(range, "a");
+                let still = leases.clone();
+                let at_the_wall = crate::runtime::janitor::or_at_the_wall(move || still.release(range, "a"));
+                drop(held);
+                (inline, at_the_wall)
+            }
+        })
+        .join()
+        .unwrap();
+        let inline = inline.expect_err("a release with no descriptor to read the lease");
+        assert_eq!(inline.raw_os_error(), Some(libc::EMFILE), "{inline}");
+        at_the_wall.expect("the janitor's release");
+        assert!(leases.held(Path::new("/state")).unwrap().is_empty());
     }
 
     /// Every helper that held a namespace is gone once its fd is returned (killed and reaped,

@@ -7,6 +7,7 @@ pub mod containerd;
 pub mod copytree;
 pub mod host;
 pub mod idmap;
+pub mod janitor;
 pub mod late;
 pub mod latency;
 pub mod output;

@@ -3,27 +3,11 @@
 //! not a bug of runner's: it answers 503 (retry once sessions are gone) with the limit and
 //! how to raise it, instead of 500 "internal error" (docs/guide/capacity.md).
 
-use std::error::Error;
-
 use nix::errno::Errno;
 
-/// The errno of the first `EMFILE`/`ENFILE` in `error`'s chain of sources, as an `io::Error`
-/// or a `nix` errno carries it.
-pub(crate) fn out_of_files(error: &(dyn Error + 'static)) -> Option<Errno> {
-    let mut next = Some(error);
-    while let Some(e) = next {
-        let errno = e
-            .downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::raw_os_error)
-            .map(Errno::from_raw)
-            .or_else(|| e.downcast_ref::<Errno>().copied());
-        if let Some(errno @ (Errno::EMFILE | Errno::ENFILE)) = errno {
-            return Some(errno);
-        }
-        next = e.source();
-    }
-    None
-}
+/// The errno of the first `EMFILE`/`ENFILE` in an error's chain (the runtime's cleanup
+/// asks the same question: `runtime::janitor`).
+pub(crate) use crate::runtime::janitor::out_of_files;
 
 /// What to tell the caller for `errno` while doing `context`; `limits` the process's
 /// (soft, hard) open-files limits.
@@ -56,21 +40,6 @@ pub(crate) fn nofile_limits() -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("opening the FIFOs")]
-    struct Wrapper(#[source] std::io::Error);
-
-    #[test]
-    fn finds_emfile_and_enfile_anywhere_in_the_chain() {
-        let direct = std::io::Error::from_raw_os_error(libc::EMFILE);
-        assert_eq!(out_of_files(&direct), Some(Errno::EMFILE));
-        let wrapped = Wrapper(std::io::Error::from_raw_os_error(libc::ENFILE));
-        assert_eq!(out_of_files(&wrapped), Some(Errno::ENFILE));
-        assert_eq!(out_of_files(&Errno::EMFILE), Some(Errno::EMFILE));
-        let other = Wrapper(std::io::Error::from_raw_os_error(libc::ENOENT));
-        assert_eq!(out_of_files(&other), None);
-    }
 
     #[test]
     fn the_reason_names_the_limit_and_how_to_raise_it() {

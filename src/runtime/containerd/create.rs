@@ -11,7 +11,7 @@ use crate::containerd::{self as client, Containerd, CtdError, LEASE_EXPIRE_LABEL
 use crate::image;
 use crate::owner::owner_id;
 use crate::runtime::RuntimeError;
-use crate::runtime::late;
+use crate::runtime::{janitor, late};
 use crate::spec::{self, RunPlan};
 
 impl Engine {
@@ -29,24 +29,33 @@ impl Engine {
             self.run_dir.join(id).join(remap::RANGE_FILE),
             range.host_base.to_string(),
         ) {
-            let _ = self.leases.release(range, id);
+            // Unrecorded, the range would be given back by nothing but gc once this process
+            // is gone: now, and at the open-files limit (where the write most likely failed)
+            // by the janitor. A blocking wait on this failure path only.
+            let (leases, id) = (self.leases.clone(), id.to_string());
+            if let Err(e) = janitor::or_at_the_wall(move || leases.release(range, &id)) {
+                tracing::warn!(error = %e, "could not give back the user-namespace range of a failed create");
+            }
             return Err(io(e));
         }
         Ok(range)
     }
 
-    /// The range `allocate_range` recorded for container `id` (`None`: it has none). The file
-    /// is the host's, in the run directory; read bounded all the same.
+    /// The range `allocate_range` recorded for container `id` (`None`: it has none, or its
+    /// record could not be read).
     pub(super) fn recorded_range(&self, id: &str) -> Option<spec::IdRange> {
-        use std::io::Read;
-        let mut text = String::new();
-        std::fs::File::open(self.run_dir.join(id).join(remap::RANGE_FILE))
-            .and_then(|f| f.take(32).read_to_string(&mut text))
-            .ok()?;
-        text.trim()
-            .parse::<u32>()
-            .ok()
-            .map(|host_base| spec::IdRange { host_base })
+        read_range(&self.run_dir.join(id)).ok().flatten()
+    }
+
+    /// Container `id`'s directories, as plain data for its cleanup (see `RunDir`).
+    pub(super) fn run_dir_of(&self, id: &str) -> RunDir {
+        RunDir {
+            id: id.to_string(),
+            dir: self.run_dir.join(id),
+            root: self.root_dir(id),
+            net: self.options.net.clone(),
+            leases: self.leases.clone(),
+        }
     }
 
     /// What `create` needs before containerd: the user-namespace range, the stdin file of a
@@ -179,10 +188,17 @@ impl Engine {
     /// The rootfs directory itself stays: runc starts every exec's helper with the rootfs
     /// path as its working directory (empty is enough; the helper then enters the
     /// container's mount namespace).
+    ///
+    /// At the open-files limit (a create that found the last descriptors) the unmounting
+    /// is done by the janitor: left mounted, the rootfs and views would stay on the host for
+    /// the container's life. Blocks (the blocking pool).
     pub(super) fn drop_host_mounts(&self, id: &str) {
-        let run = self.run_dir.join(id);
-        let unmounted = late::unmount_all(&self.root_dir(id).join(remap::ROOTFS_DIR))
-            .and_then(|()| late::release(&run.join(remap::VIEWS_DIR)));
+        let (rootfs, views) = (
+            self.root_dir(id).join(remap::ROOTFS_DIR),
+            self.run_dir.join(id).join(remap::VIEWS_DIR),
+        );
+        let unmounted =
+            janitor::or_at_the_wall(move || late::unmount_all(&rootfs).and_then(|()| late::release(&views)));
         if let Err(e) = unmounted {
             tracing::warn!(container = id, error = %e, "could not unmount the container's host mounts");
         }
@@ -190,35 +206,18 @@ impl Engine {
 
     /// Give back container `id`'s range (if it has one) and remove its run directory:
     /// everything mounted there first (its rootfs, workspace views), and never crossing a
-    /// mount point that would not go.
+    /// mount point that would not go. On the blocking pool, and at the open-files limit on
+    /// the janitor (`RunDir::discard`).
     /// `release_range`: false when the container may still run (its task or record would not
     /// go): its range then stays leased until gc finds the container gone.
-    pub(super) fn discard_run_dir(&self, id: &str, release_range: bool) -> Result<(), RuntimeError> {
-        let dir = self.run_dir.join(id);
-        // Off the network first (CNI DEL while the netns is still pinned); a failure keeps
-        // the directory, with what DEL needs, for gc to try again.
-        let net = self.root_dir(id).join(crate::net::NET_DIR);
-        if net.exists() {
-            crate::net::Host::new(self.options.net.clone())
-                .detach(&net)
-                .map_err(|e| RuntimeError::Internal(format!("detaching {id} from the bridge network: {e}")))?;
-        }
-        let range = self.recorded_range(id);
-        let removed = late::release(&self.root_dir(id))
-            .and_then(|()| late::release(&dir))
+    pub(super) async fn discard_run_dir(&self, id: &str, release_range: bool) -> Result<(), RuntimeError> {
+        let dirs = self.run_dir_of(id);
+        janitor::blocking(move || dirs.discard(release_range))
+            .await
             .map_err(|source| RuntimeError::Io {
-                what: format!("removing {}", dir.display()),
+                what: format!("removing the run directory of {id}"),
                 source,
-            });
-        // A range goes back only once nothing of the container is mounted any more.
-        if removed.is_ok()
-            && release_range
-            && let Some(range) = range
-            && let Err(e) = self.leases.release(range, id)
-        {
-            tracing::warn!(container = id, error = %e, "could not release the user-namespace range");
-        }
-        removed
+            })
     }
 
     /// With shim groups (`RuntimeOptions::shim_groups`), a cold live container's group,
@@ -248,14 +247,23 @@ impl Engine {
     /// Create a container's run directory (FIFOs, stdin, agent, logger output) marked with its
     /// owner: a runner's gc removes run directories without a container only when their owner
     /// is gone, never one a live runner is filling before its container exists.
-    fn claim_run_dir(&self, id: &str) -> Result<(), RuntimeError> {
+    async fn claim_run_dir(&self, id: &str) -> Result<(), RuntimeError> {
         let dir = self.run_dir.join(id);
-        std::fs::create_dir_all(&dir)
-            .and_then(|()| std::fs::write(dir.join(RUN_DIR_OWNER), owner_id()))
-            .map_err(|source| RuntimeError::Io {
+        let made = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(dir.join(RUN_DIR_OWNER), owner_id()));
+        if let Err(source) = made {
+            // Made but not marked (the mark's write found no descriptor, say), the directory
+            // would be kept by gc for ten minutes as one an older runner may be filling: it
+            // goes now.
+            let gone = dir.clone();
+            if let Err(e) = janitor::cleanup(move || late::release(&gone)).await {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not remove the run directory of a failed create");
+            }
+            return Err(RuntimeError::Io {
                 what: format!("creating {}", dir.display()),
                 source,
-            })
+            });
+        }
+        Ok(())
     }
 
     /// Build the spec for a plan against the image, create container + snapshot under a lease.
@@ -297,7 +305,7 @@ impl Engine {
         // starts here, runner's own steps ahead of Tasks.Create, not at it. A restore's
         // Tasks.Create (CRIU's) comes much later and warms for itself.
         let warm = plan.restore.is_none().then(attach_lock::hold);
-        self.claim_run_dir(&id)?;
+        self.claim_run_dir(&id).await?;
         let mut lease = CreateLease::take(&self.client, &format!("{id}-create"), self.labels(&plan, kind));
         let created = self
             .create_in(&id, plan, &image, &mut lease, args, kind, with_agent, shape)
@@ -309,13 +317,31 @@ impl Engine {
             Ok(_) => lease.release_later(),
             Err(_) => {
                 // Whatever step failed, one way out: nothing of it stays (NotFound is success).
+                // The host's part runs on the blocking pool and, should it find no descriptor
+                // (a create refused at the open-files limit), again on the janitor: the refused
+                // create gives back everything at once, not when gc finds it.
                 // A remapped rootfs may be mounted from the snapshot: off first.
-                let _ = late::unmount_all(&self.root_dir(&id).join(remap::ROOTFS_DIR));
-                let _ = self.client.snapshot_remove(&id).await;
-                let _ = self.client.container_delete(&id).await;
+                let rootfs = self.root_dir(&id).join(remap::ROOTFS_DIR);
+                if let Err(e) = janitor::cleanup(move || late::unmount_all(&rootfs)).await {
+                    tracing::warn!(container = id, error = %e, "could not unmount the rootfs of a failed create");
+                }
+                let (snapshot, container) = (
+                    self.client.snapshot_remove(&id).await,
+                    self.client.container_delete(&id).await,
+                );
+                for e in [snapshot.err(), container.err()].into_iter().flatten() {
+                    if !e.is_not_found() {
+                        tracing::warn!(container = id, error = %e, "could not remove what a failed create made in containerd");
+                    }
+                }
                 lease.release().await;
-                let _ = late::release(&self.late_dir(&id));
-                let _ = self.discard_run_dir(&id, true);
+                let late_dir = self.late_dir(&id);
+                if let Err(e) = janitor::cleanup(move || late::release(&late_dir)).await {
+                    tracing::warn!(container = id, error = %e, "could not release the late binds of a failed create");
+                }
+                if let Err(e) = self.discard_run_dir(&id, true).await {
+                    tracing::warn!(container = id, error = %e, "could not remove the run directory of a failed create");
+                }
             }
         }
         created
@@ -611,6 +637,81 @@ impl Engine {
     }
 }
 
+/// A container's run and rootfs directories and what gives back its range, as plain data:
+/// removing them may be done on the janitor's thread, which must be given no descriptor
+/// (`runtime::janitor`), so not an `Engine` (its client holds connections).
+#[derive(Clone, Debug)]
+pub(super) struct RunDir {
+    id: String,
+    dir: PathBuf,
+    root: PathBuf,
+    net: crate::config::NetPaths,
+    leases: crate::runtime::idmap::Leases,
+}
+
+impl RunDir {
+    /// Off the bridge network, the rootfs and run directories removed (mounts first), then
+    /// the range given back (`release_range`) once nothing with its ids is mounted. Blocks.
+    ///
+    /// Each step is done again by the janitor should it find no descriptor (see
+    /// `runtime::janitor`), so each must be one that can be repeated: the range is read
+    /// once, in a step of its own, before the directory holding its record goes (a removal
+    /// done again after that would find no record and keep the range leased).
+    pub(super) fn discard(&self, release_range: bool) -> std::io::Result<()> {
+        let range = match release_range {
+            true => {
+                let dir = self.dir.clone();
+                janitor::or_at_the_wall(move || read_range(&dir))
+                    .map_err(janitor::context("reading the user-namespace range"))?
+            }
+            false => None,
+        };
+        let dirs = self.clone();
+        janitor::or_at_the_wall(move || dirs.remove())?;
+        if let Some(range) = range {
+            let (leases, id) = (self.leases.clone(), self.id.clone());
+            janitor::or_at_the_wall(move || leases.release(range, &id))
+                .map_err(janitor::context("giving back the user-namespace range"))?;
+        }
+        Ok(())
+    }
+
+    /// Off the network, then the rootfs and run directories, mounts first: can be repeated
+    /// (what is gone counts as done).
+    fn remove(&self) -> std::io::Result<()> {
+        // Off the network first (CNI DEL while the netns is still pinned); a failure keeps
+        // the directory, with what DEL needs, for gc to try again.
+        let net = self.root.join(crate::net::NET_DIR);
+        if net.exists() {
+            crate::net::Host::new(self.net.clone())
+                .detach(&net)
+                .map_err(janitor::context(format!(
+                    "detaching {} from the bridge network",
+                    self.id
+                )))?;
+        }
+        late::release(&self.root).map_err(janitor::context(format!("removing {}", self.root.display())))?;
+        late::release(&self.dir).map_err(janitor::context(format!("removing {}", self.dir.display())))
+    }
+}
+
+/// The range recorded in run directory `dir` (`None`: it has none). The file is the host's;
+/// read bounded all the same.
+fn read_range(dir: &Path) -> std::io::Result<Option<spec::IdRange>> {
+    use std::io::Read;
+    let mut text = String::new();
+    match std::fs::File::open(dir.join(remap::RANGE_FILE)) {
+        Ok(f) => f.take(32).read_to_string(&mut text)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(text
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .map(|host_base| spec::IdRange { host_base }))
+}
+
 /// Write a one-shot job's stdin to `<dir>/stdin`, readable only by root and the job's user
 /// (the container sees it read-only). Written before the container exists: nothing in the
 /// sandbox can have planted anything there.
@@ -788,6 +889,48 @@ fn join_namespaces(spec: &mut oci_spec::runtime::Spec, pinned: &crate::net::Pinn
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A container's run and rootfs directories are removed and its range given back by a
+    /// thread with no descriptor left (the cleanup of a create refused at the open-files
+    /// limit): each step is done again by the janitor, the range read once before its record
+    /// goes.
+    #[test]
+    fn a_run_dir_is_discarded_at_the_open_files_limit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let leases = crate::runtime::idmap::Leases::at(&tmp.path().join("userns"));
+        let range = leases.allocate(Path::new("/state"), "ctd", "c1").unwrap();
+        let dir = tmp.path().join("run/c1");
+        std::fs::create_dir_all(dir.join("agent/req-0")).unwrap();
+        std::fs::write(dir.join("agent/req-0/out"), "x").unwrap();
+        std::fs::write(dir.join(remap::RANGE_FILE), range.host_base.to_string()).unwrap();
+        std::fs::write(dir.join(RUN_DIR_OWNER), owner_id()).unwrap();
+        let root = tmp.path().join("rootfs/c1");
+        std::fs::create_dir_all(root.join(remap::ROOTFS_DIR)).unwrap();
+        let run_dir = RunDir {
+            id: "c1".into(),
+            dir: dir.clone(),
+            root: root.clone(),
+            net: crate::config::NetPaths::default(),
+            leases: leases.clone(),
+        };
+        let discarded = std::thread::spawn(move || {
+            let held = crate::runtime::janitor::testing::fill_own_table();
+            // Nothing works on this thread itself.
+            assert!(std::fs::File::open("/dev/null").is_err());
+            let discarded = run_dir.discard(true);
+            drop(held);
+            discarded
+        })
+        .join()
+        .unwrap();
+        discarded.expect("discarded at the open-files limit");
+        assert!(!dir.exists(), "the run directory is left");
+        assert!(!root.exists(), "the rootfs directory is left");
+        assert!(
+            leases.held(Path::new("/state")).unwrap().is_empty(),
+            "the range is still leased"
+        );
+    }
 
     /// The warming a create takes at its start ends with its Tasks.Create (`warmed`), not
     /// with the container: a one-shot job's `Created` lives as long as the job, and each

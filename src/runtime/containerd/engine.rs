@@ -16,9 +16,9 @@ use crate::containerd::{self as client, Containerd, CtdError};
 use crate::owner::owner_id;
 use crate::runtime::cgroupfs;
 use crate::runtime::idmap;
-use crate::runtime::late;
 use crate::runtime::storage::{StorageMonitor, StorageWatch, Tree as StorageTree};
 use crate::runtime::{ExecResult, RuntimeError, RuntimeOptions, SetupResult};
+use crate::runtime::{janitor, late};
 use crate::spec::{self, HostEnv, RunPlan};
 
 pub(super) fn container_id(job: &str) -> String {
@@ -208,17 +208,21 @@ impl Engine {
         }
         // A remapped rootfs and workspace views are runner's own mounts: they go before the
         // snapshot under them, and before anything under the state dir is removed.
-        let run = self.run_dir.join(id);
-        for dir in [self.root_dir(id), run.join(remap::VIEWS_DIR)] {
-            if dir.exists()
-                && let Err(e) = late::release(&dir)
-            {
-                tracing::warn!(container = id, error = %e, "could not unmount the container's mounts");
-                return Err(RuntimeError::Io {
-                    what: format!("unmounting {}", dir.display()),
-                    source: e,
-                });
+        // On the blocking pool, and at the open-files limit on the janitor (`runtime::janitor`).
+        let (root, views) = (self.root_dir(id), self.run_dir.join(id).join(remap::VIEWS_DIR));
+        let unmounted = janitor::cleanup(move || {
+            for dir in [&root, &views] {
+                late::release(dir).map_err(janitor::context(format!("unmounting {}", dir.display())))?;
             }
+            Ok(())
+        })
+        .await;
+        if let Err(e) = unmounted {
+            tracing::warn!(container = id, error = %e, "could not unmount the container's mounts");
+            return Err(RuntimeError::Io {
+                what: format!("unmounting the mounts of {id}"),
+                source: e,
+            });
         }
         // Independent once the task is gone: the snapshot and the container record.
         let (snapshot, container) = tokio::join!(c.snapshot_remove(id), c.container_delete(id));
@@ -229,16 +233,17 @@ impl Engine {
         // A member's late binds go before anything under the state dir is removed: removal
         // must never reach into a job's workspace.
         let late = self.late_dir(id);
-        if late.exists()
-            && let Err(e) = late::release(&late)
-        {
-            tracing::warn!(container = id, error = %e, "could not release the late binds");
-            return Err(RuntimeError::Io {
-                what: format!("releasing {}", late.display()),
-                source: e,
-            });
+        if late.exists() {
+            let dir = late.clone();
+            if let Err(e) = janitor::cleanup(move || late::release(&dir)).await {
+                tracing::warn!(container = id, error = %e, "could not release the late binds");
+                return Err(RuntimeError::Io {
+                    what: format!("releasing {}", late.display()),
+                    source: e,
+                });
+            }
         }
-        if let Err(e) = self.discard_run_dir(id, gone) {
+        if let Err(e) = self.discard_run_dir(id, gone).await {
             tracing::warn!(container = id, error = %e, "could not remove the run directory");
         }
         match first_error {

@@ -67,7 +67,10 @@ impl Drop for ScratchDir {
     fn drop(&mut self) {
         let path = std::mem::take(&mut self.0);
         let remove = move || {
-            if let Err(e) = crate::confined::remove_tree(&path) {
+            // At the open-files limit (the scratch of a create refused there) the janitor
+            // removes it: the path is all it is given.
+            let dir = path.clone();
+            if let Err(e) = crate::runtime::janitor::or_at_the_wall(move || crate::confined::remove_tree(&dir)) {
                 tracing::warn!(dir = %path.display(), error = %e, "removing a scratch workspace (runner gc retries)");
             }
         };
