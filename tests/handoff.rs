@@ -159,9 +159,11 @@ fn a_handed_apply_prints_exits_and_records_as_one_run_in_the_cli() {
     // server's.
     let host = "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: h}\nspec:\n  backend: host\n  includeHostEnv: true\n---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {name: ho-host}\nspec:\n  environment: h\n  command: [\"sh\", \"-c\", \"echo $HANDOFF_PROBE\"]\n";
     write_manifest(s.dir.path(), "host.yaml", host);
+    // An environment of 256 KiB (a CI runner's can be large) still goes with the apply.
     let probed = s
         .apply_command(s.dir.path(), &["-f", "host.yaml"])
         .env("HANDOFF_PROBE", "the CLI's own")
+        .envs((0..4).map(|i| (format!("HANDOFF_BALLAST_{i}"), "x".repeat(64 * 1024))))
         .output()
         .unwrap();
     assert!(text(&probed.stderr).contains(TAKEN), "{}", text(&probed.stderr));
@@ -231,51 +233,60 @@ fn ctrl_c_or_a_killed_cli_stops_the_handed_jobs() {
     let s = Setup::new();
     let dir = s.dir.path();
     // Ctrl-C: the jobs stop, their results are printed, the exit code is 130.
-    let file = write_manifest(dir, "int.yaml", &sleeper("ho-int", 971));
+    let file = write_manifest(dir, "int.yaml", &sleeper("ho-int", 9617));
     let child = s
         .apply_command(dir, &["-f", file.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    assert!(eventually(Duration::from_secs(20), || !processes_matching("sleep 971").is_empty()));
+    assert!(eventually(Duration::from_secs(20), || !processes_matching(
+        "sleep 9617"
+    )
+    .is_empty()));
     kill(child.id() as i32, Signal::SIGINT);
     let out = child.wait_with_output().unwrap();
     let stderr = text(&out.stderr);
     assert!(stderr.contains(TAKEN), "{stderr}");
     assert_eq!(out.status.code(), Some(130), "{stderr}");
     assert!(stderr.contains("job/ho-int Failed (Interrupted)"), "{stderr}");
-    assert!(processes_matching("sleep 971").is_empty());
+    assert!(processes_matching("sleep 9617").is_empty());
     assert_eq!(reason_of(&s.state, "ho-int"), "Interrupted");
     assert_eq!(containers_of("ho-int"), 0);
 
     // SIGTERM: 143.
-    let file = write_manifest(dir, "term.yaml", &sleeper("ho-term", 972));
+    let file = write_manifest(dir, "term.yaml", &sleeper("ho-term", 9627));
     let child = s
         .apply_command(dir, &["-f", file.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    assert!(eventually(Duration::from_secs(20), || !processes_matching("sleep 972").is_empty()));
+    assert!(eventually(Duration::from_secs(20), || !processes_matching(
+        "sleep 9627"
+    )
+    .is_empty()));
     kill(child.id() as i32, Signal::SIGTERM);
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
     assert_eq!(reason_of(&s.state, "ho-term"), "Interrupted");
 
     // A CLI killed outright: its connection closes, and the server stops and records the job.
-    let file = write_manifest(dir, "kill.yaml", &sleeper("ho-kill", 973));
+    let file = write_manifest(dir, "kill.yaml", &sleeper("ho-kill", 9637));
     let mut child = s
         .apply_command(dir, &["-f", file.to_str().unwrap()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    assert!(eventually(Duration::from_secs(20), || !processes_matching("sleep 973").is_empty()));
+    assert!(eventually(Duration::from_secs(20), || !processes_matching(
+        "sleep 9637"
+    )
+    .is_empty()));
     kill(child.id() as i32, Signal::SIGKILL);
     let _ = child.wait();
     assert!(
-        eventually(Duration::from_secs(20), || processes_matching("sleep 973").is_empty()),
+        eventually(Duration::from_secs(20), || processes_matching("sleep 9637").is_empty()),
         "the server left the killed CLI's job running"
     );
     assert!(eventually(Duration::from_secs(20), || reason_of(&s.state, "ho-kill")
@@ -289,27 +300,38 @@ fn a_stopping_server_stops_the_handed_jobs_and_reports_them() {
     use nix::sys::signal::Signal;
     let mut s = Setup::new();
     let dir = s.dir.path().to_path_buf();
-    let file = write_manifest(&dir, "stop.yaml", &sleeper("ho-stop", 974));
+    // Two jobs: the server stops during the first, and the second never runs.
+    let two = format!(
+        "{}---\napiVersion: runner/v1alpha1\nkind: Job\nmetadata: {{name: ho-stop-next}}\nspec:\n  environment: bb\n  command: [\"true\"]\n",
+        sleeper("ho-stop", 9647)
+    );
+    let file = write_manifest(&dir, "stop.yaml", &two);
     let child = s
         .apply_command(&dir, &["-f", file.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    assert!(eventually(Duration::from_secs(20), || !processes_matching("sleep 974").is_empty()));
+    assert!(eventually(Duration::from_secs(20), || !processes_matching(
+        "sleep 9647"
+    )
+    .is_empty()));
     let stopping = Instant::now();
     kill(s.server_pid(), Signal::SIGTERM);
     let out = child.wait_with_output().unwrap();
     let stderr = text(&out.stderr);
     assert!(stderr.contains(TAKEN), "{stderr}");
     assert!(stderr.contains("job/ho-stop Failed (Interrupted)"), "{stderr}");
-    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    // The CLI was not stopped: a job left unrun is the runner's failure (exit 2), said.
+    assert!(
+        stderr.contains("the server stopped before job/ho-stop-next ran"),
+        "{stderr}"
+    );
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stopping.elapsed() < Duration::from_secs(15), "{:?}", stopping.elapsed());
     let mut served = s.served.take().unwrap();
     let _ = served.child.wait();
-    // Reaped: its Drop must not signal a PID that may be another process's by now.
-    std::mem::forget(served);
-    assert!(processes_matching("sleep 974").is_empty());
+    assert!(processes_matching("sleep 9647").is_empty());
     // The server took its socket with it: the next apply runs in the CLI.
     assert!(!s.state.join("serve.sock").exists());
     let file = write_manifest(&dir, "after.yaml", &sleeper("ho-after", 0));
@@ -351,11 +373,40 @@ fn what_the_server_cannot_run_as_the_cli_would_runs_in_the_cli() {
     let removed = runner_ctd(&["pool", "rm", "ho-pool"], &s.state);
     assert_eq!(removed.status.code(), Some(0), "{}", text(&removed.stderr));
 
+    // A manifest from a pipe is read by the apply run here (read once, it could not be read
+    // again after a decline).
+    let piped = s
+        .apply_command(&dir, &["-f", "/dev/stdin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(sleeper("ho-piped", 0).as_bytes())?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    assert_eq!(piped.status.code(), Some(0), "{}", text(&piped.stderr));
+    assert!(
+        text(&piped.stderr).contains("not a regular file"),
+        "{}",
+        text(&piped.stderr)
+    );
+    assert!(
+        text(&piped.stderr).contains("job/ho-piped Succeeded"),
+        "{}",
+        text(&piped.stderr)
+    );
+
     // A server that died without a word leaves its socket: the CLI runs the apply itself.
     let mut served = s.served.take().unwrap();
     kill(served.child.id() as i32, nix::sys::signal::Signal::SIGKILL);
     let _ = served.child.wait();
-    std::mem::forget(served);
     assert!(s.state.join("serve.sock").exists());
     let file = write_manifest(&dir, "stale.yaml", &sleeper("ho-stale", 0));
     let stale = s.apply(&dir, &["-f", file.to_str().unwrap()]);

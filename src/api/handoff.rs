@@ -4,6 +4,7 @@
 //! read is bounded (a 64 KiB request line, the manifest's size limit, 10 s to send them) and at
 //! most `MAX_IN_FLIGHT` applies are taken at once, so no client can hold the server.
 
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,14 +20,15 @@ use crate::service::handoff::{self, Control, Reply, Request};
 
 /// Applies run at once; past it a CLI is told to run its jobs itself.
 const MAX_IN_FLIGHT: u32 = 256;
-/// The request line (the manifest text follows it, bounded on its own).
-const MAX_REQUEST_LINE: u64 = 64 * 1024;
+/// The request line (the manifest text follows it, bounded on its own). It carries the CLI's
+/// environment (`Caller`), which a CI runner can make hundreds of KiB.
+const MAX_REQUEST_LINE: u64 = 4 * 1024 * 1024;
 /// A control line (`{"cancel": ...}`).
 const MAX_CONTROL_LINE: u64 = 1024;
 /// To send the request and its text: the CLI has both in memory before it connects.
 const REQUEST_TIME: Duration = Duration::from_secs(10);
-/// For the CLI to take the replies after its jobs ended.
-const REPLY_TIME: Duration = Duration::from_secs(30);
+/// For a CLI to take its replies once the server is stopping.
+const REPLY_TIME: Duration = Duration::from_secs(2);
 
 /// The listening socket and what it runs.
 pub(crate) struct Handoff {
@@ -35,29 +37,44 @@ pub(crate) struct Handoff {
     inode: u64,
     slots: Arc<Semaphore>,
     accept: tokio::task::JoinHandle<()>,
+    /// Held while this server has the socket (`listen`).
+    _lock: nix::fcntl::Flock<std::fs::File>,
 }
 
-/// Take the state dir's hand-off socket, unless another live server of this state dir holds it
-/// (then this one takes no applies, and says so). `stop` ends the accepting and stops every
-/// handed-over apply's jobs (they still end with their results, sent to their CLIs).
+/// Take the state dir's hand-off socket, unless another server of this state dir holds it
+/// (then this one takes no applies, and says so). The lock file beside the socket is held for
+/// the server's life: two servers starting at once cannot both remove and bind it, and a socket
+/// whose lock is free is stale (its server is gone), whatever a connect to it would say.
+/// `stop` ends the accepting and stops every handed-over apply's jobs (they still end with
+/// their results, sent to their CLIs).
 pub(crate) fn listen(ctx: &Context, stop: CancellationToken) -> std::io::Result<Option<Handoff>> {
     let path = ctx.config.handoff_socket();
-    if std::os::unix::net::UnixStream::connect(&path).is_ok() {
-        tracing::warn!(
-            socket = %path.display(),
-            "another runner serve of this state dir takes the CLI's applies; this one does not"
-        );
-        return Ok(None);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
     }
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(path.with_extension("sock.lock"))?;
+    let lock = match nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => lock,
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+            tracing::warn!(
+                socket = %path.display(),
+                "another runner serve of this state dir takes the CLI's applies; this one does not"
+            );
+            return Ok(None);
+        }
+        Err((_, e)) => return Err(e.into()),
+    };
     match std::fs::remove_file(&path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
     let listener = UnixListener::bind(&path)?;
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // The state dir is its owner's alone already; the mode says so of the socket itself.
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     let inode = std::fs::metadata(&path)?.ino();
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT as usize));
@@ -67,6 +84,7 @@ pub(crate) fn listen(ctx: &Context, stop: CancellationToken) -> std::io::Result<
         inode,
         slots,
         accept,
+        _lock: lock,
     }))
 }
 
@@ -84,7 +102,6 @@ impl Handoff {
 }
 
 fn remove_if_ours(path: &Path, inode: u64) {
-    use std::os::unix::fs::MetadataExt;
     if std::fs::symlink_metadata(path).is_ok_and(|m| m.ino() == inode)
         && let Err(e) = std::fs::remove_file(path)
     {
@@ -108,8 +125,10 @@ async fn accept_loop(listener: UnixListener, ctx: Context, stop: CancellationTok
                 }
             },
         };
+        // The server's own user only (root's CLI too is another user to a server that is not
+        // root's: its jobs would run with what the server may do, not what it asked for).
         match stream.peer_cred() {
-            Ok(cred) if cred.uid() == me || cred.uid() == 0 => {}
+            Ok(cred) if cred.uid() == me => {}
             Ok(cred) => {
                 tracing::warn!(uid = cred.uid(), "a hand-off from another user, refused");
                 continue;
@@ -123,13 +142,18 @@ async fn accept_loop(listener: UnixListener, ctx: Context, stop: CancellationTok
             let reason = format!("the server is running {MAX_IN_FLIGHT} applies already");
             tokio::spawn(async move {
                 let mut stream = stream;
-                let _ = tokio::time::timeout(REQUEST_TIME, write_reply(&mut stream, &Reply::Declined { reason })).await;
+                // A CLI that does not take this runs its apply when its connection closes.
+                let said =
+                    tokio::time::timeout(REQUEST_TIME, write_reply(&mut stream, &Reply::Declined { reason })).await;
+                if !matches!(said, Ok(Ok(()))) {
+                    tracing::debug!("a CLI did not take its decline");
+                }
             });
             continue;
         };
-        let (ctx, cancel) = (ctx.clone(), stop.child_token());
+        let (ctx, stop) = (ctx.clone(), stop.clone());
         tokio::spawn(async move {
-            serve_one(&ctx, stream, cancel).await;
+            serve_one(&ctx, stream, &stop).await;
             drop(slot);
         });
     }
@@ -150,20 +174,28 @@ async fn read_request(reader: &mut BufReader<tokio::net::unix::OwnedReadHalf>) -
         .await
         .map_err(|e| format!("reading the request: {e}"))?;
     if line.last() != Some(&b'\n') {
-        return Err(format!("the request line is missing or over {MAX_REQUEST_LINE} bytes"));
+        return Err(format!(
+            "the request line is missing or over {MAX_REQUEST_LINE} bytes (an environment that large is not sent)"
+        ));
     }
-    let request: Request = serde_json::from_slice(&line).map_err(|e| format!("a malformed hand-off request: {e}"))?;
+    let request: Request =
+        serde_json::from_slice(&line).map_err(|e| format!("a hand-off request this server does not read: {e}"))?;
     if request.text_bytes > MAX_MANIFEST_BYTES {
         return Err(format!(
             "the manifest is {} bytes; the limit is {MAX_MANIFEST_BYTES}",
             request.text_bytes
         ));
     }
-    let mut text = vec![0; request.text_bytes as usize];
-    reader
-        .read_exact(&mut text)
+    // Read as it comes, not allocated ahead: a request's size is only its word.
+    let mut text = Vec::new();
+    (&mut *reader)
+        .take(request.text_bytes)
+        .read_to_end(&mut text)
         .await
         .map_err(|e| format!("reading the manifest: {e}"))?;
+    if text.len() as u64 != request.text_bytes {
+        return Err("the manifest ended early".into());
+    }
     let text = String::from_utf8(text).map_err(|e| {
         format!(
             "{}: manifest is not UTF-8 (invalid byte at offset {})",
@@ -174,40 +206,46 @@ async fn read_request(reader: &mut BufReader<tokio::net::unix::OwnedReadHalf>) -
     Ok((request, text))
 }
 
-async fn serve_one(ctx: &Context, stream: UnixStream, cancel: CancellationToken) {
+async fn serve_one(ctx: &Context, stream: UnixStream, stop: &CancellationToken) {
+    let cancel = stop.child_token();
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
     let (request, text) = match tokio::time::timeout(REQUEST_TIME, read_request(&mut reader)).await {
         Ok(Ok(got)) => got,
-        Ok(Err(message)) => {
-            let _ = tokio::time::timeout(REQUEST_TIME, write_reply(&mut write, &Reply::Failed { message })).await;
+        // What this server cannot read (another version's request, an environment past the
+        // bound) the CLI runs itself; nothing was done here.
+        Ok(Err(reason)) => {
+            let said = tokio::time::timeout(REQUEST_TIME, write_reply(&mut write, &Reply::Declined { reason })).await;
+            if !matches!(said, Ok(Ok(()))) {
+                tracing::debug!("a CLI did not take its decline");
+            }
             return;
         }
-        Err(_) => return,
+        Err(_) => {
+            tracing::debug!("a CLI did not send its apply within {REQUEST_TIME:?}; closed");
+            return;
+        }
     };
     // The CLI's Ctrl-C (a control line) or its going away (end of stream) stops the jobs.
     let watch = {
         let cancel = cancel.clone();
         tokio::spawn(async move {
             let mut line = Vec::new();
-            loop {
-                line.clear();
-                match (&mut reader).take(MAX_CONTROL_LINE).read_until(b'\n', &mut line).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => match serde_json::from_slice::<Control>(&line) {
-                        Ok(control) => {
-                            tracing::info!(signal = control.cancel, "a handed-over apply was cancelled by its CLI");
-                            break;
-                        }
-                        Err(e) => tracing::warn!(error = %e, "an unreadable control line from a CLI, ignored"),
-                    },
-                }
-            }
+            let why = match (&mut reader).take(MAX_CONTROL_LINE).read_until(b'\n', &mut line).await {
+                Ok(0) => "its connection closed".to_string(),
+                Err(e) => format!("its connection failed: {e}"),
+                Ok(_) => match serde_json::from_slice::<Control>(&line) {
+                    Ok(control) => format!("it got {}", control.cancel),
+                    // Our CLI sends nothing else: whatever sent this is not following the apply.
+                    Err(e) => format!("it sent an unreadable control line ({e})"),
+                },
+            };
+            tracing::info!("a handed-over apply's jobs are stopped: {why}");
             cancel.cancel();
         })
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
-    let writer = tokio::spawn(async move {
+    let mut writer = tokio::spawn(async move {
         while let Some(reply) = rx.recv().await {
             if write_reply(&mut write, &reply).await.is_err() {
                 // The CLI went away: the watcher sees it and stops the jobs; nothing is left
@@ -217,14 +255,22 @@ async fn serve_one(ctx: &Context, stream: UnixStream, cancel: CancellationToken)
         }
     });
     handoff::run(ctx, request, text, cancel, |reply| {
+        // Fails only once the writer ended, that is once the CLI went away.
         let _ = tx.send(reply);
     })
     .await;
     drop(tx);
-    let stuck = writer.abort_handle();
-    if tokio::time::timeout(REPLY_TIME, writer).await.is_err() {
-        stuck.abort();
-        tracing::warn!("a CLI did not take its apply's replies in {REPLY_TIME:?}; dropped");
+    // A CLI that reads slowly (suspended, piped into a pager) gets every reply; only a server
+    // that is stopping gives up on it, after REPLY_TIME.
+    tokio::select! {
+        _ = &mut writer => {}
+        () = async {
+            stop.cancelled().await;
+            tokio::time::sleep(REPLY_TIME).await;
+        } => {
+            writer.abort();
+            tracing::warn!("a CLI did not take its apply's replies while the server stopped; dropped");
+        }
     }
     watch.abort();
 }

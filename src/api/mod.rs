@@ -564,6 +564,11 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
                         tracing::warn!(pool = env, error = %e, "refilling the pool");
                     }
                 }
+                // What dead runner processes left (a CLI apply reconciles at its start; the
+                // applies handed to this server do not, so it is done here for them).
+                if state.ctx.containerd().await.is_ok() {
+                    crate::service::reconcile::reconcile(&state.ctx).await;
+                }
                 // Jobs whose supervisor died get a new one here, explicitly: reads never adopt.
                 match crate::service::reconcile::adopt_orphans(&state.ctx).await {
                     Ok(adopted) if !adopted.is_empty() => tracing::info!(?adopted, "re-adopted jobs"),
@@ -633,6 +638,8 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
     // CLI apply's are) and their results sent to their CLIs.
     let server = async {
         let served = server.await;
+        // An HTTP face that failed ends the server too: the applies it was handed are stopped.
+        stop.cancel();
         if let Some(handoff) = &handoff {
             handoff.finished().await;
         }

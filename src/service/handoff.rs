@@ -207,6 +207,21 @@ pub async fn run(
             reason: "the file makes warm pools or holds no Job".into(),
         });
     }
+    // A CLI starts runner's private containerd when none answers; a server does that only at
+    // its own start. Nothing was registered yet: the CLI can still do it all itself.
+    if sub.plans.iter().any(|p| p.bound.backend == Backend::Containerd)
+        && let Err(e) = ctx.containerd().await
+    {
+        return send(Reply::Declined {
+            reason: format!("the server has no containerd ({e})"),
+        });
+    }
+    // A server that is stopping (or a CLI already gone) starts nothing more.
+    if cancel.is_cancelled() {
+        return send(Reply::Declined {
+            reason: "the server is stopping".into(),
+        });
+    }
     sub.replace = replace;
     sub.output_limit = output_limit;
     send(Reply::Accepted {

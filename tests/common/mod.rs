@@ -219,10 +219,13 @@ pub struct Served {
 
 impl Drop for Served {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
+        // A server the test already reaped is not signalled: its PID may be another's by now.
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
         let _ = self.child.wait();
     }
 }
