@@ -566,15 +566,22 @@ fn kill_cgroup(cgroup: &str) {
 }
 
 /// Now by the clock the kernel stamps files' times with (`CLOCK_REALTIME_COARSE`, one tick
-/// behind at most): a file changed after it, by its ctime, was changed after this call.
+/// behind at most), plus one tick: a file changed after it, by its ctime, was changed after
+/// this call. The tick is there because a file may be stamped finer than that clock (Linux
+/// 6.13's multigrain timestamps use the fine clock for a ctime that was just read): a file
+/// written just before the watch began was seen stamped past its coarse start (a flaky unit
+/// test). A command's own writes to its limit come far later than a tick after its start.
 fn coarse_now() -> std::time::SystemTime {
     let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec through the pointer, which points at `now`.
     if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut now) } != 0 {
-        return std::time::SystemTime::now();
+        return std::time::SystemTime::now() + STAMP_TICK;
     }
-    std::time::UNIX_EPOCH + Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+    std::time::UNIX_EPOCH + Duration::new(now.tv_sec as u64, now.tv_nsec as u32) + STAMP_TICK
 }
+
+/// The coarse clock's tick at its longest (HZ=100).
+const STAMP_TICK: Duration = Duration::from_millis(10);
 
 /// Sandboxes evicted, by reason (Prometheus counter).
 pub const EVICTIONS: &str = "runner_evictions_total";
