@@ -7,6 +7,7 @@
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -47,7 +48,11 @@ pub(crate) struct Handoff {
 /// whose lock is free is stale (its server is gone), whatever a connect to it would say.
 /// `stop` ends the accepting and stops every handed-over apply's jobs (they still end with
 /// their results, sent to their CLIs).
-pub(crate) fn listen(ctx: &Context, stop: CancellationToken) -> std::io::Result<Option<Handoff>> {
+pub(crate) fn listen(
+    ctx: &Context,
+    stop: CancellationToken,
+    handed: Arc<AtomicBool>,
+) -> std::io::Result<Option<Handoff>> {
     let path = ctx.config.handoff_socket();
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -78,7 +83,7 @@ pub(crate) fn listen(ctx: &Context, stop: CancellationToken) -> std::io::Result<
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     let inode = std::fs::metadata(&path)?.ino();
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT as usize));
-    let accept = tokio::spawn(accept_loop(listener, ctx.clone(), stop, slots.clone()));
+    let accept = tokio::spawn(accept_loop(listener, ctx.clone(), stop, slots.clone(), handed));
     Ok(Some(Handoff {
         path,
         inode,
@@ -109,7 +114,13 @@ fn remove_if_ours(path: &Path, inode: u64) {
     }
 }
 
-async fn accept_loop(listener: UnixListener, ctx: Context, stop: CancellationToken, slots: Arc<Semaphore>) {
+async fn accept_loop(
+    listener: UnixListener,
+    ctx: Context,
+    stop: CancellationToken,
+    slots: Arc<Semaphore>,
+    handed: Arc<AtomicBool>,
+) {
     let me = nix::unistd::geteuid().as_raw();
     loop {
         let stream = tokio::select! {
@@ -151,9 +162,9 @@ async fn accept_loop(listener: UnixListener, ctx: Context, stop: CancellationTok
             });
             continue;
         };
-        let (ctx, stop) = (ctx.clone(), stop.clone());
+        let (ctx, stop, handed) = (ctx.clone(), stop.clone(), handed.clone());
         tokio::spawn(async move {
-            serve_one(&ctx, stream, &stop).await;
+            serve_one(&ctx, stream, &stop, &handed).await;
             drop(slot);
         });
     }
@@ -206,7 +217,7 @@ async fn read_request(reader: &mut BufReader<tokio::net::unix::OwnedReadHalf>) -
     Ok((request, text))
 }
 
-async fn serve_one(ctx: &Context, stream: UnixStream, stop: &CancellationToken) {
+async fn serve_one(ctx: &Context, stream: UnixStream, stop: &CancellationToken, handed: &AtomicBool) {
     let cancel = stop.child_token();
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
@@ -244,6 +255,9 @@ async fn serve_one(ctx: &Context, stream: UnixStream, stop: &CancellationToken) 
             cancel.cancel();
         })
     };
+    // Unbounded by count, bounded by what it carries: the file's jobs (a 4 MiB manifest) and
+    // for each its result, whose output the job's own limit caps as the server holds it anyway.
+    // A bounded one could not be fed from the jobs' synchronous callback.
     let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
     let mut writer = tokio::spawn(async move {
         while let Some(reply) = rx.recv().await {
@@ -255,6 +269,9 @@ async fn serve_one(ctx: &Context, stream: UnixStream, stop: &CancellationToken) 
         }
     });
     handoff::run(ctx, request, text, cancel, |reply| {
+        if matches!(reply, Reply::Accepted { .. }) {
+            handed.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         // Fails only once the writer ended, that is once the CLI went away.
         let _ = tx.send(reply);
     })

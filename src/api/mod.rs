@@ -551,8 +551,11 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
             }
         })
     };
+    // Set when a handed-over apply is accepted: the reconciliation those applies skip is done
+    // on the next housekeeping tick, and only then (it lists everything in containerd).
+    let handed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let housekeeping = {
-        let state = state.clone();
+        let (state, handed) = (state.clone(), handed.clone());
         let every = (serve.session_ttl / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
         tokio::spawn(async move {
             loop {
@@ -566,7 +569,7 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
                 }
                 // What dead runner processes left (a CLI apply reconciles at its start; the
                 // applies handed to this server do not, so it is done here for them).
-                if state.ctx.containerd().await.is_ok() {
+                if handed.swap(false, std::sync::atomic::Ordering::Relaxed) && state.ctx.containerd().await.is_ok() {
                     crate::service::reconcile::reconcile(&state.ctx).await;
                 }
                 // Jobs whose supervisor died get a new one here, explicitly: reads never adopt.
@@ -600,7 +603,7 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
     }
     // Foreground applies of this state dir's CLI run here (`service::handoff`); a server that
     // cannot take them still serves HTTP, and the CLI runs its jobs itself.
-    let handoff = match handoff::listen(&ctx, stop.clone()) {
+    let handoff = match handoff::listen(&ctx, stop.clone(), handed) {
         Ok(handoff) => handoff,
         Err(e) => {
             tracing::warn!(socket = %ctx.config.handoff_socket().display(), error = %e, "the CLI's applies will run in their own processes");

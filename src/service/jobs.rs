@@ -390,8 +390,9 @@ pub async fn run_foreground(
 pub(crate) enum Reconcile {
     /// A CLI's own run: nothing else of this state dir may be running to do it.
     Now,
-    /// Inside `runner serve`, which reconciles at start-up and again on its housekeeping
-    /// timer: once per handed-over apply would be 20 listings of containerd for a burst of 20.
+    /// Inside `runner serve`, which reconciles at start-up and on the housekeeping tick after
+    /// it took applies: once per handed-over apply would be 20 listings of containerd for a
+    /// burst of 20.
     Left,
 }
 
