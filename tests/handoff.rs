@@ -226,26 +226,29 @@ fn reason_of(state: &Path, job: &str) -> serde_json::Value {
     json_of(&runner_ctd(&["get", "job", job, "-o", "json"], state))["status"]["reason"].clone()
 }
 
-#[test]
-#[ignore = "needs a private containerd: run scripts/test.sh"]
-fn ctrl_c_or_a_killed_cli_stops_the_handed_jobs() {
-    use nix::sys::signal::Signal;
-    let s = Setup::new();
+/// Apply a `sleeper` job NAME (`sleep SECONDS`), and once it runs send the CLI `signal`.
+fn signal_a_running_apply(s: &Setup, name: &str, seconds: u32, signal: nix::sys::signal::Signal) -> Output {
     let dir = s.dir.path();
-    // Ctrl-C: the jobs stop, their results are printed, the exit code is 130.
-    let file = write_manifest(dir, "int.yaml", &sleeper("ho-int", 9617));
+    let file = write_manifest(dir, &format!("{name}.yaml"), &sleeper(name, seconds));
     let child = s
         .apply_command(dir, &["-f", file.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    assert!(eventually(Duration::from_secs(20), || !processes_matching(
-        "sleep 9617"
-    )
-    .is_empty()));
-    kill(child.id() as i32, Signal::SIGINT);
-    let out = child.wait_with_output().unwrap();
+    let needle = format!("sleep {seconds}");
+    assert!(eventually(Duration::from_secs(20), || !processes_matching(&needle).is_empty()));
+    kill(child.id() as i32, signal);
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn ctrl_c_or_a_killed_cli_stops_the_handed_jobs() {
+    use nix::sys::signal::Signal;
+    let s = Setup::new();
+    // Ctrl-C: the jobs stop, their results are printed, the exit code is 130.
+    let out = signal_a_running_apply(&s, "ho-int", 9617, Signal::SIGINT);
     let stderr = text(&out.stderr);
     assert!(stderr.contains(TAKEN), "{stderr}");
     assert_eq!(out.status.code(), Some(130), "{stderr}");
@@ -255,36 +258,12 @@ fn ctrl_c_or_a_killed_cli_stops_the_handed_jobs() {
     assert_eq!(containers_of("ho-int"), 0);
 
     // SIGTERM: 143.
-    let file = write_manifest(dir, "term.yaml", &sleeper("ho-term", 9627));
-    let child = s
-        .apply_command(dir, &["-f", file.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(eventually(Duration::from_secs(20), || !processes_matching(
-        "sleep 9627"
-    )
-    .is_empty()));
-    kill(child.id() as i32, Signal::SIGTERM);
-    let out = child.wait_with_output().unwrap();
+    let out = signal_a_running_apply(&s, "ho-term", 9627, Signal::SIGTERM);
     assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
     assert_eq!(reason_of(&s.state, "ho-term"), "Interrupted");
 
     // A CLI killed outright: its connection closes, and the server stops and records the job.
-    let file = write_manifest(dir, "kill.yaml", &sleeper("ho-kill", 9637));
-    let mut child = s
-        .apply_command(dir, &["-f", file.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(eventually(Duration::from_secs(20), || !processes_matching(
-        "sleep 9637"
-    )
-    .is_empty()));
-    kill(child.id() as i32, Signal::SIGKILL);
-    let _ = child.wait();
+    signal_a_running_apply(&s, "ho-kill", 9637, Signal::SIGKILL);
     assert!(
         eventually(Duration::from_secs(20), || processes_matching("sleep 9637").is_empty()),
         "the server left the killed CLI's job running"
