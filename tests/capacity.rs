@@ -407,7 +407,13 @@ fn a_create_refused_at_the_open_files_wall_answers_503_and_leaves_nothing_behind
     };
     let (code, answer) = refused;
     let message = answer["error"].as_str().unwrap_or_default().to_string();
-    assert_eq!(code, 503, "after {} sessions: {answer}", live.len());
+    assert_eq!(
+        code,
+        503,
+        "after {} sessions: {answer}\nserver's stderr:\n{}",
+        live.len(),
+        std::fs::read_to_string(&s.stderr).unwrap()
+    );
     assert!(!live.is_empty(), "not one session under {LIMIT} files: {message}");
     assert!(
         message.contains(&format!("limit of {LIMIT} (hard limit {LIMIT})")),
@@ -444,7 +450,12 @@ fn a_create_refused_at_the_open_files_wall_answers_503_and_leaves_nothing_behind
         match code {
             201 => live.push(answer["id"].as_str().unwrap().to_string()),
             _ => {
-                assert_eq!(code, 503, "attempt {attempt} at the wall: {answer}");
+                assert_eq!(
+                    code,
+                    503,
+                    "attempt {attempt} at the wall: {answer}\nserver's stderr:\n{}",
+                    std::fs::read_to_string(&s.stderr).unwrap()
+                );
                 refusals += 1;
             }
         }

@@ -74,8 +74,12 @@ pub async fn reconcile(ctx: &Context) {
     }
 }
 
-/// The state dir's reconciliation lock, when no other process holds it (never waits).
+/// The state dir's reconciliation lock, when no other process holds it (never waits). A
+/// server's first start finds no state dir yet (its store is made later, beside this task):
+/// the dir is made here, or that start would skip reconciling what an earlier state dir of
+/// the same path left in containerd.
 fn reconcile_turn(state_dir: &std::path::Path) -> std::io::Result<Option<nix::fcntl::Flock<std::fs::File>>> {
+    std::fs::create_dir_all(state_dir)?;
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)

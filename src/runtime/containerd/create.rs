@@ -434,7 +434,12 @@ impl Engine {
         let attached = attaching
             .await
             .map_err(|e| RuntimeError::Internal(format!("the network setup task: {e}")))
-            .and_then(|a| a.map_err(|e| RuntimeError::Internal(format!("attaching to the bridge network: {e}"))));
+            .and_then(|a| {
+                a.map_err(|e| RuntimeError::Io {
+                    what: "attaching to the bridge network".into(),
+                    source: std::io::Error::other(e),
+                })
+            });
         let (mut made, attached) = (made?, attached?);
         tracing::debug!(ms = t1.elapsed().as_secs_f64() * 1e3, ip = %attached.ip, "attached to the bridge network");
         let status = crate::runtime::NetworkStatus {
@@ -857,11 +862,20 @@ impl Created {
 }
 
 /// A workspace bind that could not be given its view: refused when the workspace no longer
-/// holds what the job names (the sandbox's doing), else the host's failure.
+/// holds what the job names (the sandbox's doing), else the host's failure — with its
+/// `io::Error` kept as the source, so an `EMFILE` on the way answers 503 with the limit, not
+/// 500 (the CI run of 643f202 failed on an `open_tree` at the wall flattened to a string).
 pub(super) fn view_error(e: remap::ViewError) -> RuntimeError {
     match e {
         remap::ViewError::Resolve(ref c) if c.is_client_error() => RuntimeError::Refused(e.to_string()),
-        e => RuntimeError::Internal(e.to_string()),
+        remap::ViewError::Resolve(c) => RuntimeError::Io {
+            what: "mount source in the workspace".into(),
+            source: std::io::Error::other(c),
+        },
+        remap::ViewError::Mount { what, source } => RuntimeError::Io {
+            what: format!("mounting {what}"),
+            source,
+        },
     }
 }
 
@@ -889,6 +903,35 @@ fn join_namespaces(spec: &mut oci_spec::runtime::Spec, pinned: &crate::net::Pinn
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A workspace view that fails for want of a descriptor (its `open_tree`, or opening
+    /// the workspace to resolve beneath it) is the host's capacity: 503 with the limit, as
+    /// every other `EMFILE` on the create path; a source the sandbox moved away is refused.
+    #[test]
+    fn a_view_refused_at_the_open_files_wall_keeps_its_errno() {
+        use crate::service::ServiceError;
+        let emfile = || std::io::Error::from_raw_os_error(libc::EMFILE);
+        let mount = view_error(remap::ViewError::Mount {
+            what: "workspace path ".into(),
+            source: emfile(),
+        });
+        let resolve = view_error(remap::ViewError::Resolve(crate::confined::ConfinedError::Io {
+            op: "open",
+            path: "/w".into(),
+            source: emfile(),
+        }));
+        for e in [mount, resolve] {
+            let text = e.to_string();
+            assert!(
+                matches!(ServiceError::from(e), ServiceError::Unavailable { .. }),
+                "{text}"
+            );
+        }
+        let moved = view_error(remap::ViewError::Resolve(crate::confined::ConfinedError::NotFound {
+            path: "a".into(),
+        }));
+        assert!(matches!(moved, RuntimeError::Refused(_)), "{moved}");
+    }
 
     /// A container's run and rootfs directories are removed and its range given back by a
     /// thread with no descriptor left (the cleanup of a create refused at the open-files
