@@ -909,7 +909,6 @@ mod tests {
     /// every other `EMFILE` on the create path; a source the sandbox moved away is refused.
     #[test]
     fn a_view_refused_at_the_open_files_wall_keeps_its_errno() {
-        use crate::service::ServiceError;
         let emfile = || std::io::Error::from_raw_os_error(libc::EMFILE);
         let mount = view_error(remap::ViewError::Mount {
             what: "workspace path ".into(),
@@ -920,11 +919,12 @@ mod tests {
             path: "/w".into(),
             source: emfile(),
         }));
+        // What the service looks for to answer 503 (`ServiceError::internal`).
         for e in [mount, resolve] {
-            let text = e.to_string();
-            assert!(
-                matches!(ServiceError::from(e), ServiceError::Unavailable { .. }),
-                "{text}"
+            assert_eq!(
+                crate::runtime::janitor::out_of_files(&e),
+                Some(nix::errno::Errno::EMFILE),
+                "{e}"
             );
         }
         let moved = view_error(remap::ViewError::Resolve(crate::confined::ConfinedError::NotFound {
