@@ -217,6 +217,69 @@ fn the_servers_threads_do_not_grow_with_the_sessions_it_served() {
     }
 }
 
+/// The files the server holds open for each live session are what bound the sessions one
+/// server keeps (its hard open-files limit over this count): a session without setup holds
+/// three — the agent's control FIFO and its resident shell's two FIFOs — and its init's
+/// output goes to /dev/null; a session with setup keeps its init's two output FIFOs too
+/// (their reader is what its setup's result is read from, and a process its setup started
+/// in the background may still write there: closing them could kill it with SIGPIPE). Six
+/// each, before: the agent directory was held
+/// open as well, and every init's output drained into nothing.
+#[test]
+#[ignore = "needs the containerd of scripts/test.sh"]
+fn a_live_session_holds_three_of_the_servers_open_files() {
+    let s = server(hard_nofile(), hard_nofile(), &[]);
+    let state = std::fs::canonicalize(s._dir.path()).unwrap().join("state");
+    // The server's open files under `run/<session's container>/`, by session id prefix.
+    let held = |id: &str| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", s.child.id()))
+            .unwrap()
+            .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+            .filter_map(|target| {
+                let rel = target.strip_prefix(state.join("run")).ok()?.to_path_buf();
+                let mut parts = rel.components();
+                let container = parts.next()?.as_os_str().to_string_lossy().to_string();
+                container
+                    .starts_with(&format!("{id}-"))
+                    .then(|| parts.as_path().display().to_string())
+            })
+            .collect();
+        names.sort();
+        names
+    };
+    let create = |body: &str| -> String {
+        let (code, answer) = s.call("POST", "/v1/sessions", Some(body));
+        assert_eq!(code, 201, "{answer}");
+        answer["id"].as_str().unwrap().to_string()
+    };
+    let shell = |id: &str| {
+        let (code, answer) = s.call(
+            "POST",
+            &format!("/v1/sessions/{id}/shell"),
+            Some(r#"{"command": "cd /tmp && pwd"}"#),
+        );
+        assert_eq!(code, 200, "{answer}");
+        assert_eq!(answer["output"], "/tmp\n", "{answer}");
+    };
+    let plain = create(r#"{"environment": {"image": "local/busybox:1.35", "network": "none"}}"#);
+    let with_setup = create(
+        r#"{"environment": {"image": "local/busybox:1.35", "network": "none",
+            "setup": {"commands": ["echo set up; echo to stderr >&2"]}}}"#,
+    );
+    for id in [&plain, &with_setup] {
+        shell(id);
+    }
+    let shells = ["agent/ctl", "agent/sh-default.in", "agent/sh-default.st"];
+    assert_eq!(held(&plain), shells, "a session without setup");
+    let mut with_init: Vec<&str> = shells.to_vec();
+    with_init.extend(["init-stderr", "init-stdout"]);
+    assert_eq!(held(&with_setup), with_init, "a session with setup");
+    for id in [plain, with_setup] {
+        assert_eq!(s.call("DELETE", &format!("/v1/sessions/{id}"), None).0, 204);
+        assert_eq!(held(&id), Vec::<String>::new(), "{id} deleted");
+    }
+}
+
 /// What a server with state dir `state` holds on the host and in containerd, beyond its
 /// image: run directories, user-namespace range leases, rootfs directories (under its own
 /// `rootfs`), scratch workspaces, and in containerd its containers, active snapshots and

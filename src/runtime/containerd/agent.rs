@@ -92,10 +92,13 @@ pub fn command_script(_name: &str, argv: &[String], env: &[(String, String)], cw
     script
 }
 
-/// The host side of one container's agent.
+/// The host side of one container's agent. It holds the control FIFO only: the directory is
+/// opened for each use (`open_dir`), not held, since the server's open files are what bound
+/// its live sessions (docs/guide/capacity.md). Opening it by path again is as safe as
+/// holding it: the path is the host's run directory, which the sandbox never sees, and the
+/// sandbox cannot move the directory itself (a mount point in its view).
 pub struct Agent {
     dir: PathBuf,
-    dir_fd: OwnedFd,
     ctl: File,
     uid: u32,
     gid: u32,
@@ -176,13 +179,7 @@ impl Agent {
         std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(ioe("chown of the agent directory"))?;
         std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .map_err(ioe("chmod of the agent directory"))?;
-        let dir_fd = openat(
-            nix::fcntl::AT_FDCWD,
-            dir,
-            OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
-            Mode::empty(),
-        )
-        .map_err(io("opening the agent directory"))?;
+        let dir_fd = open_dir(dir)?;
         create_fifo(&dir_fd, "ctl", uid, gid)?;
         // Read-write: never blocks, and keeps the FIFO usable before the agent opens it.
         let ctl = openat(
@@ -194,7 +191,6 @@ impl Agent {
         .map_err(io("opening the agent control FIFO"))?;
         Ok(Agent {
             dir: dir.to_path_buf(),
-            dir_fd,
             ctl: File::from(ctl),
             uid,
             gid,
@@ -205,20 +201,13 @@ impl Agent {
     /// and control FIFO `create` made, checked to be what they were (a directory we own, a
     /// FIFO) and opened the same way.
     pub fn open(dir: &Path, uid: u32, gid: u32) -> Result<Self, RuntimeError> {
-        let dir_fd = openat(
-            nix::fcntl::AT_FDCWD,
-            dir,
-            OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
-            Mode::empty(),
-        )
-        .map_err(io("opening the agent directory"))?;
+        let dir_fd = open_dir(dir)?;
         let ctl = open_fifo_fd(&dir_fd, "ctl", OFlag::O_RDWR)?;
         // Blocking writes, as `create` opens it: a request line is never dropped.
         nix::fcntl::fcntl(&ctl, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_RDWR))
             .map_err(io("opening the agent control FIFO"))?;
         Ok(Agent {
             dir: dir.to_path_buf(),
-            dir_fd,
             ctl: File::from(ctl),
             uid,
             gid,
@@ -229,13 +218,18 @@ impl Agent {
         &self.dir
     }
 
+    fn open_dir(&self) -> Result<OwnedFd, RuntimeError> {
+        open_dir(&self.dir)
+    }
+
     /// Prepare request `n` and send it.
     pub fn send(&self, n: u64, script: &str, stdin: Option<&[u8]>) -> Result<Request, RuntimeError> {
         let name = request_name(n);
-        nix::sys::stat::mkdirat(&self.dir_fd, name.as_str(), Mode::from_bits_truncate(0o700))
+        let top = self.open_dir()?;
+        nix::sys::stat::mkdirat(&top, name.as_str(), Mode::from_bits_truncate(0o700))
             .map_err(io("creating an agent request"))?;
         let dir_fd = openat(
-            &self.dir_fd,
+            &top,
             name.as_str(),
             OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
             Mode::empty(),
@@ -277,7 +271,11 @@ impl Agent {
     /// width, links: see `confined::remove_tree_at`). It may take a while: call it on the
     /// blocking pool, never on an async thread.
     pub fn remove(&self, name: &str) {
-        if let Err(e) = crate::confined::remove_tree_at(self.dir_fd.as_fd(), name.as_bytes()) {
+        let removed = self
+            .open_dir()
+            .map_err(|e| e.to_string())
+            .and_then(|top| crate::confined::remove_tree_at(top.as_fd(), name.as_bytes()).map_err(|e| e.to_string()));
+        if let Err(e) = removed {
             tracing::debug!(request = name, error = %e, "removing an agent request (its container's teardown removes the rest)");
         }
     }
@@ -290,8 +288,9 @@ impl Agent {
         // something in it is the sandbox's to remove (emptying it here would be work on an
         // async thread as large as the sandbox makes it).
         use nix::unistd::UnlinkatFlags;
-        if let Err(nix::errno::Errno::EISDIR) = nix::unistd::unlinkat(&self.dir_fd, name, UnlinkatFlags::NoRemoveDir) {
-            match nix::unistd::unlinkat(&self.dir_fd, name, UnlinkatFlags::RemoveDir) {
+        let top = self.open_dir()?;
+        if let Err(nix::errno::Errno::EISDIR) = nix::unistd::unlinkat(&top, name, UnlinkatFlags::NoRemoveDir) {
+            match nix::unistd::unlinkat(&top, name, UnlinkatFlags::RemoveDir) {
                 Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
                 Err(e) => {
                     return Err(RuntimeError::Refused(format!(
@@ -300,22 +299,36 @@ impl Agent {
                 }
             }
         }
-        create_fifo(&self.dir_fd, name, self.uid, self.gid)?;
-        open_fifo_fd(&self.dir_fd, name, access(end))
+        create_fifo(&top, name, self.uid, self.gid)?;
+        open_fifo_fd(&top, name, access(end))
     }
 
     /// Open again a FIFO `fifo` made (it may since have been replaced: it is checked again).
     pub fn reopen(&self, name: &str, end: FifoEnd) -> Result<OwnedFd, RuntimeError> {
         check_tool_name(name)?;
-        open_fifo_fd(&self.dir_fd, name, access(end))
+        open_fifo_fd(&self.open_dir()?, name, access(end))
     }
 
     /// Unlink a top-level entry a tool made (never a directory, never through a symlink).
     pub fn unlink(&self, name: &str) {
-        if check_tool_name(name).is_ok() {
-            let _ = nix::unistd::unlinkat(&self.dir_fd, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+        if check_tool_name(name).is_ok()
+            && let Ok(top) = self.open_dir()
+        {
+            let _ = nix::unistd::unlinkat(&top, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
         }
     }
+}
+
+/// The agent directory (never through a symbolic link at its last component; the rest of
+/// the path is the host's).
+fn open_dir(dir: &Path) -> Result<OwnedFd, RuntimeError> {
+    openat(
+        nix::fcntl::AT_FDCWD,
+        dir,
+        OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
+        Mode::empty(),
+    )
+    .map_err(io("opening the agent directory"))
 }
 
 fn access(end: FifoEnd) -> OFlag {

@@ -82,16 +82,27 @@ impl Engine {
     async fn start_live(&self, plan: &RunPlan, created: &mut Created) -> Result<LiveContainer, RuntimeError> {
         let job = plan.job();
         let id = created.id.clone();
-        let fifos = Fifos::create(&self.run_dir.join(&id), "init", false, true)?;
         let expect_marker = spec::runs_setup(job, plan.env());
-        let limit = self.options.output_limit;
-        let mut pumps = OutputPump::start(&fifos, expect_marker, limit)?;
+        // The init's output is read only for its setup's result: without a setup it goes to
+        // /dev/null (containerd's shim gives a process with no stdio paths /dev/null, as it
+        // does a pool member's init), which keeps two FIFOs per live session out of the
+        // server's open files (its limit is what bounds sessions per server: see
+        // docs/guide/capacity.md) and the shim's. What the sandbox writes there was drained
+        // and dropped before; now /dev/null drops it.
+        let (fifos, mut pumps) = if expect_marker {
+            let fifos = Fifos::create(&self.run_dir.join(&id), "init", false, true)?;
+            let pumps = OutputPump::start(&fifos, true, self.options.output_limit)?;
+            (Some(fifos), Some(pumps))
+        } else {
+            (None, None)
+        };
+        let stdio = fifos.as_ref().map(Fifos::stdio).unwrap_or_default();
         let started = Instant::now();
         // Its baseline is measured beside Tasks.Create and is there before the init starts.
         let agent_dir = created.agent.as_ref().map(|a| a.dir().to_path_buf());
         let (storage, baselined) =
             self.watch_storage(plan, &id, &created.cgroup, created.upper.clone(), agent_dir.as_deref());
-        let (init_pid, mounts) = self.create_task(created, &fifos.stdio()).await?;
+        let (init_pid, mounts) = self.create_task(created, &stdio).await?;
         if let Some(ticket) = created.shim_group.take() {
             ticket.established();
         }
@@ -106,7 +117,7 @@ impl Engine {
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "start")], started.elapsed());
         tracing::debug!(ms = started.elapsed().as_secs_f64() * 1e3, "task started");
         let mut setup = None;
-        if expect_marker {
+        if let Some(pumps) = &mut pumps {
             let limit = job.timeout.into_iter().chain(job.active_deadline).min();
             let timeout = async {
                 match limit {
@@ -136,7 +147,9 @@ impl Engine {
                 duration_ms: started.elapsed().as_millis() as u64,
             });
         }
-        pumps.discard_rest();
+        if let Some(pumps) = pumps {
+            pumps.discard_rest();
+        }
         // The agent serves commands only while the init runs: remember when it stops.
         let init_exited = CancellationToken::new();
         {
