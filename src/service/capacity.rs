@@ -35,9 +35,10 @@ pub fn threads_per_session(per_shim: u64) -> u64 {
     }
     SANDBOX_THREADS + GROUPED_SHIM_THREADS.div_ceil(per_shim)
 }
-/// Open files of the server per session: 6 measured (the init's stdout and stderr FIFOs, the
-/// agent directory, its control FIFO, the resident shell's input and status FIFOs), plus one.
-pub const SERVER_FDS_PER_SESSION: u64 = 7;
+/// Open files of the server per session: 3 measured (the agent's control FIFO, the resident
+/// shell's input and status FIFOs; a session with setup keeps its init's stdout and stderr
+/// FIFOs too), plus one (a command in flight holds its own FIFOs while it runs).
+pub const SERVER_FDS_PER_SESSION: u64 = 4;
 /// Open files of containerd per session: 4 measured (its connections to the shim, the
 /// container's stdio FIFOs), plus one.
 pub const CONTAINERD_FDS_PER_SESSION: u64 = 5;
@@ -334,7 +335,7 @@ mod tests {
             ["the server's open-files limit", "containerd's open-files limit"]
         );
         assert!(
-            found[0].message(5000).contains("LimitNOFILE=39096"),
+            found[0].message(5000).contains("LimitNOFILE=24096"),
             "{}",
             found[0].message(5000)
         );
