@@ -27,6 +27,8 @@
 # them); BENCH_DENSITY_SAMPLER_NICE: the sampler's nice while it samples (default -10: a client
 # that waits for a CPU behind the busy loops would add its own wait to the figure; 0 measures
 # what a client at the default priority sees).
+# BENCH_DENSITY_HOLD=FILE: once the N sessions live, the run makes FILE and waits until it is
+# removed (to profile them) before measuring.
 # BENCH_SESSIONS_PER_SHIM=N: the server runs with `--sessions-per-shim N` (sessions of one
 # Environment share a containerd shim, N at most; default 1: a shim each).
 
@@ -393,6 +395,14 @@ try:
           f"containerd threads {count(f'/proc/{cd}/task') if cd else '?'}   "
           f"host mounts {sum(1 for _ in open('/proc/self/mountinfo'))}   "
           f"cgroups (memory) {int(open('/proc/cgroups').read().split('memory')[1].split()[1])}")
+    # BENCH_DENSITY_HOLD=FILE: made now, and the run waits until it is removed: N live
+    # sessions held for profiling (perf, /proc) before anything is measured.
+    hold = os.environ.get("BENCH_DENSITY_HOLD")
+    if hold:
+        open(hold, "w").close()
+        print(f"density    holding {n} sessions until {hold} is removed", file=sys.stderr, flush=True)
+        while os.path.exists(hold):
+            time.sleep(1)
     # --- idle CPU over 30 s ---
     parts = {"server": [serve_pid], "containerd": [cd] if cd else [], "shims": shims, "sandboxes": below}
     a_total, a_idle = cpu_ticks()
