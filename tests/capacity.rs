@@ -220,11 +220,11 @@ fn the_servers_threads_do_not_grow_with_the_sessions_it_served() {
 /// The files the server holds open for each live session are what bound the sessions one
 /// server keeps (its hard open-files limit over this count): a session without setup holds
 /// three — the agent's control FIFO and its resident shell's two FIFOs — and its init's
-/// output goes to /dev/null; a session with setup keeps its init's two output FIFOs too
-/// (their reader is what its setup's result is read from, and a process its setup started
-/// in the background may still write there: closing them could kill it with SIGPIPE). Six
-/// each, before: the agent directory was held
-/// open as well, and every init's output drained into nothing.
+/// stdio is /dev/null; a session with setup keeps its init's two output FIFOs too (their
+/// reader is what its setup's result is read from, and a process its setup started in the
+/// background may still write there: closing them could kill it with SIGPIPE). Six each,
+/// before: the agent directory was held open as well, and every init's output was drained
+/// into nothing.
 #[test]
 #[ignore = "needs the containerd of scripts/test.sh"]
 fn a_live_session_holds_three_of_the_servers_open_files() {

@@ -35,9 +35,10 @@ pub fn threads_per_session(per_shim: u64) -> u64 {
     }
     SANDBOX_THREADS + GROUPED_SHIM_THREADS.div_ceil(per_shim)
 }
-/// Open files of the server per session: 3 measured (the agent's control FIFO, the resident
-/// shell's input and status FIFOs; a session with setup keeps its init's stdout and stderr
-/// FIFOs too), plus one (a command in flight holds its own FIFOs while it runs).
+/// Open files of the server per session: 3 measured for a session without setup (the agent's
+/// control FIFO, the resident shell's input and status FIFOs), plus one. A session with setup,
+/// and a restored or forked one, keeps its init's stdout and stderr FIFOs too (5), and a
+/// command in flight holds four more while it runs: a count for the plainest idle session.
 pub const SERVER_FDS_PER_SESSION: u64 = 4;
 /// Open files of containerd per session: 4 measured (its connections to the shim, the
 /// container's stdio FIFOs), plus one.

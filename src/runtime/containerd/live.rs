@@ -83,12 +83,13 @@ impl Engine {
         let job = plan.job();
         let id = created.id.clone();
         let expect_marker = spec::runs_setup(job, plan.env());
-        // The init's output is read only for its setup's result: without a setup it goes to
-        // /dev/null (containerd's shim gives a process with no stdio paths /dev/null, as it
-        // does a pool member's init), which keeps two FIFOs per live session out of the
-        // server's open files (its limit is what bounds sessions per server: see
-        // docs/guide/capacity.md) and the shim's. What the sandbox writes there was drained
-        // and dropped before; now /dev/null drops it.
+        // The init's output is read only for its setup's result: without a setup its stdio
+        // is /dev/null (containerd's shim gives a process with no stdio paths /dev/null,
+        // opened read-only, so a write there fails with EBADF; a pool member's init has run
+        // so all along). That keeps two FIFOs per live session out of the server's open
+        // files (its limit is what bounds sessions per server: docs/guide/capacity.md) and
+        // the shim's. Only the agent's shell loop writes there, and only its own errors (its
+        // commands have their own stdio); before, the server drained them into nothing.
         let (fifos, mut pumps) = if expect_marker {
             let fifos = Fifos::create(&self.run_dir.join(&id), "init", false, true)?;
             let pumps = OutputPump::start(&fifos, true, self.options.output_limit)?;
