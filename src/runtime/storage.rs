@@ -635,6 +635,17 @@ mod tests {
         assert_eq!(human(10 << 30), "10Gi");
     }
 
+    /// A tree of 20,000 empty files in 20 directories under `root`: its walk takes a while.
+    fn twenty_thousand_files(root: &std::path::Path) {
+        for d in 0..20 {
+            let dir = root.join(format!("d{d}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            for f in 0..1000 {
+                std::fs::File::create(dir.join(format!("f{f}"))).unwrap();
+            }
+        }
+    }
+
     /// The baseline is what was there before the command: a writer stopped by `RLIMIT_FSIZE`
     /// exactly at the limit, whose command then fails, is evicted by the check at its end,
     /// however slow the first walk of a large workspace is. The trees are measured by
@@ -646,14 +657,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let (ws, upper) = (tmp.path().join("ws"), tmp.path().join("upper"));
         std::fs::create_dir(&upper).unwrap();
-        // A large workspace: its walk takes a while.
-        for d in 0..20 {
-            let dir = ws.join(format!("d{d}"));
-            std::fs::create_dir_all(&dir).unwrap();
-            for f in 0..1000 {
-                std::fs::File::create(dir.join(format!("f{f}"))).unwrap();
-            }
-        }
+        // A large workspace.
+        twenty_thousand_files(&ws);
         std::fs::write(ws.join("before"), vec![1u8; 8 << 20]).unwrap();
         let limit = 4 << 20;
         let watch = monitor.watch(limit, None);
@@ -734,13 +739,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let (big, small) = (tmp.path().join("big"), tmp.path().join("small"));
         std::fs::create_dir(&small).unwrap();
-        for d in 0..20 {
-            let dir = big.join(format!("d{d}"));
-            std::fs::create_dir_all(&dir).unwrap();
-            for f in 0..1000 {
-                std::fs::File::create(dir.join(format!("f{f}"))).unwrap();
-            }
-        }
+        twenty_thousand_files(&big);
         let watch = monitor.watch(1 << 30, None);
         watch.add(Tree::WritableLayer, big);
         // Wait until a monitor thread walks it.
