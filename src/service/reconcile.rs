@@ -293,6 +293,21 @@ pub(super) async fn spawn_supervisor(
 mod tests {
     use super::*;
 
+    /// A server's first start finds no state dir: it still takes its turn to reconcile (the
+    /// lock's open failed with ENOENT, and the start-up reconciliation was skipped), and a
+    /// second process of the state dir then does not.
+    #[test]
+    fn the_first_start_of_a_state_dir_reconciles() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("new").join("state");
+        let turn = reconcile_turn(&state).expect("no state dir yet");
+        assert!(turn.is_some());
+        assert!(
+            reconcile_turn(&state).unwrap().is_none(),
+            "a second turn while the first is held"
+        );
+    }
+
     #[test]
     fn one_process_reconciles_a_state_dir_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
