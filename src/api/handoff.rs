@@ -1,7 +1,7 @@
 //! `runner serve`'s hand-off socket: foreground `runner apply`s of this state dir run here
 //! (`service::handoff` has the protocol). The socket is the server user's alone (mode 0600, and
 //! each peer's uid is checked), so a request is the server's own user asking; still, every
-//! read is bounded (a 64 KiB request line, the manifest's size limit, 10 s to send them) and at
+//! read is bounded (a 4 MiB request line, the manifest's size limit, 10 s to send them) and at
 //! most `MAX_IN_FLIGHT` applies are taken at once, so no client can hold the server.
 
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
