@@ -259,15 +259,18 @@ def cpu_ticks():
     return sum(v), v[3] + v[4]
 
 
+def comm_and_ticks(pid):
+    """A process's name and CPU ticks (user + system, every thread), or None once it is gone."""
+    try:
+        head, rest = open(f"/proc/{pid}/stat").read().rsplit(")", 1)
+        f = rest.split()
+        return head.split("(", 1)[1], int(f[11]) + int(f[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def proc_cpu(pids):
-    t = 0
-    for p in pids:
-        try:
-            s = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
-            t += int(s[11]) + int(s[12])
-        except OSError:
-            pass
-    return t
+    return sum(got[1] for got in map(comm_and_ticks, pids) if got)
 
 
 # --- create N sessions, CONCURRENCY at a time, while the host has memory to spare ---
@@ -431,32 +434,30 @@ try:
     api = Api()
     rng = random.Random(36)
 
-    def ours():
-        """CPU ticks of every process of this run: the server, containerd, the shims and every
-        process below them (the busy loops too), and this sampler."""
+    def our_pids():
+        """Every process of this run: the server, containerd, the shims and every process
+        below them (the busy loops too), and this sampler."""
         shims_now, below_now = sandbox_tree()
-        return proc_cpu([serve_pid, os.getpid()] + ([cd] if cd else []) + shims_now + below_now)
+        return [serve_pid, os.getpid()] + ([cd] if cd else []) + shims_now + below_now
+
+    def ours():
+        """CPU ticks of every process of this run (`our_pids`)."""
+        return proc_cpu(our_pids())
 
     def every_process():
         """comm and CPU ticks of every process on the host (kernel threads too)."""
         seen = {}
-        for p in os.listdir("/proc"):
-            if not p.isdigit():
-                continue
-            try:
-                head, rest = open(f"/proc/{p}/stat").read().rsplit(")", 1)
-                f = rest.split()
-                seen[int(p)] = (head.split("(", 1)[1], int(f[11]) + int(f[12]))
-            except (OSError, IndexError, ValueError):
-                pass
+        for p in filter(str.isdigit, os.listdir("/proc")):
+            got = comm_and_ticks(p)
+            if got:
+                seen[int(p)] = got
         return seen
 
     def named_others(before, after, elapsed_ticks):
         """The three processes not of this run that took the most CPU between two
         `every_process` snapshots (a kernel thread such as kdamond counts here), in % of all
         cores: what "other work on the host" was."""
-        shims_now, below_now = sandbox_tree()
-        mine = set([serve_pid, os.getpid()] + ([cd] if cd else []) + shims_now + below_now)
+        mine = set(our_pids())
         took = {}
         for pid, (comm, ticks) in after.items():
             if pid in mine or pid not in before:
