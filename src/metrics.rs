@@ -32,6 +32,10 @@ const HELP: &[(&str, &str)] = &[
         "what this process's first quiet write found: pays (kept on), saves-nothing (turned off), favordynmods (never started)",
     ),
     (
+        "runner_pool_keys_computed_total",
+        "pool keys computed (image resolved, member spec built and hashed) because none was kept for a claim",
+    ),
+    (
         "runner_evictions_total",
         "sandboxes evicted, by reason (ephemeral-storage: over resources.ephemeralStorage)",
     ),

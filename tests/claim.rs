@@ -281,6 +281,81 @@ fn a_retagged_image_is_never_served_by_a_member_of_the_old_one() {
     let _ = runner_ctd(&["image", "rm", &name], &state);
 }
 
+/// Claims that miss the kept pool keys together (a burst on a server that has claimed nothing
+/// yet) compute their key once, the others waiting for it (issue 36, item 2: 256 claims each
+/// resolving the image and hashing the member's spec took a fresh server's burst 0.4 s). The
+/// sessions name their Environment inline, as the README's do: the pool's own key, kept when
+/// it was filled, is then not theirs to reuse, yet its members serve them.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_burst_of_claims_on_a_fresh_server_computes_its_pool_key_once() {
+    const BURST: usize = 12;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    import_images(&state);
+    let envs = dir.path().join("envs");
+    std::fs::create_dir_all(&envs).unwrap();
+    let env =
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: keyed}\nspec:\n  image: local/busybox:1.35\n";
+    std::fs::write(envs.join("keyed.yaml"), env).unwrap();
+    let served = serve_with_args(
+        runner_ctd_command(&[], &state),
+        dir.path(),
+        &["--env-dir", envs.to_str().unwrap(), "--pool", &format!("keyed={BURST}")],
+    );
+    let pools = RemovePools(state.clone(), &["keyed"]);
+    assert!(
+        eventually(Duration::from_secs(180), || {
+            json_of(&runner_ctd(&["pool", "ls", "-o", "json"], &state))[0]["ready"] == BURST
+        }),
+        "the pool was not filled"
+    );
+    let computed = || -> u64 {
+        let (_, text) = served.call("GET", "/metrics", None);
+        let text = text.as_str().unwrap().to_string();
+        text.lines()
+            .find_map(|l| l.strip_prefix("runner_pool_keys_computed_total "))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
+    let before = computed();
+    let go = std::sync::Barrier::new(BURST);
+    let sessions: Vec<serde_json::Value> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..BURST)
+            .map(|_| {
+                s.spawn(|| {
+                    go.wait();
+                    served.call(
+                        "POST",
+                        "/v1/sessions",
+                        Some(r#"{"environment": {"image": "local/busybox:1.35"}}"#),
+                    )
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .map(|(status, v)| {
+                assert_eq!(status, 201, "{v}");
+                v
+            })
+            .collect()
+    });
+    let after = computed();
+    let pooled = sessions.iter().filter(|v| v["pool"].is_string()).count();
+    for v in &sessions {
+        served.call("DELETE", &format!("/v1/sessions/{}", v["id"].as_str().unwrap()), None);
+    }
+    assert_eq!(pooled, BURST, "{sessions:?}");
+    assert_eq!(
+        after - before,
+        1,
+        "keys computed by {BURST} claims at once (before them: {before})"
+    );
+    drop(served);
+    drop(pools);
+}
+
 /// A member that cannot be readied at its claim (here its agent's control FIFO is gone) is
 /// torn down and what claimed it starts cold, as when no member is ready: a session over HTTP
 /// and a one-shot `runner apply` both succeed, neither from the pool.

@@ -16,6 +16,9 @@ use std::sync::{Mutex, OnceLock};
 use super::*;
 use crate::manifest::PullPolicy;
 
+/// The metric counting the keys `compute_for` computed (misses of the cache, or no cache).
+pub const KEYS_COMPUTED: &str = "runner_pool_keys_computed_total";
+
 /// Keys kept before the cache starts over (one per Environment shape and image in use).
 const CACHED_KEYS: usize = 256;
 
@@ -31,6 +34,21 @@ struct Cached {
 fn cache() -> &'static Mutex<HashMap<String, Cached>> {
     static CACHE: OnceLock<Mutex<HashMap<String, Cached>>> = OnceLock::new();
     CACHE.get_or_init(Default::default)
+}
+
+/// One turn per key's inputs for computing it: the claims that miss the cache together (a
+/// burst on a server whose cache is still empty) wait for the first one's key instead of each
+/// computing it. 256 claims at once each resolving the image and building and hashing the
+/// spec took the burst's 2 cores for ~0.4 s before the first member was claimed.
+fn computing(inputs: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+    static TURNS: OnceLock<Mutex<HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>>> = OnceLock::new();
+    let mut turns = TURNS.get_or_init(Default::default).lock().expect("pool key turns");
+    // Bounded as the cache is: a turn dropped while held only lets a later claim compute
+    // beside the one holding it.
+    if turns.len() >= CACHED_KEYS && !turns.contains_key(inputs) {
+        turns.retain(|_, t| std::sync::Arc::strong_count(t) > 1);
+    }
+    turns.entry(inputs.to_string()).or_default().clone()
 }
 
 /// The digest image record `name` targets now (`None`: no such record).
@@ -91,22 +109,42 @@ impl Engine {
             (plan, layout, Some((record, inputs))) => (plan, layout, record, inputs),
             (plan, _, None) => return self.compute_for(&plan, None).await,
         };
-        let cached = cache().lock().expect("pool key cache").get(&inputs).cloned();
-        match cached.filter(|c| c.record == record) {
-            Some(c) => {
-                let read = {
-                    let (client, record) = (self.client.clone(), record.clone());
-                    tokio::spawn(async move { target_of(&client, &record).await })
-                };
-                let check = KeyCheck {
-                    read,
-                    inputs,
-                    target: c.target,
-                };
-                Ok((c.key, layout, c.image, Some(check)))
-            }
-            None => self.compute_for(&plan, Some((record, inputs))).await,
+        if let Some(kept) = self.kept_key(&record, &inputs, &layout) {
+            return Ok(kept);
         }
+        let turn = computing(&inputs);
+        let _turn = turn.lock().await;
+        // Computed by the claim whose turn this one waited for.
+        if let Some(kept) = self.kept_key(&record, &inputs, &layout) {
+            return Ok(kept);
+        }
+        self.compute_for(&plan, Some((record, inputs))).await
+    }
+
+    /// The cache's key for `inputs` when it was computed from image record `record`, with
+    /// the check (its record's target, read from now on) that must confirm it.
+    fn kept_key(
+        &self,
+        record: &str,
+        inputs: &str,
+        layout: &Layout,
+    ) -> Option<(String, Layout, ImageInfo, Option<KeyCheck>)> {
+        let c = cache()
+            .lock()
+            .expect("pool key cache")
+            .get(inputs)
+            .filter(|c| c.record == record)
+            .cloned()?;
+        let read = {
+            let (client, record) = (self.client.clone(), record.to_string());
+            tokio::spawn(async move { target_of(&client, &record).await })
+        };
+        let check = KeyCheck {
+            read,
+            inputs: inputs.to_string(),
+            target: c.target,
+        };
+        Some((c.key, layout.clone(), c.image, Some(check)))
     }
 
     /// `pool_key`, computed (and kept).
@@ -172,6 +210,7 @@ impl Engine {
         )
         .await?;
         let key = self.compute_key(plan, &layout, &image)?;
+        crate::metrics::increment(KEYS_COMPUTED, &[]);
         if let (Some((record, inputs)), Some(target)) = (keep, seen)
             && image.name == record
         {
