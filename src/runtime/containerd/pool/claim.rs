@@ -165,19 +165,22 @@ impl Engine {
         let claimed = self.claim_keyed(plan, kind, &key, layout, image, t0).await;
         let Some(check) = check else { return claimed };
         // A kept key was read beside the claim; nothing of it leaves before the image record
-        // is seen to name what it was computed for. A member carries the check to its
-        // `ready`, which every claimant awaits before anything of its own runs there.
-        if let Ok(Claim::Member(mut member)) = claimed {
-            member.check = Some(check);
-            return Ok(Claim::Member(member));
-        }
+        // is seen to name what it was computed for.
         let t1 = Instant::now();
         let confirmed = check.confirm().await;
         super::super::claim_phase("key checked", t1);
         if let Ok(true) = confirmed {
             return claimed;
         }
-        // The image moved under its name: the image resolved with the key is not this job's.
+        // The image moved under its name: a member of the old key is not this job's.
+        if let Ok(Claim::Member(mut member)) = claimed {
+            // Nothing of ours stays in its namespaces while it goes.
+            let _ = member.ready().await;
+            let _ = self.teardown(&member.id).await;
+            if let Some(hook) = &self.options.on_claim {
+                (hook.0)(&member.pool, crate::runtime::Refill::WhenQuiet);
+            }
+        }
         confirmed?;
         let (key, layout, image, _) = self.pool_key_computed(plan).await?;
         Box::pin(self.claim_keyed(plan, kind, &key, layout, image, t0)).await
@@ -306,7 +309,6 @@ impl Engine {
                     relabel,
                     init,
                     seed: image.workspace.clone(),
-                    check: None,
                 }
             };
             tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, member = member.id, "claimed");

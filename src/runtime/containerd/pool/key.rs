@@ -58,8 +58,7 @@ async fn target_of(client: &crate::containerd::Containerd, name: &str) -> Result
 
 /// A key taken from the cache, not yet checked against the image record: the record's
 /// target is being read beside the claim (one `Images.Get`, sent when the claim began), and
-/// nothing of the claimant runs on what the key found before `confirm` says it still holds
-/// (a claimed member carries it to `Member::ready`; a cold start waits for it in `claim`).
+/// nothing taken from the cache leaves the claim before `confirm` says it still holds.
 pub(super) struct KeyCheck {
     read: tokio::task::JoinHandle<Result<Option<String>, RuntimeError>>,
     inputs: String,

@@ -104,10 +104,6 @@ pub struct Member {
     init: Option<std::os::fd::OwnedFd>,
     /// The workspace its image holds for what it serves (`seed`).
     seed: Option<Box<crate::image::WorkspaceSeed>>,
-    /// The check of a kept pool key this member was claimed by (`KeyCheck`), confirmed in
-    /// `ready`: its `Images.Get` answers beside the member's readying and the late binds
-    /// instead of ahead of them (it held a claim ~1 ms on a quiet host).
-    check: Option<key::KeyCheck>,
 }
 
 /// A claimed member's readying — its agent's FIFOs opened, the places the job has no use for
@@ -139,20 +135,6 @@ impl Member {
                 .map_err(RuntimeError::MemberLost)?;
             super::claim_phase("member ready awaited", t0);
             self.agent = Readying::Ready(agent);
-        }
-        if let Some(check) = self.check.take() {
-            // Before anything of the claimant runs: a member of the image the name named
-            // when the key was kept is not this claim's once the name moved. The claimant
-            // tears it down and starts cold, on the image the name names now.
-            match check.confirm().await {
-                Ok(true) => {}
-                Ok(false) => {
-                    return Err(RuntimeError::MemberLost(
-                        "its image's name names other content since its pool key was kept".into(),
-                    ));
-                }
-                Err(e) => return Err(RuntimeError::MemberLost(format!("confirming its pool key: {e}"))),
-            }
         }
         Ok(())
     }
