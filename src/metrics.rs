@@ -33,7 +33,7 @@ const HELP: &[(&str, &str)] = &[
     ),
     (
         "runner_pool_keys_computed_total",
-        "pool keys computed (image resolved, member spec built and hashed) because none was kept for a claim",
+        "pool keys computed (image resolved, member spec built and hashed): by fills, and by claims that found none kept or found the kept one's image moved",
     ),
     (
         "runner_evictions_total",

@@ -39,12 +39,16 @@ fn cache() -> &'static Mutex<HashMap<String, Cached>> {
 /// One turn per key's inputs for computing it: the claims that miss the cache together (a
 /// burst on a server whose cache is still empty) wait for the first one's key instead of each
 /// computing it. 256 claims at once each resolving the image and building and hashing the
-/// spec took the burst's 2 cores for ~0.4 s before the first member was claimed.
-fn computing(inputs: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
-    static TURNS: OnceLock<Mutex<HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>>> = OnceLock::new();
+/// spec took the burst's 2 cores for ~0.4 s before the first member was claimed. The turn
+/// holds when its last computation ended leaving nothing kept (it failed, or its key could not
+/// be kept): the claims that waited for that one then compute side by side, as they did
+/// before the turns, instead of one after another (a pull timing out N times in a row).
+type Turn = std::sync::Arc<tokio::sync::Mutex<Option<std::time::Instant>>>;
+
+fn computing(inputs: &str) -> Turn {
+    static TURNS: OnceLock<Mutex<HashMap<String, Turn>>> = OnceLock::new();
     let mut turns = TURNS.get_or_init(Default::default).lock().expect("pool key turns");
-    // Bounded as the cache is: a turn dropped while held only lets a later claim compute
-    // beside the one holding it.
+    // Bounded as the cache is: the turns nobody holds or waits for go (a held one stays).
     if turns.len() >= CACHED_KEYS && !turns.contains_key(inputs) {
         turns.retain(|_, t| std::sync::Arc::strong_count(t) > 1);
     }
@@ -112,13 +116,25 @@ impl Engine {
         if let Some(kept) = self.kept_key(&record, &inputs, &layout) {
             return Ok(kept);
         }
+        let waited_from = std::time::Instant::now();
         let turn = computing(&inputs);
-        let _turn = turn.lock().await;
+        let mut left_nothing = turn.lock().await;
         // Computed by the claim whose turn this one waited for.
         if let Some(kept) = self.kept_key(&record, &inputs, &layout) {
             return Ok(kept);
         }
-        self.compute_for(&plan, Some((record, inputs))).await
+        if left_nothing.is_some_and(|ended| ended >= waited_from) {
+            drop(left_nothing);
+            return self.compute_for(&plan, Some((record, inputs))).await;
+        }
+        let computed = self.compute_for(&plan, Some((record.clone(), inputs.clone()))).await;
+        let kept = cache()
+            .lock()
+            .expect("pool key cache")
+            .get(&inputs)
+            .is_some_and(|c| c.record == record);
+        *left_nothing = (!kept).then(std::time::Instant::now);
+        computed
     }
 
     /// The cache's key for `inputs` when it was computed from image record `record`, with
