@@ -151,10 +151,29 @@ impl Plugins {
     }
 }
 
+/// IPv4 forwarding on, as the CNI bridge plugin's `isGateway` (which `link` stands in for)
+/// turns it on: without it the host routes nothing from the bridge onward, and a `network:
+/// bridge` sandbox reaches the host and nothing past it, its egress rules whatever they say (a
+/// fresh Debian host boots with it off). What a sandbox may reach past the host is the wall's
+/// to decide (`inet runner`). Written only when off.
+fn enable_ipv4_forwarding() -> std::io::Result<()> {
+    enable_forwarding_at(Path::new("/proc/sys/net/ipv4/ip_forward"))
+}
+
+/// `enable_ipv4_forwarding` on the sysctl file `path`.
+fn enable_forwarding_at(path: &Path) -> std::io::Result<()> {
+    if std::fs::read_to_string(path)?.trim() == "1" {
+        return Ok(());
+    }
+    tracing::info!("turning IPv4 forwarding on (net.ipv4.ip_forward), as the CNI bridge plugin does");
+    std::fs::write(path, "1")
+}
+
 impl Cni for Plugins {
     fn link(&self, link: &Link<'_>) -> Result<(), NetError> {
         let fail = |what: &str| io_err(format!("{what} ({} on {})", link.host_if, link.bridge));
         super::netlink::ensure_bridge(link.bridge, link.gateway, link.prefix).map_err(fail("making the bridge"))?;
+        enable_ipv4_forwarding().map_err(fail("turning IPv4 forwarding on"))?;
         let netns = std::fs::File::open(link.netns).map_err(fail("opening the network namespace"))?;
         super::netlink::add_veth(link.host_if, link.bridge, IFNAME, &netns).map_err(fail("making the veth pair"))?;
         // Hairpin: a container reaches itself through a published port of its own.
@@ -275,5 +294,26 @@ impl Cni for Fake {
             .expect("fake cni")
             .push(("DELLINK".into(), name.into(), String::new()));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod forwarding_tests {
+    use super::*;
+
+    #[test]
+    fn forwarding_is_turned_on_when_off_and_left_alone_when_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let off = dir.path().join("off");
+        std::fs::write(&off, "0\n").unwrap();
+        enable_forwarding_at(&off).unwrap();
+        assert_eq!(std::fs::read_to_string(&off).unwrap(), "1");
+        // Already on: not written (a write would leave "1" without its newline).
+        let on = dir.path().join("on");
+        std::fs::write(&on, "1\n").unwrap();
+        enable_forwarding_at(&on).unwrap();
+        assert_eq!(std::fs::read_to_string(&on).unwrap(), "1\n");
+        // A host without the file (no IPv4): the link fails with the reason.
+        assert!(enable_forwarding_at(&dir.path().join("missing")).is_err());
     }
 }
