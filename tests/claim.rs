@@ -173,6 +173,29 @@ fn an_adopted_shell_is_a_cold_sessions_shell() {
     );
 }
 
+/// `runner serve` of state dir `state` (images imported), keeping pool `pool[0]` of `size`
+/// members of a busybox Environment of that name from its env dir in `dir`; returned once the
+/// pool is full, with what removes it.
+fn serve_busybox_pool(dir: &Path, state: &Path, pool: &'static [&'static str], size: usize) -> (Served, RemovePools) {
+    import_images(state);
+    let envs = dir.join("envs");
+    std::fs::create_dir_all(&envs).unwrap();
+    let name = pool[0];
+    let env = format!(
+        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {{name: {name}}}\nspec:\n  image: local/busybox:1.35\n"
+    );
+    std::fs::write(envs.join(format!("{name}.yaml")), env).unwrap();
+    let served = serve_with_args(
+        runner_ctd_command(&[], state),
+        dir,
+        &["--env-dir", envs.to_str().unwrap(), "--pool", &format!("{name}={size}")],
+    );
+    let pools = RemovePools(state.to_path_buf(), pool);
+    let full = || json_of(&runner_ctd(&["pool", "ls", "-o", "json"], state))[0]["ready"] == size;
+    assert!(eventually(Duration::from_secs(180), full), "the pool was not filled");
+    (served, pools)
+}
+
 /// Removes a test's pools, the test passed or not (members outlive every runner).
 struct RemovePools(std::path::PathBuf, &'static [&'static str]);
 
@@ -292,24 +315,7 @@ fn a_burst_of_claims_on_a_fresh_server_computes_its_pool_key_once() {
     const BURST: usize = 12;
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    import_images(&state);
-    let envs = dir.path().join("envs");
-    std::fs::create_dir_all(&envs).unwrap();
-    let env =
-        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: keyed}\nspec:\n  image: local/busybox:1.35\n";
-    std::fs::write(envs.join("keyed.yaml"), env).unwrap();
-    let served = serve_with_args(
-        runner_ctd_command(&[], &state),
-        dir.path(),
-        &["--env-dir", envs.to_str().unwrap(), "--pool", &format!("keyed={BURST}")],
-    );
-    let pools = RemovePools(state.clone(), &["keyed"]);
-    assert!(
-        eventually(Duration::from_secs(180), || {
-            json_of(&runner_ctd(&["pool", "ls", "-o", "json"], &state))[0]["ready"] == BURST
-        }),
-        "the pool was not filled"
-    );
+    let (served, pools) = serve_busybox_pool(dir.path(), &state, &["keyed"], BURST);
     let computed = || -> u64 {
         let (_, text) = served.call("GET", "/metrics", None);
         let text = text.as_str().unwrap().to_string();
@@ -364,20 +370,9 @@ fn a_burst_of_claims_on_a_fresh_server_computes_its_pool_key_once() {
 fn a_member_lost_at_its_claim_leaves_its_job_to_a_cold_start() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    import_images(&state);
-    let envs = dir.path().join("envs");
-    std::fs::create_dir_all(&envs).unwrap();
-    let env =
-        "apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: lost}\nspec:\n  image: local/busybox:1.35\n";
-    std::fs::write(envs.join("lost.yaml"), env).unwrap();
-    let served = serve_with_args(
-        runner_ctd_command(&[], &state),
-        dir.path(),
-        &["--env-dir", envs.to_str().unwrap(), "--pool", "lost=2"],
-    );
-    let _pools = RemovePools(state.clone(), &["lost"]);
+    let (served, _pools) = serve_busybox_pool(dir.path(), &state, &["lost"], 2);
     let full = || json_of(&runner_ctd(&["pool", "ls", "-o", "json"], &state))[0]["ready"] == 2;
-    assert!(eventually(Duration::from_secs(120), full), "the pool was not filled");
+    let env = std::fs::read_to_string(dir.path().join("envs").join("lost.yaml")).unwrap();
     // Every member loses its agent's control FIFO (what readying opens first).
     let break_members = || {
         let mut broken = 0;
