@@ -262,6 +262,67 @@ fn terminals_are_checked_and_bounded() {
     again.exit();
 }
 
+/// A refused control message is answered before the output of any input sent after it: a
+/// client that sends a bad resize, then a command, and waits for the command's echo must find
+/// the refusal already read (the Python client's `Terminal.errors` relies on it).
+#[test]
+#[ignore = "needs a private containerd and the Python image: run scripts/test.sh"]
+fn a_refusal_comes_before_the_output_of_later_input() {
+    let s = server();
+    // The host backend: its output is quickest to follow the input, so a misordered refusal
+    // shows there (before the fix this failed within 5-30 rounds; in a container it did not).
+    let (status, v) = s
+        .served
+        .call("POST", "/v1/sessions", Some(r#"{"environment": {"backend": "host"}}"#));
+    assert_eq!(status, 201, "{v}");
+    let sid = v["id"].as_str().unwrap().to_string();
+    for round in 0..200 {
+        // A new terminal each round: the refusal then races the shell's first output too.
+        let mut t = open(&s, &sid, "arg=sh").unwrap();
+        let marker = format!("mark{round}x");
+        // Both in one write, so the server reads them together.
+        let resize = serde_json::json!({"type": "resize", "rows": 0, "cols": 10});
+        t.ws.write(Message::Text(resize.to_string().into())).unwrap();
+        t.ws.write(Message::Binary(format!("echo {marker}\r").into_bytes().into()))
+            .unwrap();
+        t.ws.flush().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut refused = false;
+        let mut seen = String::new();
+        loop {
+            assert!(Instant::now() < deadline, "round {round}: neither came; seen {seen:?}");
+            match t.ws.read() {
+                Ok(Message::Text(m)) => {
+                    let v: serde_json::Value = serde_json::from_str(m.as_str()).unwrap();
+                    assert_eq!(v["type"], "error", "{v}");
+                    assert!(v["message"].as_str().unwrap().contains("rows"), "{v}");
+                    assert!(!refused, "round {round}: two refusals for one message");
+                    refused = true;
+                }
+                Ok(Message::Binary(b)) => {
+                    seen.push_str(&String::from_utf8_lossy(&b));
+                    if let Some(i) = seen.find(&marker) {
+                        assert!(
+                            refused,
+                            "round {round}: the echo of later input came before the refusal"
+                        );
+                        // The echo and the command's own line: both, before the next round.
+                        if seen[i + marker.len()..].contains(&marker) {
+                            break;
+                        }
+                    }
+                }
+                Ok(other) => panic!("round {round}: {other:?}"),
+                Err(tungstenite::Error::Io(e))
+                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e) => panic!("round {round}: {e}"),
+            }
+        }
+    }
+    let (status, _) = s.served.call("DELETE", &format!("/v1/sessions/{sid}"), None);
+    assert_eq!(status, 204);
+}
+
 /// A terminal pair for `runner exec -it`: the master (ours) and the slave (its stdio).
 fn pty(rows: u16, cols: u16) -> nix::pty::OpenptyResult {
     let ws = nix::pty::Winsize {
