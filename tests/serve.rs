@@ -251,6 +251,33 @@ fn exec_and_the_stateful_shell() {
     );
     assert_eq!(events.last().unwrap()["type"], "exit");
     assert_eq!(events.last().unwrap()["exitCode"], 3);
+    // A background process that holds the output open: the stream still ends with the exit
+    // (its later output is discarded, as for a plain exec), and the process lives on, still
+    // read (it neither blocks nor dies of SIGPIPE when it writes).
+    let resp = ureq::post(&format!("{base}/exec/stream"))
+        .set("Authorization", &format!("Bearer {TOKEN}"))
+        .timeout(Duration::from_secs(30))
+        .send_string(
+            r#"{"command": "(sleep 1; while :; do echo later; sleep 0.2; done) & echo $! >/tmp/bg-stream; echo started"}"#,
+        )
+        .unwrap();
+    let body = resp
+        .into_string()
+        .expect("the stream ended within 30 s although a background process holds its output");
+    let events: Vec<serde_json::Value> = body.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(events.last().unwrap()["type"], "exit", "{events:?}");
+    assert_eq!(events.last().unwrap()["exitCode"], 0, "{events:?}");
+    assert!(
+        events.iter().any(|e| e["type"] == "stdout" && e["data"] == "started\n"),
+        "{events:?}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let r = ok_json(
+        "POST",
+        &format!("{base}/exec"),
+        Some(r#"{"command": "kill -0 $(cat /tmp/bg-stream) && echo writer alive && kill $(cat /tmp/bg-stream)"}"#),
+    );
+    assert_eq!(r["stdout"], "writer alive\n", "{r}");
     let (status, _) = call("DELETE", &base, Some(TOKEN), None);
     assert_eq!(status, 204);
     // Deleting the session leaves no container.

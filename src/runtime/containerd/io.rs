@@ -163,12 +163,22 @@ struct Shared {
     discard: bool,
 }
 
-/// A reader task and, when it captures, what it captured; when it forwards, whether it is
-/// waiting for its consumer to take an event.
+/// A forwarding reader's state, shared with `finish`.
+#[derive(Default)]
+struct Forwarding {
+    /// Waiting for its consumer to take an event.
+    sending: AtomicBool,
+    /// Detached (`finish` gave up on the stream's end): it drops its sender at once and
+    /// drains on without sending, so that nothing follows the exit event and the consumer's
+    /// channel closes, while a background process that holds the stream keeps a reader.
+    detached: tokio_util::sync::CancellationToken,
+}
+
+/// A reader task and, when it captures, what it captured; when it forwards, its state.
 type PumpTask = (
     tokio::task::JoinHandle<()>,
     Option<Arc<Mutex<Shared>>>,
-    Option<Arc<AtomicBool>>,
+    Option<Arc<Forwarding>>,
 );
 
 /// Reader tasks for stdout and stderr of one process.
@@ -194,12 +204,7 @@ async fn read_loop(mut rx: pipe::Receiver, mut on_chunk: impl FnMut(&[u8])) {
 
 /// Read one stream and send it on as events, one read at a time: the next read waits until
 /// the consumer took the last event.
-async fn forward_loop(
-    mut rx: pipe::Receiver,
-    is_stdout: bool,
-    tx: mpsc::Sender<RuntimeEvent>,
-    sending: Arc<AtomicBool>,
-) {
+async fn forward_loop(mut rx: pipe::Receiver, is_stdout: bool, tx: mpsc::Sender<RuntimeEvent>, state: Arc<Forwarding>) {
     let event = |data: String| {
         if is_stdout {
             RuntimeEvent::Stdout { data }
@@ -207,10 +212,19 @@ async fn forward_loop(
             RuntimeEvent::Stderr { data }
         }
     };
+    let mut tx = Some(tx);
     let mut decoder = Utf8Chunker::default();
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
-        let n = match rx.read(&mut buf).await {
+        let read = tokio::select! {
+            biased;
+            () = state.detached.cancelled(), if tx.is_some() => {
+                tx = None;
+                continue;
+            }
+            read = rx.read(&mut buf) => read,
+        };
+        let n = match read {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -219,11 +233,15 @@ async fn forward_loop(
                 break;
             }
         };
+        let Some(sender) = tx.as_ref().filter(|_| !state.detached.is_cancelled()) else {
+            // Detached: drained, discarded.
+            continue;
+        };
         let text = decoder.decode(&buf[..n]);
         if !text.is_empty() {
-            sending.store(true, Ordering::Release);
-            let sent = tx.send(event(text)).await;
-            sending.store(false, Ordering::Release);
+            state.sending.store(true, Ordering::Release);
+            let sent = sender.send(event(text)).await;
+            state.sending.store(false, Ordering::Release);
             if sent.is_err() {
                 // Nobody listens any more: dropping the read end tells the writer (EPIPE).
                 return;
@@ -231,8 +249,8 @@ async fn forward_loop(
         }
     }
     let rest = decoder.flush();
-    if !rest.is_empty() {
-        let _ = tx.send(event(rest)).await;
+    if let Some(sender) = tx.filter(|_| !rest.is_empty()) {
+        let _ = sender.send(event(rest)).await;
     }
 }
 
@@ -307,12 +325,11 @@ impl OutputPump {
     pub fn forward(out: pipe::Receiver, err: pipe::Receiver, tx: mpsc::Sender<RuntimeEvent>) -> Self {
         let mut tasks = Vec::new();
         for (rx, is_stdout) in [(out, true), (err, false)] {
-            let tx = tx.clone();
-            let sending = Arc::new(AtomicBool::new(false));
+            let state = Arc::new(Forwarding::default());
             tasks.push((
-                tokio::spawn(forward_loop(rx, is_stdout, tx, sending.clone())),
+                tokio::spawn(forward_loop(rx, is_stdout, tx.clone(), state.clone())),
                 None,
-                Some(sending),
+                Some(state),
             ));
         }
         OutputPump {
@@ -344,6 +361,12 @@ impl OutputPump {
             .unwrap_or(-1)
     }
 
+    /// Whether stdout carried the setup marker (it says setup's status).
+    pub fn setup_marker_seen(&self) -> bool {
+        self.shared(0)
+            .is_some_and(|s| s.lock().expect("pump lock").splitter.marker_seen())
+    }
+
     /// Take the setup output captured so far (stdout, stderr).
     pub fn setup_output(&self) -> (Captured, Captured) {
         let take = |i: usize| {
@@ -373,18 +396,21 @@ impl OutputPump {
     /// a writer to a FIFO without a reader would die of SIGPIPE.
     pub async fn finish(self, limit: Duration, detach: bool) -> (StreamOut, StreamOut) {
         let mut outs = Vec::new();
-        for (mut task, shared, sending) in self.tasks {
+        for (mut task, shared, forwarding) in self.tasks {
             // A forwarder still handing output to a slow consumer is not held by a background
             // process: it is waited for, so that every byte comes before the exit event. It
             // ends when the output does or the consumer goes away.
             let mut ended = tokio::time::timeout(limit, &mut task).await.is_ok();
-            while !ended && sending.as_ref().is_some_and(|s| s.load(Ordering::Acquire)) {
+            while !ended && forwarding.as_ref().is_some_and(|f| f.sending.load(Ordering::Acquire)) {
                 ended = tokio::time::timeout(limit, &mut task).await.is_ok();
             }
             if !ended {
                 if detach {
                     if let Some(s) = &shared {
                         s.lock().expect("pump lock").discard = true;
+                    }
+                    if let Some(f) = &forwarding {
+                        f.detached.cancel();
                     }
                 } else {
                     tracing::warn!("process output still open {limit:?} after exit; a process holds it");
