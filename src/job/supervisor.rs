@@ -282,7 +282,19 @@ pub async fn supervise(
                 None => std::future::pending().await,
             }
         };
+        // Biased, the network notice first: an attempt's task sends it (at its attach) before
+        // its result, and a supervisor busy with the store can find both queued. Picked at
+        // random, the result could come first and, for the last attempt, end the Job with the
+        // notice unread (no `network` in its status, no `Attached` event).
         tokio::select! {
+            biased;
+            Some((index, number, network)) = net_rx.recv() => {
+                if let Some(v) = views.iter_mut().find(|v| v.index == index && v.attempt == number) {
+                    let ports: Vec<String> = network.ports.iter().map(ToString::to_string).collect();
+                    v.network = Some(network.clone());
+                    event(&store, name, "Normal", "Attached", format!("index {index}, attempt {number}: {}{}{}", network.ip, if ports.is_empty() { "" } else { ", ports " }, ports.join(", "))).await;
+                }
+            }
             Some((index, number, attempt)) = rx.recv() => {
                 tokens.remove(&(index, number));
                 let outcome = outcome_of(&attempt);
@@ -317,13 +329,6 @@ pub async fn supervise(
                     }
                 }
                 event(&store, name, "Normal", "AttemptFinished", format!("index {index}, attempt {number}: {:?}", attempt.reason)).await;
-            }
-            Some((index, number, network)) = net_rx.recv() => {
-                if let Some(v) = views.iter_mut().find(|v| v.index == index && v.attempt == number) {
-                    let ports: Vec<String> = network.ports.iter().map(ToString::to_string).collect();
-                    v.network = Some(network.clone());
-                    event(&store, name, "Normal", "Attached", format!("index {index}, attempt {number}: {}{}{}", network.ip, if ports.is_empty() { "" } else { ", ports " }, ports.join(", "))).await;
-                }
             }
             () = sleep => actions = controller::step(&policy, &mut state, Event::Tick, now()),
             () = cancel.cancelled(), if !deleted => {
