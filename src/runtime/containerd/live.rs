@@ -118,6 +118,8 @@ impl Engine {
         crate::metrics::observe(OPERATION_SECONDS, &[("op", "start")], started.elapsed());
         tracing::debug!(ms = started.elapsed().as_secs_f64() * 1e3, "task started");
         let mut setup = None;
+        // The waiter has answered (it must not be awaited again).
+        let mut init_gone = false;
         if let Some(pumps) = &mut pumps {
             let limit = job.timeout.into_iter().chain(job.active_deadline).min();
             let timeout = async {
@@ -132,6 +134,26 @@ impl Engine {
                 r = &mut waiter => Err(Some(join(r)?)),
                 () = timeout => Err(None),
             };
+            let outcome = match outcome {
+                // The streams ended without the marker: the init ended during setup (killed,
+                // out of memory). Its own status, not the marker's absence (-1).
+                Ok(_) if !pumps.setup_marker_seen() => match tokio::time::timeout(DRAIN_LIMIT, &mut waiter).await {
+                    Ok(r) => Err(Some(join(r)?)),
+                    // It still runs (setup closed its stdout): a failed setup all the same.
+                    Err(_) => Ok(-1),
+                },
+                Err(Some(exit)) => {
+                    // The init's exit can beat its output's end (the shim reports the exit
+                    // without waiting for the copy): what setup wrote last, often the error
+                    // that explains it, is read before it is taken.
+                    let _ = tokio::time::timeout(DRAIN_LIMIT, pumps.setup_done()).await;
+                    Err(Some(exit))
+                }
+                other => other,
+            };
+            if matches!(outcome, Err(Some(_))) {
+                init_gone = true;
+            }
             let (out, err) = pumps.setup_output();
             let (exit_code, timed_out) = match outcome {
                 Ok(status) => (Some(status), false),
@@ -153,7 +175,9 @@ impl Engine {
         }
         // The agent serves commands only while the init runs: remember when it stops.
         let init_exited = CancellationToken::new();
-        {
+        if init_gone {
+            init_exited.cancel();
+        } else {
             let token = init_exited.clone();
             tokio::spawn(async move {
                 let _ = waiter.await;
