@@ -571,6 +571,62 @@ async fn metrics_count_requests_by_route_sessions_jobs_and_errors() {
     );
 }
 
+/// A client that is slow to read a stream still gets all of it, the exit last. After the
+/// command exited, its output pump may wait for the client longer than the drain limit (2 s,
+/// meant for pipes an escaped process holds open); the pump was cut there, the pipe's last
+/// bytes lost and the exit sent all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_of_a_stream_gets_all_of_it() {
+    use futures::StreamExt;
+    let api = api();
+    let work = tempfile::tempdir().unwrap();
+    let id = api.session(work.path()).await;
+    // The command writes until its pipe is full (so the pump is waiting for the client: every
+    // channel after the pipe is full too), says how much it wrote, and exits.
+    // (Full for half a second: a pump between two reads leaves it full for a moment.)
+    let fill = "import os, time\nos.set_blocking(1, False)\nn, full = 0, None\nwhile full is None or time.monotonic() - full < 0.5:\n    try:\n        n += os.write(1, b'a' * 65536)\n        full = None\n    except BlockingIOError:\n        full = full or time.monotonic()\n        time.sleep(0.01)\nopen('written', 'w').write(str(n))\n";
+    let request = Request::builder()
+        .method("POST")
+        .uri(format!("/v1/sessions/{id}/exec/stream"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(Body::from(json!({"command": ["python3", "-c", fill]}).to_string()))
+        .unwrap();
+    let response = api.app.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let written = work.path().join("written");
+    for _ in 0..300 {
+        if written.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The client reads nothing for longer than the drain limit after the command's end.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let written: usize = std::fs::read_to_string(&written).unwrap().parse().unwrap();
+    let mut body = response.into_body().into_data_stream();
+    let mut text = Vec::new();
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(60), body.next())
+        .await
+        .expect("the stream stalled")
+    {
+        text.extend_from_slice(&frame.unwrap());
+    }
+    let events: Vec<Value> = String::from_utf8(text)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let stdout: usize = events
+        .iter()
+        .filter(|e| e["type"] == "stdout")
+        .map(|e| e["data"].as_str().unwrap().len())
+        .sum();
+    assert_eq!(stdout, written, "the stream lost output");
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "exit", "{last}");
+    assert_eq!(last["exitCode"], 0, "{last}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_stream_stops_its_command_and_frees_the_session() {
     let api = api();

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -59,14 +60,16 @@ struct State {
 /// Where a process's output goes.
 enum Sink {
     Capture(Capture),
-    Stream(mpsc::Sender<RuntimeEvent>, Utf8Chunker, bool),
+    /// The consumer's channel, the decoder, whether it is stdout, and whether it is waiting
+    /// for the consumer to take an event (then it is not held by an escaped process).
+    Stream(mpsc::Sender<RuntimeEvent>, Utf8Chunker, bool, Arc<AtomicBool>),
 }
 
 impl Sink {
     async fn push(&mut self, data: &[u8]) {
         match self {
             Sink::Capture(c) => c.push(data),
-            Sink::Stream(tx, dec, is_stdout) => {
+            Sink::Stream(tx, dec, is_stdout, sending) => {
                 let text = dec.decode(data);
                 if !text.is_empty() {
                     let ev = if *is_stdout {
@@ -75,16 +78,30 @@ impl Sink {
                         RuntimeEvent::Stderr { data: text }
                     };
                     // A gone receiver is fine: we keep draining so the process never blocks.
+                    sending.store(true, Ordering::Release);
                     let _ = tx.send(ev).await;
+                    sending.store(false, Ordering::Release);
                 }
             }
+        }
+    }
+
+    fn stream(tx: &mpsc::Sender<RuntimeEvent>, is_stdout: bool) -> Self {
+        Sink::Stream(tx.clone(), Utf8Chunker::default(), is_stdout, Arc::default())
+    }
+
+    /// Whether the pump is waiting for its consumer (a stream's; never a capture's).
+    fn sending(&self) -> Option<Arc<AtomicBool>> {
+        match self {
+            Sink::Capture(_) => None,
+            Sink::Stream(.., sending) => Some(sending.clone()),
         }
     }
 
     async fn finish(self) -> Captured {
         match self {
             Sink::Capture(c) => c.finish(),
-            Sink::Stream(tx, mut dec, is_stdout) => {
+            Sink::Stream(tx, mut dec, is_stdout, _) => {
                 let text = dec.flush();
                 if !text.is_empty() {
                     let ev = if is_stdout {
@@ -121,16 +138,25 @@ struct Running {
     tree: Arc<ProcessTree>,
     started: Instant,
     timeout: Option<Duration>,
-    out: tokio::task::JoinHandle<Captured>,
-    err: tokio::task::JoinHandle<Captured>,
+    out: Pumping,
+    err: Pumping,
     wait: tokio::task::JoinHandle<std::io::Result<std::process::ExitStatus>>,
     state: Arc<Mutex<State>>,
     grace: Duration,
 }
 
+/// An output pump's task, and whether it is waiting for its consumer (a stream's).
+type Pumping = (Option<Arc<AtomicBool>>, tokio::task::JoinHandle<Captured>);
+
 /// Wait for an output pump; a pipe still open after the tree died means a process escaped.
-async fn drain(mut task: tokio::task::JoinHandle<Captured>, name: &str) -> Captured {
-    match tokio::time::timeout(DRAIN_LIMIT, &mut task).await {
+/// A pump handing output to a slow consumer is waited for (every byte comes before the exit
+/// event): it ends when the output does or the consumer goes away.
+async fn drain((sending, mut task): Pumping, name: &str) -> Captured {
+    let mut ended = tokio::time::timeout(DRAIN_LIMIT, &mut task).await;
+    while ended.is_err() && sending.as_ref().is_some_and(|s| s.load(Ordering::Acquire)) {
+        ended = tokio::time::timeout(DRAIN_LIMIT, &mut task).await;
+    }
+    match ended {
         Ok(captured) => captured.unwrap_or_default(),
         Err(_) => {
             tracing::warn!("{name} still open after the process tree died; a process escaped its group");
@@ -372,8 +398,8 @@ impl HostRuntime {
             tree,
             started,
             timeout: request.timeout,
-            out: tokio::spawn(pump(stdout, out)),
-            err: tokio::spawn(pump(stderr, err)),
+            out: (out.sending(), tokio::spawn(pump(stdout, out))),
+            err: (err.sending(), tokio::spawn(pump(stderr, err))),
             wait: tokio::spawn(async move { child.wait().await }),
             state: self.state.clone(),
             grace: self.options.kill_grace,
@@ -432,8 +458,8 @@ impl Runtime for HostRuntime {
             timeout,
             ..Default::default()
         };
-        let out = Sink::Stream(tx.clone(), Utf8Chunker::default(), true);
-        let err = Sink::Stream(tx.clone(), Utf8Chunker::default(), false);
+        let out = Sink::stream(&tx, true);
+        let err = Sink::stream(&tx, false);
         let running = self.start(request, out, err)?;
         tokio::spawn(async move {
             let _slot = slot;
