@@ -21,6 +21,8 @@
 #   session create    the whole create, as the server sees it
 #   shell adopted     the session's default shell taken over (its hello answered), or
 #   shell started     started after the claim (no member shell), off the create's path
+#   access: ...      the access log's time of the create and of the shell calls (the first of
+#                     each session and the repeated ones of the last)
 # and the client's view: create, create to the first shell answer.
 # Usage: scripts/claim-phases.sh [N]   (N defaults to 12)
 set -euo pipefail
@@ -65,11 +67,15 @@ for line in sys.stdin:
     m = re.search(r"claim phase phase=\"([^\"]+)\" ms=([0-9.]+)", line)
     if m:
         phases.setdefault(m.group(1), []).append(float(m.group(2)))
+    # The access log: each request as the server saw it, from its head read to its answer.
+    m = re.search(r"request method=POST route=\"/v1/sessions(/\{id\}/shell)?\" status=20[01] ms=([0-9.]+)", line)
+    if m:
+        phases.setdefault("access: shell call" if m.group(1) else "access: create", []).append(float(m.group(2)))
 c = json.loads(os.environ["CLIENT"])
 env = os.environ["ENV_NAME"]
 print("%s: %s of %s sessions from the pool (medians, ms; min..max)" % (env, c["from_pool"], c["sessions"]))
 order = ["manifest", "setup snapshot", "pool key", "member record", "member readied", "key checked", "claim", "bind late", "member\x27s shell", "live from member",
-         "sandbox", "session create", "shell adopted", "shell started"]
+         "sandbox", "session create", "access: create", "shell adopted", "shell started", "access: shell call"]
 for name in order + sorted(set(phases) - set(order)):
     d = phases.get(name)
     if d:

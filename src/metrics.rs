@@ -36,6 +36,10 @@ const HELP: &[(&str, &str)] = &[
         "pool keys computed (image resolved, member spec built and hashed): by fills, and by claims that found none kept or found the kept one's image moved",
     ),
     (
+        "runner_pool_image_reads_total",
+        "image record reads that confirmed a kept pool key, by whether the read was sent ahead when the session's request arrived",
+    ),
+    (
         "runner_evictions_total",
         "sandboxes evicted, by reason (ephemeral-storage: over resources.ephemeralStorage)",
     ),

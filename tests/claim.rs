@@ -293,12 +293,27 @@ fn a_retagged_image_is_never_served_by_a_member_of_the_old_one() {
         served.call("DELETE", &format!("/v1/sessions/{id}"), None);
         r["output"].as_str().unwrap().trim().to_string()
     };
+    let reads_ahead = || -> u64 {
+        let (_, text) = served.call("GET", "/metrics", None);
+        let text = text.as_str().unwrap().to_string();
+        text.lines()
+            .find_map(|l| l.strip_prefix(r#"runner_pool_image_reads_total{ahead="true"} "#))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
     // The first claim computes the key (and keeps it); a member of busybox serves it, and one
     // more stays ready.
     assert_eq!(image_of(Some(true)), "busybox");
     tag("local/python:3.11");
-    // A kept key would name the busybox member still ready.
+    // A kept key would name the busybox member still ready. The record is read when the
+    // request arrives (the server learnt the Environment's image from the first session):
+    // after the re-tag, so the re-tag is seen.
+    let before = reads_ahead();
     assert_eq!(image_of(None), "python");
+    assert_eq!(
+        reads_ahead(),
+        before + 1,
+        "the second claim's image record was not read ahead"
+    );
     drop(served);
     drop(pools);
     let _ = runner_ctd(&["image", "rm", &name], &state);

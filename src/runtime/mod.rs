@@ -415,6 +415,9 @@ pub struct RuntimeOptions {
     /// containerd: live sessions of one Environment share shims, this many per shim
     /// (`runner serve --sessions-per-shim`); `None`: a shim each.
     pub shim_groups: Option<std::sync::Arc<containerd::shim_group::ShimGroups>>,
+    /// containerd: the image record a session's claim will check, read ahead (see
+    /// `containerd::pool::ImageRead`).
+    pub image_read: Option<containerd::pool::ImageRead>,
 }
 
 /// A warm pool as a claim sees it: what its members serve.
@@ -498,6 +501,7 @@ impl Default for RuntimeOptions {
             rootfs_dir: crate::config::DEFAULT_ROOTFS_DIR.into(),
             userns_dir: crate::config::DEFAULT_USERNS_DIR.into(),
             shim_groups: None,
+            image_read: None,
         }
     }
 }

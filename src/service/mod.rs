@@ -325,6 +325,11 @@ impl Context {
         })
     }
 
+    /// The containerd client when it is connected already (never connects).
+    pub fn containerd_if_connected(&self) -> Option<Containerd> {
+        self.client.get().cloned()
+    }
+
     /// The containerd backend with these runtime options.
     pub async fn engine(&self, options: RuntimeOptions) -> Result<Engine, ServiceError> {
         Ok(Engine::new(

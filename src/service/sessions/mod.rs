@@ -459,7 +459,13 @@ pub struct SessionManager {
     idle_ttl: Duration,
     /// What relative paths in a session's mounts and assets resolve against.
     base_dir: PathBuf,
+    /// The image each named Environment had when a session last used it: a hint for reading
+    /// its image record ahead of the claim (`ImageRead`). Bounded; a stale hint costs a read.
+    image_hints: Mutex<HashMap<String, String>>,
 }
+
+/// Named Environments whose image hint is kept (past it the hints start over).
+const IMAGE_HINTS: usize = 256;
 
 impl SessionManager {
     pub fn new(ctx: Context, idle_ttl: Duration) -> Self {
@@ -468,6 +474,7 @@ impl SessionManager {
             sessions: Mutex::new(HashMap::new()),
             idle_ttl,
             base_dir: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
+            image_hints: Mutex::default(),
         }
     }
 
@@ -485,6 +492,13 @@ impl SessionManager {
     ) -> Result<SessionView, ServiceError> {
         let t0 = Instant::now();
         let id = format!("s-{}", crate::owner::unique_tag());
+        let mut options = self.ctx.runtime_options();
+        let image_read = match restoring {
+            None if request.use_pool && options.use_pools && !options.pools.is_empty() => {
+                self.read_image_ahead(&request)
+            }
+            _ => None,
+        };
         let (env_name, env_doc) = request.environment.document()?;
         let scratch = match &request.workspace {
             Some(_) => None,
@@ -577,8 +591,17 @@ impl SessionManager {
             (Backend::Containerd, (uid, gid)) if (uid, gid) != (0, 0) => Some(Owner { uid, gid }),
             _ => None,
         };
-        let mut options = self.ctx.runtime_options();
+        if let (EnvironmentRef::Name(name), Backend::Containerd, Some(image)) =
+            (&request.environment, backend, &plan.env().image)
+        {
+            let mut hints = self.image_hints.lock().expect("image hints");
+            if hints.len() >= IMAGE_HINTS && !hints.contains_key(name) {
+                hints.clear();
+            }
+            hints.insert(name.clone(), image.clone());
+        }
         options.tools = tools();
+        options.image_read = image_read;
         if !request.use_pool {
             options.use_pools = false;
         }
@@ -644,6 +667,34 @@ impl SessionManager {
         self.sessions.lock().expect("sessions lock").insert(id, session);
         shell::claim_phase("session create", t0);
         Ok(view)
+    }
+
+    /// The image record this request's claim will check, read from now on (see `ImageRead`):
+    /// the image an inline Environment names, or the one a named Environment had last time.
+    /// Only with containerd already connected (a hint never connects) and an Environment
+    /// that does not say it runs on the host.
+    fn read_image_ahead(&self, request: &NewSession) -> Option<crate::runtime::containerd::pool::ImageRead> {
+        if request.backend == Some(Backend::Host) {
+            return None;
+        }
+        let of_spec = |spec: Option<&serde_json::Map<String, Value>>| {
+            let spec = spec?;
+            if spec
+                .get("backend")
+                .and_then(Value::as_str)
+                .is_some_and(|b| b != "containerd")
+            {
+                return None;
+            }
+            spec.get("image").and_then(Value::as_str).map(str::to_string)
+        };
+        let image = match &request.environment {
+            EnvironmentRef::Name(name) => self.image_hints.lock().expect("image hints").get(name).cloned(),
+            EnvironmentRef::Spec(spec) => of_spec(Some(spec)),
+            EnvironmentRef::Document(doc) => of_spec(doc.get("spec").and_then(Value::as_object)),
+        }?;
+        let client = self.ctx.containerd_if_connected()?;
+        Some(crate::runtime::containerd::pool::ImageRead::start(&client, &image))
     }
 
     /// Every session, by id.

@@ -19,6 +19,10 @@ use crate::manifest::PullPolicy;
 /// The metric counting the keys `compute_for` computed (misses of the cache, or no cache).
 pub const KEYS_COMPUTED: &str = "runner_pool_keys_computed_total";
 
+/// The metric counting the image record reads that confirm kept keys, by whether the read
+/// was sent ahead, when the request arrived (`ImageRead`).
+pub const IMAGE_READS: &str = "runner_pool_image_reads_total";
+
 /// Keys kept before the cache starts over (one per Environment shape and image in use).
 const CACHED_KEYS: usize = 256;
 
@@ -60,11 +64,55 @@ async fn target_of(client: &crate::containerd::Containerd, name: &str) -> Result
     Ok(client.image_get(name).await?.and_then(|i| i.target).map(|t| t.digest))
 }
 
+/// An image record's target read ahead of a session's claim: sent when the create request
+/// arrived, so that its round trip to containerd (~1 ms, which a claim otherwise waited for
+/// after its own work) runs beside the request's manifest. It was sent after the request
+/// arrived, so it sees every change to the record made before the request: what `confirm`
+/// checks is as fresh as with a read sent at the claim. Taken once, by a claim whose kept key
+/// names the same record; the image named is a hint (a wrong one costs a wasted read).
+#[derive(Clone, Default)]
+pub struct ImageRead(std::sync::Arc<Mutex<Option<(String, TargetRead)>>>);
+
+type TargetRead = tokio::task::JoinHandle<Result<Option<String>, RuntimeError>>;
+
+impl ImageRead {
+    /// Start reading the record image `image` is found under (nothing when it cannot be
+    /// named).
+    pub fn start(client: &crate::containerd::Containerd, image: &str) -> Self {
+        let Ok(record) = crate::image::normalize_name(image) else {
+            return Self::default();
+        };
+        let read = {
+            let (client, record) = (client.clone(), record.clone());
+            tokio::spawn(async move { target_of(&client, &record).await })
+        };
+        ImageRead(std::sync::Arc::new(Mutex::new(Some((record, read)))))
+    }
+
+    /// The read, when it was of `record` and nobody took it yet.
+    fn take_for(&self, record: &str) -> Option<TargetRead> {
+        let mut slot = self.0.lock().expect("image read");
+        match slot.take() {
+            Some((r, read)) if r == record => Some(read),
+            other => {
+                *slot = other;
+                None
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for ImageRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ImageRead")
+    }
+}
+
 /// A key taken from the cache, not yet checked against the image record: the record's
 /// target is being read beside the claim (one `Images.Get`, sent when the claim began), and
 /// nothing taken from the cache leaves the claim before `confirm` says it still holds.
 pub(super) struct KeyCheck {
-    read: tokio::task::JoinHandle<Result<Option<String>, RuntimeError>>,
+    read: TargetRead,
     inputs: String,
     target: String,
 }
@@ -151,10 +199,13 @@ impl Engine {
             .get(inputs)
             .filter(|c| c.record == record)
             .cloned()?;
-        let read = {
+        let ahead = self.options.image_read.as_ref().and_then(|r| r.take_for(record));
+        let label = if ahead.is_some() { "true" } else { "false" };
+        crate::metrics::increment(IMAGE_READS, &[("ahead", label)]);
+        let read = ahead.unwrap_or_else(|| {
             let (client, record) = (self.client.clone(), record.to_string());
             tokio::spawn(async move { target_of(&client, &record).await })
-        };
+        });
         let check = KeyCheck {
             read,
             inputs: inputs.to_string(),

@@ -41,6 +41,7 @@ use crate::spec::{self, RunPlan};
 mod claim;
 pub(super) mod hide;
 mod key;
+pub use key::ImageRead;
 mod run;
 
 /// The pool a member was made for (its name).
