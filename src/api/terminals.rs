@@ -209,6 +209,20 @@ async fn serve(socket: WebSocket, terminal: Arc<Terminal>, lease: Lease) {
                     }
                 };
                 let Some(message) = next else { break };
+                // A chunk read now may hold the output of input written after a reply was
+                // queued: replies waiting go first (the select above prefers them when it is
+                // polled, but a chunk it took may have been read after the reply came).
+                if matches!(message, Message::Binary(_)) {
+                    while let Ok(reply) = reply_rx.try_recv() {
+                        if matches!(reply, Message::Close(_)) {
+                            let _ = sink.close().await;
+                            return;
+                        }
+                        if sink.send(reply).await.is_err() {
+                            return;
+                        }
+                    }
+                }
                 if matches!(message, Message::Close(_)) {
                     // Answers the client's close (a send would be refused after it).
                     let _ = sink.close().await;
