@@ -518,6 +518,7 @@ impl SessionManager {
                 Some(dir)
             }
         };
+        shell::claim_phase("manifest: workspace", t0);
         let workspace = match (&request.workspace, &scratch) {
             (Some(w), _) => w.clone(),
             (None, Some(t)) => t.path().to_string_lossy().into_owned(),
@@ -549,18 +550,22 @@ impl SessionManager {
         let job_set = manifest::parse_str(&format!("{job_doc}\n"), &self.base_dir, None)
             .map_err(|e| request_field(e, "spec.", ""))?;
         set.jobs = job_set.jobs;
+        shell::claim_phase("manifest: parsed", t0);
         let plan = {
             let (ctx, backend) = (self.ctx.clone(), request.backend);
             Context::blocking(move || {
+                shell::claim_phase("manifest: blocking", t0);
                 if let Some(dir) = &ctx.config.env_dir {
                     set.use_env_dir(dir)?;
                 }
+                shell::claim_phase("manifest: env dir", t0);
                 let job = set
                     .jobs
                     .first()
                     .cloned()
                     .ok_or_else(|| ServiceError::internal("a session", "its job document vanished"))?;
                 let bound = set.bind(&job, backend).map_err(|e| request_field(e, "spec.", ""))?;
+                shell::claim_phase("manifest: bound", t0);
                 Ok(spec::resolve(&bound, &ctx.host)?)
             })
             .await?
