@@ -278,6 +278,28 @@ fn exec_and_the_stateful_shell() {
         Some(r#"{"command": "kill -0 $(cat /tmp/bg-stream) && echo writer alive && kill $(cat /tmp/bg-stream)"}"#),
     );
     assert_eq!(r["stdout"], "writer alive\n", "{r}");
+    // One that floods the output without a pause: the stream still ends (the server stops
+    // forwarding a few MiB after the exit instead of following the flood for ever).
+    let resp = ureq::post(&format!("{base}/exec/stream"))
+        .set("Authorization", &format!("Bearer {TOKEN}"))
+        .timeout(Duration::from_secs(60))
+        .send_string(r#"{"command": "yes & echo $! >/tmp/yes-stream; echo started"}"#)
+        .unwrap();
+    let mut body = Vec::new();
+    std::io::Read::read_to_end(&mut resp.into_reader(), &mut body)
+        .expect("the stream ended within 60 s although a background process floods its output");
+    let last = String::from_utf8_lossy(&body)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    assert!(last.contains(r#""type":"exit""#), "{last}");
+    let r = ok_json(
+        "POST",
+        &format!("{base}/exec"),
+        Some(r#"{"command": "kill $(cat /tmp/yes-stream) && echo flood stopped"}"#),
+    );
+    assert_eq!(r["stdout"], "flood stopped\n", "{r}");
     let (status, _) = call("DELETE", &base, Some(TOKEN), None);
     assert_eq!(status, 204);
     // Deleting the session leaves no container.

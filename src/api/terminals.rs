@@ -163,7 +163,8 @@ fn exit_message(exit: PtyExit) -> Message {
 async fn serve(socket: WebSocket, terminal: Arc<Terminal>, lease: Lease) {
     let (mut sink, mut stream) = socket.split();
     let (input_tx, mut input_rx) = mpsc::channel::<Bytes>(INPUT_MESSAGES);
-    // Replies to control messages go out with the output, in order.
+    // Replies to control messages go out with the output: before any output taken after
+    // they were queued (a refusal may so pass output that was waiting to be sent).
     let (reply_tx, mut reply_rx) = mpsc::channel::<Message>(INPUT_MESSAGES);
     let writer = {
         let terminal = terminal.clone();

@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,7 +19,7 @@ use nix::sys::signal::Signal;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use super::output::{Capture, Captured, Utf8Chunker};
+use super::output::{Capture, Captured, PumpProgress, Utf8Chunker, wait_for_pump};
 use super::tree::ProcessTree;
 use super::{ExecRequest, ExecResult, ProcessState, Runtime, RuntimeError, RuntimeEvent, RuntimeOptions, SetupResult};
 use crate::manifest::UserSpec;
@@ -62,14 +61,14 @@ enum Sink {
     Capture(Capture),
     /// The consumer's channel, the decoder, whether it is stdout, and whether it is waiting
     /// for the consumer to take an event (then it is not held by an escaped process).
-    Stream(mpsc::Sender<RuntimeEvent>, Utf8Chunker, bool, Arc<AtomicBool>),
+    Stream(mpsc::Sender<RuntimeEvent>, Utf8Chunker, bool, Arc<PumpProgress>),
 }
 
 impl Sink {
     async fn push(&mut self, data: &[u8]) {
         match self {
             Sink::Capture(c) => c.push(data),
-            Sink::Stream(tx, dec, is_stdout, sending) => {
+            Sink::Stream(tx, dec, is_stdout, progress) => {
                 let text = dec.decode(data);
                 if !text.is_empty() {
                     let ev = if *is_stdout {
@@ -78,9 +77,11 @@ impl Sink {
                         RuntimeEvent::Stderr { data: text }
                     };
                     // A gone receiver is fine: we keep draining so the process never blocks.
-                    sending.store(true, Ordering::Release);
-                    let _ = tx.send(ev).await;
-                    sending.store(false, Ordering::Release);
+                    progress.set_sending(true);
+                    if tx.send(ev).await.is_ok() {
+                        progress.add_forwarded(data.len());
+                    }
+                    progress.set_sending(false);
                 }
             }
         }
@@ -91,10 +92,10 @@ impl Sink {
     }
 
     /// Whether the pump is waiting for its consumer (a stream's; never a capture's).
-    fn sending(&self) -> Option<Arc<AtomicBool>> {
+    fn progress(&self) -> Option<Arc<PumpProgress>> {
         match self {
             Sink::Capture(_) => None,
-            Sink::Stream(.., sending) => Some(sending.clone()),
+            Sink::Stream(.., progress) => Some(progress.clone()),
         }
     }
 
@@ -146,19 +147,15 @@ struct Running {
 }
 
 /// An output pump's task, and whether it is waiting for its consumer (a stream's).
-type Pumping = (Option<Arc<AtomicBool>>, tokio::task::JoinHandle<Captured>);
+type Pumping = (Option<Arc<PumpProgress>>, tokio::task::JoinHandle<Captured>);
 
 /// Wait for an output pump; a pipe still open after the tree died means a process escaped.
 /// A pump handing output to a slow consumer is waited for (every byte comes before the exit
 /// event): it ends when the output does or the consumer goes away.
-async fn drain((sending, mut task): Pumping, name: &str) -> Captured {
-    let mut ended = tokio::time::timeout(DRAIN_LIMIT, &mut task).await;
-    while ended.is_err() && sending.as_ref().is_some_and(|s| s.load(Ordering::Acquire)) {
-        ended = tokio::time::timeout(DRAIN_LIMIT, &mut task).await;
-    }
-    match ended {
-        Ok(captured) => captured.unwrap_or_default(),
-        Err(_) => {
+async fn drain((progress, mut task): Pumping, name: &str) -> Captured {
+    match wait_for_pump(&mut task, DRAIN_LIMIT, progress.as_deref()).await {
+        Some(captured) => captured.unwrap_or_default(),
+        None => {
             tracing::warn!("{name} still open after the process tree died; a process escaped its group");
             task.abort();
             Captured::default()
@@ -398,8 +395,8 @@ impl HostRuntime {
             tree,
             started,
             timeout: request.timeout,
-            out: (out.sending(), tokio::spawn(pump(stdout, out))),
-            err: (err.sending(), tokio::spawn(pump(stderr, err))),
+            out: (out.progress(), tokio::spawn(pump(stdout, out))),
+            err: (err.progress(), tokio::spawn(pump(stderr, err))),
             wait: tokio::spawn(async move { child.wait().await }),
             state: self.state.clone(),
             grace: self.options.kill_grace,

@@ -194,3 +194,67 @@ mod tests {
         assert_eq!(text, "héllo€");
     }
 }
+
+/// How far a pump forwarding a stream to a consumer got, for deciding how long to wait for it
+/// once its process ended (`wait_for_pump`).
+#[derive(Default, Debug)]
+pub struct PumpProgress {
+    /// Waiting for the consumer to take an event.
+    sending: std::sync::atomic::AtomicBool,
+    /// Bytes handed to the consumer.
+    forwarded: std::sync::atomic::AtomicU64,
+}
+
+/// Bytes a pump may still forward after its process ended before the stream counts as held
+/// by something else (a background process flooding it). What the process itself wrote and
+/// the pump has not forwarded yet is at most a pipe and a chunk (the shim's copy adds a
+/// pipe): far less.
+pub const AFTER_EXIT_BYTES: u64 = 4 << 20;
+
+impl PumpProgress {
+    pub fn set_sending(&self, sending: bool) {
+        self.sending.store(sending, std::sync::atomic::Ordering::Release);
+    }
+
+    pub fn add_forwarded(&self, bytes: usize) {
+        self.forwarded
+            .fetch_add(bytes as u64, std::sync::atomic::Ordering::Release);
+    }
+
+    fn forwarded(&self) -> u64 {
+        self.forwarded.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn sending(&self) -> bool {
+        self.sending.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// Wait for an output pump after its process ended: `limit` for its stream to end, and on,
+/// `limit` at a time, while it makes progress for a consumer (it is sending, or it forwarded
+/// more since the last look: a slow client, not a held stream) and has forwarded less than
+/// `AFTER_EXIT_BYTES` since the first limit. `None`: it did not end (a background process
+/// holds the stream, or floods it).
+pub async fn wait_for_pump<T>(
+    task: &mut tokio::task::JoinHandle<T>,
+    limit: std::time::Duration,
+    progress: Option<&PumpProgress>,
+) -> Option<Result<T, tokio::task::JoinError>> {
+    if let Ok(done) = tokio::time::timeout(limit, &mut *task).await {
+        return Some(done);
+    }
+    let progress = progress?;
+    let start = progress.forwarded();
+    let mut seen = start;
+    loop {
+        let now = progress.forwarded();
+        let moving = progress.sending() || now > seen;
+        if !moving || now - start >= AFTER_EXIT_BYTES {
+            return None;
+        }
+        seen = now;
+        if let Ok(done) = tokio::time::timeout(limit, &mut *task).await {
+            return Some(done);
+        }
+    }
+}

@@ -4,7 +4,6 @@
 //! the setup marker, and capped.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -166,8 +165,7 @@ struct Shared {
 /// A forwarding reader's state, shared with `finish`.
 #[derive(Default)]
 struct Forwarding {
-    /// Waiting for its consumer to take an event.
-    sending: AtomicBool,
+    progress: crate::runtime::output::PumpProgress,
     /// Detached (`finish` gave up on the stream's end): it drops its sender at once and
     /// drains on without sending, so that nothing follows the exit event and the consumer's
     /// channel closes, while a background process that holds the stream keeps a reader.
@@ -239,17 +237,29 @@ async fn forward_loop(mut rx: pipe::Receiver, is_stdout: bool, tx: mpsc::Sender<
         };
         let text = decoder.decode(&buf[..n]);
         if !text.is_empty() {
-            state.sending.store(true, Ordering::Release);
-            let sent = sender.send(event(text)).await;
-            state.sending.store(false, Ordering::Release);
+            let len = text.len();
+            state.progress.set_sending(true);
+            // Detached while waiting for the consumer: the chunk is discarded, never sent
+            // after the exit event.
+            let sent = tokio::select! {
+                biased;
+                () = state.detached.cancelled() => {
+                    state.progress.set_sending(false);
+                    tx = None;
+                    continue;
+                }
+                sent = sender.send(event(text)) => sent,
+            };
+            state.progress.set_sending(false);
             if sent.is_err() {
                 // Nobody listens any more: dropping the read end tells the writer (EPIPE).
                 return;
             }
+            state.progress.add_forwarded(len);
         }
     }
     let rest = decoder.flush();
-    if let Some(sender) = tx.filter(|_| !rest.is_empty()) {
+    if let Some(sender) = tx.filter(|_| !rest.is_empty() && !state.detached.is_cancelled()) {
         let _ = sender.send(event(rest)).await;
     }
 }
@@ -398,12 +408,13 @@ impl OutputPump {
         let mut outs = Vec::new();
         for (mut task, shared, forwarding) in self.tasks {
             // A forwarder still handing output to a slow consumer is not held by a background
-            // process: it is waited for, so that every byte comes before the exit event. It
-            // ends when the output does or the consumer goes away.
-            let mut ended = tokio::time::timeout(limit, &mut task).await.is_ok();
-            while !ended && forwarding.as_ref().is_some_and(|f| f.sending.load(Ordering::Acquire)) {
-                ended = tokio::time::timeout(limit, &mut task).await.is_ok();
-            }
+            // process: it is waited for while it makes progress, so that every byte comes
+            // before the exit event (up to `AFTER_EXIT_BYTES`: past that, something else
+            // floods the stream).
+            let progress = forwarding.as_ref().map(|f| &f.progress);
+            let ended = crate::runtime::output::wait_for_pump(&mut task, limit, progress)
+                .await
+                .is_some();
             if !ended {
                 if detach {
                     if let Some(s) = &shared {

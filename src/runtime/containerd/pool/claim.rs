@@ -160,7 +160,11 @@ impl Engine {
             return Ok(Claim::Cold(None, format!("no pool member can run it: {why}")));
         }
         let t0 = Instant::now();
-        let (key, layout, image, check) = self.pool_key_unchecked(plan).await?;
+        let keyed = self.pool_key_unchecked(plan).await;
+        if let Some(read) = &self.options.image_read {
+            read.forget();
+        }
+        let (key, layout, image, check) = keyed?;
         super::super::claim_phase("pool key", t0);
         let claimed = self.claim_keyed(plan, kind, &key, layout, image, t0).await;
         let Some(check) = check else { return claimed };

@@ -89,6 +89,12 @@ impl ImageRead {
         ImageRead(std::sync::Arc::new(Mutex::new(Some((record, read)))))
     }
 
+    /// Drop the read, taken or not: it is fresh only for the claim of the request that sent
+    /// it (a later claim through the same options must read again).
+    pub(super) fn forget(&self) {
+        self.0.lock().expect("image read").take();
+    }
+
     /// The read, when it was of `record` and nobody took it yet.
     fn take_for(&self, record: &str) -> Option<TargetRead> {
         let mut slot = self.0.lock().expect("image read");
@@ -109,7 +115,8 @@ impl std::fmt::Debug for ImageRead {
 }
 
 /// A key taken from the cache, not yet checked against the image record: the record's
-/// target is being read beside the claim (one `Images.Get`, sent when the claim began), and
+/// target is being read beside the claim (one `Images.Get`, sent when the claim began or,
+/// for a session, when its request arrived: `ImageRead`), and
 /// nothing taken from the cache leaves the claim before `confirm` says it still holds.
 pub(super) struct KeyCheck {
     read: TargetRead,
