@@ -3,6 +3,8 @@
 //! the job prints.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 /// Default cap per stream (stdout and stderr each).
 pub const DEFAULT_OUTPUT_LIMIT: usize = crate::config::DEFAULT_OUTPUT_LIMIT;
@@ -133,9 +135,109 @@ impl Utf8Chunker {
     }
 }
 
+/// How far a pump forwarding a stream to a consumer got, for deciding how long to wait for it
+/// once its process ended (`wait_for_pump`).
+#[derive(Default, Debug)]
+pub struct PumpProgress {
+    /// Waiting for the consumer to take an event.
+    sending: AtomicBool,
+    /// Bytes handed to the consumer.
+    forwarded: AtomicU64,
+}
+
+/// Bytes a pump may still forward after its process ended before the stream counts as held
+/// by something else (a background process flooding it). What the process itself wrote and
+/// the pump has not forwarded yet is at most a pipe and a chunk (the shim's copy adds a
+/// pipe): far less.
+pub const AFTER_EXIT_BYTES: u64 = 4 << 20;
+
+impl PumpProgress {
+    pub fn set_sending(&self, sending: bool) {
+        self.sending.store(sending, Ordering::Release);
+    }
+
+    pub fn add_forwarded(&self, bytes: usize) {
+        self.forwarded.fetch_add(bytes as u64, Ordering::Release);
+    }
+
+    fn forwarded(&self) -> u64 {
+        self.forwarded.load(Ordering::Acquire)
+    }
+
+    fn sending(&self) -> bool {
+        self.sending.load(Ordering::Acquire)
+    }
+}
+
+/// Wait for an output pump after its process ended: `limit` for its stream to end, and on,
+/// `limit` at a time, while it makes progress for a consumer (it is sending, or it forwarded
+/// more in the last `limit`: a slow client, not a held stream) and has forwarded less than
+/// `AFTER_EXIT_BYTES` since the exit. `None`: it did not end (a background process holds the
+/// stream, or floods it).
+pub async fn wait_for_pump<T>(
+    task: &mut tokio::task::JoinHandle<T>,
+    limit: Duration,
+    progress: Option<&PumpProgress>,
+) -> Option<Result<T, tokio::task::JoinError>> {
+    // Counted from before the first wait, so that a pump that forwarded during it (a client
+    // reading between two looks at `sending`) counts as moving.
+    let start = progress.map_or(0, PumpProgress::forwarded);
+    let mut seen = start;
+    loop {
+        if let Ok(done) = tokio::time::timeout(limit, &mut *task).await {
+            return Some(done);
+        }
+        let progress = progress?;
+        let now = progress.forwarded();
+        let moving = progress.sending() || now > seen;
+        if !moving || now - start >= AFTER_EXIT_BYTES {
+            return None;
+        }
+        seen = now;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pump that keeps forwarding to a slow consumer, though never caught waiting on it, is
+    /// waited for past the limit; one that forwards nothing (a held stream) is not; a flood
+    /// is cut at `AFTER_EXIT_BYTES`.
+    #[tokio::test]
+    async fn a_pump_is_waited_for_while_it_moves_and_no_further() {
+        let limit = Duration::from_millis(500);
+        let moving = std::sync::Arc::new(PumpProgress::default());
+        let mut task = tokio::spawn({
+            let p = moving.clone();
+            async move {
+                // Three limits long, forwarding ten times in each.
+                for _ in 0..30 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    p.add_forwarded(1000);
+                }
+            }
+        });
+        assert!(wait_for_pump(&mut task, limit, Some(&moving)).await.is_some());
+
+        let held = PumpProgress::default();
+        let mut task = tokio::spawn(std::future::pending::<()>());
+        assert!(wait_for_pump(&mut task, limit, Some(&held)).await.is_none());
+        assert!(wait_for_pump(&mut task, limit, None).await.is_none());
+
+        let flood = std::sync::Arc::new(PumpProgress::default());
+        let mut task = tokio::spawn({
+            let p = flood.clone();
+            async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    p.add_forwarded(64 << 10);
+                }
+            }
+        });
+        assert!(wait_for_pump(&mut task, limit, Some(&flood)).await.is_none());
+        assert!(flood.forwarded() >= AFTER_EXIT_BYTES);
+    }
 
     #[test]
     fn small_output_is_kept_whole() {
@@ -192,69 +294,5 @@ mod tests {
         }
         text.push_str(&d.flush());
         assert_eq!(text, "héllo€");
-    }
-}
-
-/// How far a pump forwarding a stream to a consumer got, for deciding how long to wait for it
-/// once its process ended (`wait_for_pump`).
-#[derive(Default, Debug)]
-pub struct PumpProgress {
-    /// Waiting for the consumer to take an event.
-    sending: std::sync::atomic::AtomicBool,
-    /// Bytes handed to the consumer.
-    forwarded: std::sync::atomic::AtomicU64,
-}
-
-/// Bytes a pump may still forward after its process ended before the stream counts as held
-/// by something else (a background process flooding it). What the process itself wrote and
-/// the pump has not forwarded yet is at most a pipe and a chunk (the shim's copy adds a
-/// pipe): far less.
-pub const AFTER_EXIT_BYTES: u64 = 4 << 20;
-
-impl PumpProgress {
-    pub fn set_sending(&self, sending: bool) {
-        self.sending.store(sending, std::sync::atomic::Ordering::Release);
-    }
-
-    pub fn add_forwarded(&self, bytes: usize) {
-        self.forwarded
-            .fetch_add(bytes as u64, std::sync::atomic::Ordering::Release);
-    }
-
-    fn forwarded(&self) -> u64 {
-        self.forwarded.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    fn sending(&self) -> bool {
-        self.sending.load(std::sync::atomic::Ordering::Acquire)
-    }
-}
-
-/// Wait for an output pump after its process ended: `limit` for its stream to end, and on,
-/// `limit` at a time, while it makes progress for a consumer (it is sending, or it forwarded
-/// more since the last look: a slow client, not a held stream) and has forwarded less than
-/// `AFTER_EXIT_BYTES` since the first limit. `None`: it did not end (a background process
-/// holds the stream, or floods it).
-pub async fn wait_for_pump<T>(
-    task: &mut tokio::task::JoinHandle<T>,
-    limit: std::time::Duration,
-    progress: Option<&PumpProgress>,
-) -> Option<Result<T, tokio::task::JoinError>> {
-    if let Ok(done) = tokio::time::timeout(limit, &mut *task).await {
-        return Some(done);
-    }
-    let progress = progress?;
-    let start = progress.forwarded();
-    let mut seen = start;
-    loop {
-        let now = progress.forwarded();
-        let moving = progress.sending() || now > seen;
-        if !moving || now - start >= AFTER_EXIT_BYTES {
-            return None;
-        }
-        seen = now;
-        if let Ok(done) = tokio::time::timeout(limit, &mut *task).await {
-            return Some(done);
-        }
     }
 }
