@@ -184,7 +184,6 @@ async fn serve(socket: WebSocket, terminal: Arc<Terminal>, lease: Lease) {
         tokio::spawn(async move {
             let _lease = lease;
             let mut exited: Option<PtyExit> = None;
-            let mut replies_open = true;
             loop {
                 // Biased, replies first: a reply is queued before any later input reaches the
                 // terminal, so it must go out before the output that input causes (a client
@@ -192,14 +191,9 @@ async fn serve(socket: WebSocket, terminal: Arc<Terminal>, lease: Lease) {
                 // reply and a ready chunk were sent in random order.
                 let next = tokio::select! {
                     biased;
-                    reply = reply_rx.recv(), if replies_open => match reply {
-                        Some(reply) => Some(reply),
-                        None => {
-                            // Closed: stop polling it (a biased select would spin on it).
-                            replies_open = false;
-                            continue;
-                        }
-                    },
+                    // (Closed, it answers `None`: the pattern fails and the branch sits out
+                    // this select, so a biased select does not spin on it.)
+                    Some(reply) = reply_rx.recv() => Some(reply),
                     chunk = terminal.pty.read(), if exited.is_none() => chunk.map(Message::Binary),
                     chunk = tokio::time::timeout(DRAIN_AFTER_EXIT, terminal.pty.read()), if exited.is_some() => {
                         chunk.ok().flatten().map(Message::Binary)

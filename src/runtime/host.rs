@@ -59,8 +59,8 @@ struct State {
 /// Where a process's output goes.
 enum Sink {
     Capture(Capture),
-    /// The consumer's channel, the decoder, whether it is stdout, and whether it is waiting
-    /// for the consumer to take an event (then it is not held by an escaped process).
+    /// The consumer's channel, the decoder, whether it is stdout, and how far it got (a pump
+    /// still moving output to a slow consumer is not held by an escaped process).
     Stream(mpsc::Sender<RuntimeEvent>, Utf8Chunker, bool, Arc<PumpProgress>),
 }
 
@@ -91,7 +91,7 @@ impl Sink {
         Sink::Stream(tx.clone(), Utf8Chunker::default(), is_stdout, Arc::default())
     }
 
-    /// Whether the pump is waiting for its consumer (a stream's; never a capture's).
+    /// How far the pump got forwarding (a stream's; a capture forwards nothing).
     fn progress(&self) -> Option<Arc<PumpProgress>> {
         match self {
             Sink::Capture(_) => None,
@@ -146,12 +146,12 @@ struct Running {
     grace: Duration,
 }
 
-/// An output pump's task, and whether it is waiting for its consumer (a stream's).
+/// An output pump's progress (a stream's) and its task.
 type Pumping = (Option<Arc<PumpProgress>>, tokio::task::JoinHandle<Captured>);
 
 /// Wait for an output pump; a pipe still open after the tree died means a process escaped.
-/// A pump handing output to a slow consumer is waited for (every byte comes before the exit
-/// event): it ends when the output does or the consumer goes away.
+/// A pump still moving output to a slow consumer is waited for (every byte comes before the
+/// exit event), up to `AFTER_EXIT_BYTES` (`wait_for_pump`).
 async fn drain((progress, mut task): Pumping, name: &str) -> Captured {
     match wait_for_pump(&mut task, DRAIN_LIMIT, progress.as_deref()).await {
         Some(captured) => captured.unwrap_or_default(),
