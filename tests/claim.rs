@@ -208,6 +208,68 @@ impl Drop for RemovePools {
     }
 }
 
+/// The PID in its sandbox of host process `pid`.
+fn ns_pid(pid: i32) -> Option<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+/// The short scheduling slice a session's shell runs with (src/runtime/latency.rs) is asked
+/// for when the filler starts a member's shell, before any claim: the adopter has nothing
+/// left to do for it on the claim's path. The session's shell is that very process.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_member_shell_has_its_short_slice_before_the_claim() {
+    use runner::runtime::latency::{self, SHELL_SLICE};
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let (served, _pools) = serve_busybox_pool(dir.path(), &state, &["slice"], 1);
+    let members = containers_where("labels.\"runner.dev/pool\"==slice");
+    assert_eq!(members.len(), 1, "{members:?}");
+    let (_, namespace) = containerd_env();
+    let cgroup = format!("/runner/{namespace}/{}", members[0]);
+    // The member's processes but its init (PID 1 in the sandbox): its shell alone.
+    let shells: Vec<(i32, i32)> = runner::runtime::cgroupfs::procs(&cgroup)
+        .into_iter()
+        .filter_map(|pid| Some((pid, ns_pid(pid)?)))
+        .filter(|&(_, ns)| ns != 1)
+        .collect();
+    assert_eq!(shells.len(), 1, "the member's processes but its init: {shells:?}");
+    let (host, in_sandbox) = shells[0];
+    let before = latency::scheduling(host).expect("sched_getattr of the member's shell");
+    assert!(before.resets_on_fork, "before the claim: {before:?}");
+    // Kernels from 6.12 report the slice (older ones ignore it for normal tasks).
+    if let Some(slice) = before.slice {
+        assert_eq!(slice, SHELL_SLICE, "before the claim");
+    }
+
+    let (status, session) = served.call("POST", "/v1/sessions", Some(r#"{"environment": "slice"}"#));
+    assert_eq!(status, 201, "{session}");
+    assert_eq!(session["pool"], "slice", "{session}");
+    let id = session["id"].as_str().unwrap().to_string();
+    let (status, r) = served.call(
+        "POST",
+        &format!("/v1/sessions/{id}/shell"),
+        Some(r#"{"command": "echo $$"}"#),
+    );
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(
+        r["output"].as_str().unwrap().trim(),
+        in_sandbox.to_string(),
+        "the adopted shell: {r}"
+    );
+    let after = latency::scheduling(host).expect("sched_getattr of the session's shell");
+    assert_eq!(after, before, "the session's shell");
+    let (status, _) = served.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(status, 204);
+}
+
 /// A one-shot job that claims a member finds no shell of the pool's in it.
 #[test]
 #[ignore = "needs a private containerd: run scripts/test.sh"]

@@ -334,6 +334,9 @@ pub struct AdoptableShell {
     pub cwd: String,
     /// What a shell started now would have set HOSTNAME to (`None`: its environment has it).
     pub hostname: Option<String>,
+    /// Its PID in the sandbox, when the short slice a session's shell runs with was asked for
+    /// before the claim (`Sandbox::prefer_latency`); `None`: the adopter asks.
+    pub pid: Option<i32>,
 }
 
 /// How the host opens a FIFO in a sandbox's shared directory.

@@ -113,7 +113,7 @@ impl Engine {
     /// nothing left running): its sessions start their shells after the claim.
     pub(super) async fn prelaunch_shell(&self, created: &Created, init_pid: u32) {
         let Some(agent) = &created.agent else { return };
-        let launched = self.launch_in(created, agent).await;
+        let launched = self.launch_in(created, agent, init_pid).await;
         if let Err(e) = launched {
             tracing::debug!(member = created.id, error = %e, "starting a shell in a pool member");
             end_processes(&created.cgroup, init_pid).await;
@@ -123,7 +123,7 @@ impl Engine {
         }
     }
 
-    async fn launch_in(&self, created: &Created, agent: &Agent) -> Result<(), RuntimeError> {
+    async fn launch_in(&self, created: &Created, agent: &Agent, init_pid: u32) -> Result<(), RuntimeError> {
         for what in ["in", "st"] {
             drop(agent.fifo(&shell_file(PRELAUNCHED, what), FifoEnd::ReadWrite)?);
         }
@@ -145,22 +145,42 @@ impl Engine {
             }
             Err(_) => return Err(RuntimeError::Internal("the shell's launch did not end".into())),
         }
-        std::fs::write(self.run_dir.join(&created.id).join(MARKER), b"").map_err(|source| RuntimeError::Io {
+        // What the adopter would otherwise do after the shell's hello, on the claim's path.
+        // The mark says the shell's PID once its slice is asked for (best effort, as the
+        // adopter's: a kernel that refuses it now refuses it then); without it the adopter asks.
+        let mark = match find_shell(&created.cgroup, init_pid, agent).and_then(|(host, ns_pid)| {
+            crate::runtime::latency::request_slice(host, crate::runtime::latency::SHELL_SLICE)
+                .map(|()| ns_pid)
+                .map_err(|source| RuntimeError::Io {
+                    what: "asking a short slice for the shell".into(),
+                    source,
+                })
+        }) {
+            Ok(ns_pid) => ns_pid.to_string(),
+            Err(e) => {
+                tracing::debug!(member = created.id, error = %e, "the member's shell keeps its slice until adopted");
+                String::new()
+            }
+        };
+        std::fs::write(self.run_dir.join(&created.id).join(MARKER), mark).map_err(|source| RuntimeError::Io {
             what: "marking the member's shell".into(),
             source,
         })
     }
 
     /// At a claim: whether member `id` holds a shell a filler started (the mark is taken, so
-    /// this says it once).
-    fn take_mark(&self, id: &str) -> bool {
-        std::fs::remove_file(self.run_dir.join(id).join(MARKER)).is_ok()
+    /// this says it once), and the shell's PID in the sandbox when its slice was asked for.
+    fn take_mark(&self, id: &str) -> Option<Option<i32>> {
+        let path = self.run_dir.join(id).join(MARKER);
+        // The filler's file, in the run directory the sandbox never sees: a PID or nothing.
+        let pid = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok());
+        std::fs::remove_file(&path).is_ok().then_some(pid)
     }
 
     /// At a one-shot job's claim, before its command: the member's shell goes (with every
     /// process of the member but its init), so the job finds what a cold container has.
     pub(super) async fn end_prelaunched(&self, id: &str, cgroup: &str, init_pid: u32, agent: &Agent) {
-        if self.take_mark(id) {
+        if self.take_mark(id).is_some() {
             end_processes(cgroup, init_pid).await;
             for what in ["in", "st"] {
                 agent.unlink(&shell_file(PRELAUNCHED, what));
@@ -177,15 +197,13 @@ impl Engine {
         plan: &RunPlan,
     ) -> Option<AdoptableShell> {
         let t0 = std::time::Instant::now();
-        if !self.take_mark(&live.id) {
-            return None;
-        }
-        let adoptable = self.adoptable(live, plan).await;
+        let pid = self.take_mark(&live.id)?;
+        let adoptable = self.adoptable(live, plan, pid).await;
         super::claim_phase("member's shell", t0);
         adoptable
     }
 
-    async fn adoptable(&self, live: &super::LiveContainer, plan: &RunPlan) -> Option<AdoptableShell> {
+    async fn adoptable(&self, live: &super::LiveContainer, plan: &RunPlan, pid: Option<i32>) -> Option<AdoptableShell> {
         let env = &live.base_env;
         let why = if spec::runs_setup(plan.job(), plan.env()) {
             Some("its Environment runs setup at the claim".to_string())
@@ -218,8 +236,45 @@ impl Engine {
             env: env.clone(),
             cwd: live.process.cwd().to_string_lossy().into_owned(),
             hostname: (!inherited("HOSTNAME")).then(|| plan.job().name.chars().take(63).collect()),
+            pid,
         })
     }
+}
+
+/// A member's new shell, found before the claim (every process there is the filler's): the
+/// process of its cgroup, other than its init, whose fd 4 is the shell's status FIFO. Its
+/// host PID and its PID in the sandbox.
+fn find_shell(cgroup: &str, init_pid: u32, agent: &Agent) -> Result<(i32, i32), RuntimeError> {
+    use std::os::unix::fs::MetadataExt;
+    let status = agent.reopen(&shell_file(PRELAUNCHED, "st"), FifoEnd::Read)?;
+    let fifo = nix::sys::stat::fstat(&status).map_err(|e| RuntimeError::Io {
+        what: "checking the shell's status FIFO".into(),
+        source: e.into(),
+    })?;
+    for pid in crate::runtime::cgroupfs::procs(cgroup) {
+        if pid == init_pid as i32 {
+            continue;
+        }
+        let Ok(fd4) = std::fs::metadata(format!("/proc/{pid}/fd/4")) else {
+            continue;
+        };
+        if (fd4.dev(), fd4.ino()) != (fifo.st_dev, fifo.st_ino) {
+            continue;
+        }
+        let ns_pid = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("NSpid:"))
+                    .and_then(|l| l.split_whitespace().last()?.parse::<i32>().ok())
+            });
+        if let Some(ns_pid) = ns_pid {
+            return Ok((pid, ns_pid));
+        }
+    }
+    Err(RuntimeError::Internal(
+        "no process of the member holds the shell's status FIFO".into(),
+    ))
 }
 
 /// SIGKILL every process of a member's cgroup but its init, and wait (bounded) until they are

@@ -61,6 +61,15 @@ fn receiver(fd: OwnedFd) -> Result<pipe::Receiver, ServiceError> {
     pipe::Receiver::from_owned_fd(fd).map_err(fifo_error)
 }
 
+/// The host's ends of a shell's FIFOs at its hello.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ends {
+    /// Read-write, as the shell may not hold its own yet: reopened once it answers.
+    Opening,
+    /// Status read-only, input write-only: the shell holds its ends.
+    Final,
+}
+
 /// One live shell.
 pub(super) struct Resident {
     name: String,
@@ -215,7 +224,7 @@ impl Resident {
                 launch.stderr.trim()
             )));
         }
-        Self::greet(sandbox, name, input, status, "").await
+        Self::greet(sandbox, name, input, status, "", Ends::Opening, None).await
     }
 
     /// Take over the shell the sandbox's pool member started before the claim, handing it
@@ -224,19 +233,33 @@ impl Resident {
     /// (OLDPWD through `cd`, SECONDS, HOSTNAME) are set back to what a new shell has.
     pub(super) async fn adopt(sandbox: &dyn Sandbox, shell: &AdoptableShell) -> Result<Self, ServiceError> {
         let (in_name, st_name) = (Self::file(&shell.name, "in"), Self::file(&shell.name, "st"));
-        let input = sandbox.reopen_fifo(&in_name, FifoEnd::ReadWrite)?;
-        let status = sandbox.reopen_fifo(&st_name, FifoEnd::ReadWrite)?;
-        Self::greet(sandbox, &shell.name, input, status, &adoption(shell)).await
+        // The shell holds its ends of both FIFOs since the filler started it: the host's are
+        // the final ones at once (a shell gone since fails the input's open: ENXIO).
+        let input = sandbox.reopen_fifo(&in_name, FifoEnd::Write)?;
+        let status = sandbox.reopen_fifo(&st_name, FifoEnd::Read)?;
+        Self::greet(
+            sandbox,
+            &shell.name,
+            input,
+            status,
+            &adoption(shell),
+            Ends::Final,
+            shell.pid,
+        )
+        .await
     }
 
     /// Say hello (with `first`, the adoption's lines, after history is off: a new shell's
-    /// history holds only the hello's first line) and wait for the shell's answer.
+    /// history holds only the hello's first line) and wait for the shell's answer. `asked`:
+    /// the shell's PID when its short slice was asked for already.
     async fn greet(
         sandbox: &dyn Sandbox,
         name: &str,
         input: OwnedFd,
         status: OwnedFd,
         first: &str,
+        ends: Ends,
+        asked: Option<i32>,
     ) -> Result<Self, ServiceError> {
         let nonce = std::collections::hash_map::RandomState::new().build_hasher().finish();
         let (in_name, st_name) = (Self::file(name, "in"), Self::file(name, "st"));
@@ -263,13 +286,17 @@ impl Resident {
         shell.pid = pid;
         // The host waits on this shell at every call: a short slice lets it run as soon as it
         // wakes, even on CPUs that busy sandboxes keep full (its commands get the default).
-        sandbox.prefer_latency(pid);
-        let st_ro = receiver(sandbox.reopen_fifo(&st_name, FifoEnd::Read)?)?;
-        shell.status = BufReader::new(st_ro);
-        // Write-only from now on: writing to a shell that is gone fails (EPIPE) instead of
-        // filling a pipe nobody reads.
-        shell.input =
-            pipe::Sender::from_owned_fd(sandbox.reopen_fifo(&in_name, FifoEnd::Write)?).map_err(fifo_error)?;
+        if asked != Some(pid) {
+            sandbox.prefer_latency(pid);
+        }
+        if ends == Ends::Opening {
+            let st_ro = receiver(sandbox.reopen_fifo(&st_name, FifoEnd::Read)?)?;
+            shell.status = BufReader::new(st_ro);
+            // Write-only from now on: writing to a shell that is gone fails (EPIPE) instead of
+            // filling a pipe nobody reads.
+            shell.input =
+                pipe::Sender::from_owned_fd(sandbox.reopen_fifo(&in_name, FifoEnd::Write)?).map_err(fifo_error)?;
+        }
         Ok(shell)
     }
 
