@@ -211,6 +211,45 @@ fn reserved_ranges() -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// The most namespaces `kept_user_namespace` holds (a descriptor each).
+const KEPT_MAX: usize = 32;
+
+/// A namespace `kept_user_namespace` made: its uid and gid maps, and its descriptor.
+type Kept = (Vec<IdMap>, Vec<IdMap>, OwnedFd);
+
+/// Namespaces `kept_user_namespace` made; the most recently used last.
+static KEPT: std::sync::Mutex<Vec<Kept>> = std::sync::Mutex::new(Vec::new());
+
+/// `user_namespace`, or a copy of the descriptor of one made before with the same maps. An
+/// idmapped mount reads nothing of its namespace but the maps, so the two are
+/// interchangeable; and the same maps come again whenever a range's lease is reused with the
+/// same workspace owner and user (a claim's workspace view) or at all (a cold create's
+/// rootfs). Each one made costs a cloned helper and two map writes: ~0.25 ms that a pooled
+/// create waited for.
+pub fn kept_user_namespace(uids: &[IdMap], gids: &[IdMap]) -> io::Result<OwnedFd> {
+    {
+        let mut kept = KEPT.lock().expect("kept namespaces lock");
+        if let Some(i) = kept.iter().position(|(u, g, _)| u == uids && g == gids) {
+            let entry = kept.remove(i);
+            let copy = entry.2.try_clone();
+            kept.push(entry);
+            return copy;
+        }
+    }
+    let ns = user_namespace(uids, gids)?;
+    // Not kept when the copy cannot be made (at the open-files limit): the caller has its own.
+    if let Ok(copy) = ns.try_clone() {
+        let mut kept = KEPT.lock().expect("kept namespaces lock");
+        if !kept.iter().any(|(u, g, _)| u == uids && g == gids) {
+            if kept.len() >= KEPT_MAX {
+                kept.remove(0);
+            }
+            kept.push((uids.to_vec(), gids.to_vec(), copy));
+        }
+    }
+    Ok(ns)
+}
+
 /// A user namespace with these mappings, held by an fd. A child born in it holds it while
 /// the maps are written, then is killed; the namespace lives as long as the fd and the
 /// mounts idmapped with it.
@@ -601,6 +640,33 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(200));
         let left: Vec<_> = first.intersection(&strays()).cloned().collect();
         assert!(left.is_empty(), "namespace helpers left behind: {left:?}");
+    }
+
+    /// The same maps get the same namespace again, other maps another one, and the kept ones
+    /// stay within their number.
+    #[test]
+    fn a_namespace_is_kept_for_its_maps() {
+        use std::os::unix::fs::MetadataExt;
+        let ino = |fd: &OwnedFd| {
+            std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                .unwrap()
+                .ino()
+        };
+        // Bases far from other tests' ranges: the kept list is the process's.
+        let map = |i: u32| {
+            IdMap::range(IdRange {
+                host_base: 3_000_000_000 + i * 65536,
+            })
+        };
+        let first = kept_user_namespace(&[map(0)], &[map(0)]).unwrap();
+        let again = kept_user_namespace(&[map(0)], &[map(0)]).unwrap();
+        assert_eq!(ino(&first), ino(&again), "the same maps");
+        let other = kept_user_namespace(&[map(1)], &[map(1)]).unwrap();
+        assert_ne!(ino(&first), ino(&other), "other maps");
+        for i in 2..(KEPT_MAX as u32 + 10) {
+            kept_user_namespace(&[map(i)], &[map(i)]).unwrap();
+        }
+        assert!(KEPT.lock().unwrap().len() <= KEPT_MAX);
     }
 
     /// An idmapped bind shows the owner as the mapped id and stores writes as the owner's.

@@ -268,6 +268,8 @@ pub struct Context {
     on_daemon_start: Option<DaemonNotice>,
     /// Shared shims for live sessions (`with_sessions_per_shim`).
     shim_groups: Option<Arc<crate::runtime::containerd::shim_group::ShimGroups>>,
+    /// The state dir's pools as last read (`runtime_options`).
+    pools: Arc<pools::PoolCache>,
 }
 
 impl Context {
@@ -284,6 +286,7 @@ impl Context {
             store: Arc::new(tokio::sync::OnceCell::new()),
             on_daemon_start: None,
             shim_groups: None,
+            pools: Arc::default(),
         })
     }
 

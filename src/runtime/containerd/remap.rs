@@ -30,10 +30,11 @@ const MOUNT_DATA_MAX: usize = 4095;
 
 /// The user namespace whose mapping shifts an image's ids into `range`, for `mount_rootfs`.
 /// Made apart from the mounts so that a create can make it while containerd prepares the
-/// snapshot (a child process is cloned for it: ~0.3-0.5 ms that need not wait).
+/// snapshot (a child process is cloned for it: ~0.3-0.5 ms that need not wait), and kept
+/// for the range's next lease (`kept_user_namespace`).
 pub fn rootfs_namespace(range: IdRange) -> io::Result<OwnedFd> {
     let map = IdMap::range(range);
-    idmap::user_namespace(&[map], &[map])
+    idmap::kept_user_namespace(&[map], &[map])
 }
 
 /// Mount the snapshot's `mounts` at `dir/rootfs` with the image's ids shifted into `range`,
@@ -144,7 +145,7 @@ pub fn workspace_view(
     let userns = match ids {
         Some(ids) => {
             let (uids, gids) = idmap::owner_maps(ids.owner, ids.user, ids.range);
-            Some(idmap::user_namespace(&[uids], &[gids])?)
+            Some(idmap::kept_user_namespace(&[uids], &[gids])?)
         }
         None => None,
     };
