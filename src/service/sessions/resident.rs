@@ -61,13 +61,15 @@ fn receiver(fd: OwnedFd) -> Result<pipe::Receiver, ServiceError> {
     pipe::Receiver::from_owned_fd(fd).map_err(fifo_error)
 }
 
-/// The host's ends of a shell's FIFOs at its hello.
+/// The host's ends of a shell's FIFOs at its hello. The input is read-write until the shell
+/// answers either way: busybox's sh opens its input itself, from its script-file argument,
+/// and a member's may not have yet (a write-only open would fail: ENXIO).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Ends {
-    /// Read-write, as the shell may not hold its own yet: reopened once it answers.
+    /// Both read-write, as the shell may not hold its own yet: reopened once it answers.
     Opening,
-    /// Status read-only, input write-only: the shell holds its ends.
-    Final,
+    /// The status read-only at once: a member's shell holds its end since the filler.
+    Adopting,
 }
 
 /// One live shell.
@@ -233,9 +235,9 @@ impl Resident {
     /// (OLDPWD through `cd`, SECONDS, HOSTNAME) are set back to what a new shell has.
     pub(super) async fn adopt(sandbox: &dyn Sandbox, shell: &AdoptableShell) -> Result<Self, ServiceError> {
         let (in_name, st_name) = (Self::file(&shell.name, "in"), Self::file(&shell.name, "st"));
-        // The shell holds its ends of both FIFOs since the filler started it: the host's are
-        // the final ones at once (a shell gone since fails the input's open: ENXIO).
-        let input = sandbox.reopen_fifo(&in_name, FifoEnd::Write)?;
+        // The shell holds its status FIFO since the filler started it (`4<>`): the host's end
+        // is the final one at once (a shell gone since gives EOF, and a new one is started).
+        let input = sandbox.reopen_fifo(&in_name, FifoEnd::ReadWrite)?;
         let status = sandbox.reopen_fifo(&st_name, FifoEnd::Read)?;
         Self::greet(
             sandbox,
@@ -243,7 +245,7 @@ impl Resident {
             input,
             status,
             &adoption(shell),
-            Ends::Final,
+            Ends::Adopting,
             shell.pid,
         )
         .await
@@ -292,11 +294,11 @@ impl Resident {
         if ends == Ends::Opening {
             let st_ro = receiver(sandbox.reopen_fifo(&st_name, FifoEnd::Read)?)?;
             shell.status = BufReader::new(st_ro);
-            // Write-only from now on: writing to a shell that is gone fails (EPIPE) instead of
-            // filling a pipe nobody reads.
-            shell.input =
-                pipe::Sender::from_owned_fd(sandbox.reopen_fifo(&in_name, FifoEnd::Write)?).map_err(fifo_error)?;
         }
+        // Write-only from now on: writing to a shell that is gone fails (EPIPE) instead of
+        // filling a pipe nobody reads.
+        shell.input =
+            pipe::Sender::from_owned_fd(sandbox.reopen_fifo(&in_name, FifoEnd::Write)?).map_err(fifo_error)?;
         Ok(shell)
     }
 

@@ -210,6 +210,11 @@ impl Session {
                         claim_phase("shell adopted", t0);
                     }
                     Err(e) => {
+                        // Gone first: a shell left running could open the new shell's input
+                        // (busybox's sh opens it by name) and take its lines.
+                        if let Some(pid) = adoptable.pid {
+                            sandbox.signal_group(pid, nix::sys::signal::Signal::SIGKILL);
+                        }
                         Resident::remove_files(sandbox, &adoptable.name);
                         tracing::warn!(session = id, error = %e, "adopting the pool member's shell; starting one");
                     }
