@@ -459,21 +459,27 @@ pub fn parse_status(text: &str) -> Option<u32> {
 pub fn host_pid(cgroup: &str, init_host_pid: u32, ns_pid: i32) -> Option<i32> {
     let ns = std::fs::metadata(format!("/proc/{init_host_pid}/ns/pid")).ok()?.ino();
     for pid in crate::runtime::cgroupfs::procs(cgroup) {
-        let dir = PathBuf::from(format!("/proc/{pid}"));
-        let Ok(status) = std::fs::read_to_string(dir.join("status")) else {
-            continue;
-        };
-        let Some(nspids) = status.lines().find_map(|l| l.strip_prefix("NSpid:")) else {
-            continue;
-        };
-        if nspids.split_whitespace().last().and_then(|p| p.parse::<i32>().ok()) != Some(ns_pid) {
+        if pid_in_namespace(pid) != Some(ns_pid) {
             continue;
         }
-        if std::fs::metadata(dir.join("ns/pid")).map(|m| m.ino()).ok() == Some(ns) {
+        if std::fs::metadata(format!("/proc/{pid}/ns/pid")).map(|m| m.ino()).ok() == Some(ns) {
             return Some(pid);
         }
     }
     None
+}
+
+/// The PID host process `pid` has in its own (innermost) PID namespace: the last of its
+/// status's `NSpid` (a kernel-made file of a few hundred bytes).
+pub fn pid_in_namespace(pid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]

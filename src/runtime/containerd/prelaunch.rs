@@ -172,8 +172,13 @@ impl Engine {
     /// this says it once), and the shell's PID in the sandbox when its slice was asked for.
     fn take_mark(&self, id: &str) -> Option<Option<i32>> {
         let path = self.run_dir.join(id).join(MARKER);
-        // The filler's file, in the run directory the sandbox never sees: a PID or nothing.
-        let pid = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok());
+        // The filler's file, in the run directory the sandbox never sees: a PID or nothing
+        // (read no further than a PID can be long).
+        let mut text = String::new();
+        let pid = std::fs::File::open(&path)
+            .and_then(|f| std::io::Read::read_to_string(&mut std::io::Read::take(f, 16), &mut text))
+            .ok()
+            .and_then(|_| text.trim().parse().ok());
         std::fs::remove_file(&path).is_ok().then_some(pid)
     }
 
@@ -261,14 +266,7 @@ fn find_shell(cgroup: &str, init_pid: u32, agent: &Agent) -> Result<(i32, i32), 
         if (fd4.dev(), fd4.ino()) != (fifo.st_dev, fifo.st_ino) {
             continue;
         }
-        let ns_pid = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("NSpid:"))
-                    .and_then(|l| l.split_whitespace().last()?.parse::<i32>().ok())
-            });
-        if let Some(ns_pid) = ns_pid {
+        if let Some(ns_pid) = agent::pid_in_namespace(pid) {
             return Ok((pid, ns_pid));
         }
     }
