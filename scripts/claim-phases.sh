@@ -4,9 +4,10 @@
 # (`runner serve --pool`, RUNNER_LOG=runner=debug), one after another with a pause for the
 # refill, then the median of each phase the server logged ("claim phase" events):
 #   manifest          the request's documents parsed, bound, resolved (blocking pool)
-#   manifest: ...     its steps, each from the create's start: the scratch workspace made,
-#                     the request's documents parsed, the blocking pool reached, the env
-#                     dir read, the Job bound (then resolved: "manifest")
+#   manifest: ...     its steps, each from the create's start: the request's documents
+#                     parsed, the scratch workspace there (made on the blocking pool
+#                     meanwhile), the blocking pool reached, the env dir read, the Job bound
+#                     (then resolved: "manifest")
 #   setup snapshot    whether the Environment snapshots its setup
 #   pool key          the pool key: kept per process by Environment shape and image (else the
 #                     image resolved and the member spec hashed), inside `claim`
@@ -77,7 +78,7 @@ for line in sys.stdin:
 c = json.loads(os.environ["CLIENT"])
 env = os.environ["ENV_NAME"]
 print("%s: %s of %s sessions from the pool (medians, ms; min..max)" % (env, c["from_pool"], c["sessions"]))
-order = ["manifest: workspace", "manifest: parsed", "manifest: blocking", "manifest: env dir", "manifest: bound", "manifest", "setup snapshot", "pool key", "member record", "member readied", "key checked", "claim", "bind late", "member\x27s shell", "live from member",
+order = ["manifest: parsed", "manifest: workspace", "manifest: blocking", "manifest: env dir", "manifest: bound", "manifest", "setup snapshot", "pool key", "member record", "member readied", "key checked", "claim", "bind late", "member\x27s shell", "live from member",
          "sandbox", "session create", "access: create", "shell adopted", "shell started", "access: shell call"]
 for name in order + sorted(set(phases) - set(order)):
     d = phases.get(name)

@@ -691,6 +691,22 @@ async fn a_bad_session_request_names_its_own_field() {
             json!({"environment": {"backend": "host"}, "staticAssets": [{"nope": 1}]}),
             "staticAssets[0]",
         ),
+        (
+            json!({"environment": {"backend": "host"}, "staticAssets": [{"source": 5, "savePath": "a"}]}),
+            "staticAssets[0].source",
+        ),
+        (
+            json!({"environment": {"backend": "host"}, "mounts": [{"source": "/proc", "target": "/data"}]}),
+            "mounts[0].source",
+        ),
+        (
+            json!({"environment": {"backend": "host"}, "mounts": [{"source": "/tmp", "target": "../x"}]}),
+            "mounts[0].target",
+        ),
+        (
+            json!({"environment": {"backend": "host"}, "mounts": [{"source": "/tmp", "target": "/x", "readOnly": "no"}]}),
+            "mounts[0].readOnly",
+        ),
     ] {
         let (status, answer) = api.call("POST", "/v1/sessions", Some(body.clone())).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
