@@ -286,20 +286,20 @@ impl Engine {
                 let hostname: String = plan.job().name.chars().take(63).collect();
                 let unused = hide::Unused::of(&layout, plan, &dir);
                 let cgroup = self.cgroup_path(&id);
-                // Off the async workers: the agent's FIFO opens, and the thread that enters the
-                // member's namespaces (its unmounts wait on the kernel's mount lock, which a
-                // burst of claims contends for) would hold one of them, and every other
-                // request with it. Not awaited here: it runs beside the late binds
-                // (`Readying`), and whoever takes the member waits for it.
+                // Off the async workers, on a thread of its own (`hide::ready`): the agent's
+                // FIFO opens, and the entering of the member's namespaces (its unmounts wait on
+                // the kernel's mount lock, which a burst of claims contends for) would hold one
+                // of them, and every other request with it. Not awaited here: it runs beside
+                // the late binds (`Readying`), and whoever takes the member waits for it.
                 let readying = {
-                    let (dir, cgroup) = (dir.clone(), cgroup.clone());
-                    tokio::task::spawn_blocking(move || {
-                        let t1 = Instant::now();
-                        let agent = Agent::open(&dir.join("agent"), uid, gid)?;
-                        hide::enter(init_pid, &cgroup, &hostname, unused)?;
-                        super::super::claim_phase("member readied", t1);
-                        Ok::<_, RuntimeError>(agent)
-                    })
+                    let agent_dir = dir.join("agent");
+                    hide::ready(
+                        move || Agent::open(&agent_dir, uid, gid),
+                        init_pid,
+                        &cgroup,
+                        &hostname,
+                        unused,
+                    )
                 };
                 Member {
                     id: id.clone(),

@@ -113,7 +113,7 @@ pub struct Member {
 /// places (what is taken out is what nothing is bound at), and neither needs the other's
 /// result, so a claim waits for the longer of the two instead of their sum.
 enum Readying {
-    Pending(tokio::task::JoinHandle<Result<Agent, RuntimeError>>),
+    Pending(tokio::sync::oneshot::Receiver<Result<Agent, RuntimeError>>),
     Ready(Agent),
 }
 
@@ -131,7 +131,9 @@ impl Member {
             // A readying that failed or panicked: the member is lost either way.
             let agent = handle
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|_| {
+                    "the thread readying it ended without an answer (it panicked or could not start)".to_string()
+                })
                 .and_then(|r| r.map_err(|e| e.to_string()))
                 .map_err(RuntimeError::MemberLost)?;
             super::claim_phase("member ready awaited", t0);
