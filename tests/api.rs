@@ -707,6 +707,10 @@ async fn a_bad_session_request_names_its_own_field() {
             json!({"environment": {"backend": "host"}, "mounts": [{"source": "/tmp", "target": "/x", "readOnly": "no"}]}),
             "mounts[0].readOnly",
         ),
+        (
+            json!({"environment": {"backend": "host"}, "mounts": [["/tmp", "/x"]]}),
+            "mounts[0]",
+        ),
     ] {
         let (status, answer) = api.call("POST", "/v1/sessions", Some(body.clone())).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");

@@ -595,6 +595,7 @@ pub fn parse_job_value(doc: &serde_json::Value, base_dir: &Path) -> Result<Job, 
             .in_document(label));
         }
     }
+    check_value_shape(doc, "").map_err(|e| e.in_document(label.clone()))?;
     let mut track = serde_path_to_error::Track::new();
     let raw = raw::JobDoc::deserialize(serde_path_to_error::Deserializer::new(doc, &mut track)).map_err(|err| {
         ManifestError::new(
@@ -605,6 +606,59 @@ pub fn parse_job_value(doc: &serde_json::Value, base_dir: &Path) -> Result<Job, 
     })?;
     let doc_name = format!("Job {:?}", raw.metadata.name.value);
     validate_job(raw, 0, base_dir, None).map_err(|e| e.in_document(doc_name))
+}
+
+/// What a JSON value may not hold where the YAML parser would have refused it: serde_json
+/// reads an array as a struct (its fields in order, unknown ones unchecked), and
+/// serde-saphyr's `Spanned` takes a mapping with its private marker key as a span it made.
+/// Every struct of a Job document is a mapping, and no key is that marker.
+fn check_value_shape(value: &serde_json::Value, path: &str) -> Result<(), ManifestError> {
+    use serde_json::Value;
+    let refuse = |path: &str, why: String| {
+        Err(ManifestError::new(
+            Origin::new(path, None),
+            ManifestErrorKind::Yaml(why),
+        ))
+    };
+    match value {
+        Value::Object(map) => {
+            for (key, item) in map {
+                let at = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                if key.starts_with("__serde_saphyr") {
+                    return refuse(&at, format!("unknown field `{key}`"));
+                }
+                check_value_shape(item, &at)?;
+            }
+        }
+        Value::Array(items) => {
+            // The lists of a Job document whose entries are mappings.
+            let of_maps = ["spec.staticAssets", "spec.mounts"].contains(&path);
+            for (i, item) in items.iter().enumerate() {
+                let at = format!("{path}[{i}]");
+                if of_maps && !item.is_object() {
+                    return refuse(&at, format!("invalid type: {}, expected a mapping", value_kind(item)));
+                }
+                check_value_shape(item, &at)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn value_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a sequence",
+        serde_json::Value::Object(_) => "a mapping",
+    }
 }
 
 /// One YAML document of a stream, with the line it starts on in the whole file.
@@ -800,6 +854,22 @@ mod tests {
         let mut other = doc.clone();
         other["kind"] = "Environment".into();
         assert!(parse_job_value(&other, base).is_err());
+        // What serde_json alone would take and the YAML parser refused: an entry given as a
+        // list (read as the struct's fields in order), a span forged with the parser's key.
+        let mut listed = doc.clone();
+        listed["spec"]["mounts"][0] = serde_json::json!(["/srv", "/data"]);
+        let e = parse_job_value(&listed, base).unwrap_err();
+        assert_eq!(e.origin.path, "spec.mounts[0]");
+        assert!(e.kind.to_string().contains("expected a mapping"), "{e}");
+        assert!(parse_str(&format!("{listed}\n"), base, None).is_err());
+        let mut forged = doc.clone();
+        forged["spec"]["staticAssets"][0]["source"] =
+            serde_json::json!({"__serde_saphyr_private_spanned": 0, "value": "/etc", "junk": 1});
+        let e = parse_job_value(&forged, base).unwrap_err();
+        assert_eq!(
+            e.origin.path,
+            "spec.staticAssets[0].source.__serde_saphyr_private_spanned"
+        );
     }
 
     /// A debug print without its `line: N, column: M` positions (text has them, a value not).

@@ -162,7 +162,7 @@ fn on_own_thread<T: Send + 'static>(
         start_spare_thread();
         let _ = tx.send(work());
     });
-    let spare = SPARE_THREAD.lock().expect("spare thread lock").take();
+    let spare = spare_slot().take();
     let left = match spare {
         Some(spare) => spare.send(work).err().map(|e| e.0),
         None => Some(work),
@@ -177,20 +177,32 @@ fn on_own_thread<T: Send + 'static>(
     rx
 }
 
-/// Start a spare for `on_own_thread`, unless one waits already.
+/// The spare's slot. Nothing that can panic runs under its lock; a poisoned one is used as is.
+fn spare_slot() -> std::sync::MutexGuard<'static, Option<std::sync::mpsc::SyncSender<OwnThreadWork>>> {
+    SPARE_THREAD.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Start a spare for `on_own_thread`, unless one waits already. The thread is started
+/// without the slot's lock (an async worker takes it); of two started at once, the one
+/// that finds the slot taken ends at once (its sender dropped).
 fn start_spare_thread() {
-    let mut spare = SPARE_THREAD.lock().expect("spare thread lock");
-    if spare.is_some() {
+    if spare_slot().is_some() {
         return;
     }
     let (tx, rx) = std::sync::mpsc::sync_channel::<OwnThreadWork>(1);
     // The spare ends with the process or when its sender is dropped unused.
-    match std::thread::Builder::new().name("runner-enter".into()).spawn(move || {
+    let started = std::thread::Builder::new().name("runner-enter".into()).spawn(move || {
         if let Ok(work) = rx.recv() {
             work();
         }
-    }) {
-        Ok(_) => *spare = Some(tx),
+    });
+    match started {
+        Ok(_) => {
+            let mut slot = spare_slot();
+            if slot.is_none() {
+                *slot = Some(tx);
+            }
+        }
         Err(e) => tracing::warn!(error = %e, "starting a spare thread to ready claimed containers"),
     }
 }
@@ -261,7 +273,7 @@ mod tests {
         }
         let gone = |tid: nix::unistd::Pid| !Path::new(&format!("/proc/self/task/{tid}")).exists();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !(seen.iter().all(|t| gone(*t)) && SPARE_THREAD.lock().unwrap().is_some()) {
+        while !(seen.iter().all(|t| gone(*t)) && spare_slot().is_some()) {
             assert!(std::time::Instant::now() < deadline, "threads left: {seen:?}");
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }

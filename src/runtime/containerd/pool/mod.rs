@@ -124,7 +124,8 @@ impl Member {
 
     /// Wait until the member is readied (started at the claim); its agent is then `agent()`.
     /// Whoever holds a claimed member waits for this before it uses it or tears it down, so
-    /// no thread is still inside the member's namespaces when it goes.
+    /// nothing of ours works inside the member's namespaces when it goes (the readying
+    /// thread answers from there, then only ends: it may hold them some µs longer).
     async fn ready(&mut self) -> Result<(), RuntimeError> {
         if let Readying::Pending(handle) = &mut self.agent {
             let t0 = Instant::now();
