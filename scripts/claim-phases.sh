@@ -28,7 +28,10 @@
 #   access: ...      the access log's time of the create and of the shell calls (the first of
 #                     each session and the repeated ones of the last)
 # and the client's view: create, create to the first shell answer.
-# Usage: scripts/claim-phases.sh [N]   (N defaults to 12)
+# The phases' own debug lines (~20 per create, each formatted and written) add to the times:
+# SERVE_LOG=runner=info leaves only the access log and the client's view, for an A/B of
+# binaries as users meet them.
+# Usage: [SERVE_LOG=runner=info] scripts/claim-phases.sh [N]   (N defaults to 12)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-12}
@@ -52,7 +55,7 @@ fi
 mkdir -p "$work/envs"
 printf 'apiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: bb}\nspec:\n  image: local/busybox:1.35\n---\napiVersion: runner/v1alpha1\nkind: Environment\nmetadata: {name: py}\nspec:\n  image: local/python:3.11\n' > "$work/envs/envs.yaml"
 echo "claim-token-$$-0123456789abcdef" > "$work/token"
-RUNNER_LOG=runner=debug "$runner" serve --listen 127.0.0.1:0 --token-file "$work/token" --env-dir "$work/envs" \
+RUNNER_LOG=${SERVE_LOG:-runner=debug} "$runner" serve --listen 127.0.0.1:0 --token-file "$work/token" --env-dir "$work/envs" \
   --pool bb=2 --pool py=2 > "$work/serve.out" 2>"$work/serve.err" &
 serve_pid=$!
 for _ in $(seq 1 200); do grep -q listening "$work/serve.out" 2>/dev/null && break; sleep 0.05; done
