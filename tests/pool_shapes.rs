@@ -34,9 +34,11 @@ spec:
 "#;
 
 /// What every job prints: who it is, where, what its cwd holds (modes, links, owners, names:
-/// not times), what `/` and `/static` hold, its stdin, and whether it can write in its cwd and
-/// in `/static` (root can, as in a cold container's rootfs).
-const PROBE: &str = r#"["sh", "-c", "id; pwd; echo $GREETING; ls -lan . | awk 'NR>1 {print $1, $2, $3, $4, $NF}'; ls /; ls -lanR /static 2>&1 | awk '{print $1, $3, $4, $NF}'; cat; echo written > out.txt; echo write=$?; cat out.txt; ls; touch /static/new 2>/dev/null; echo static-write=$?; ls /static"]"#;
+/// not times), what `/` and `/static` hold, its stdin, whether it can write in its cwd and
+/// in `/static` (root can, as in a cold container's rootfs), and the options of the mount
+/// seen at its cwd (a workspace's: `nosuid,nodev`, idmapped in a user namespace; the topmost:
+/// a member's workspace is mounted on its place's own bind).
+const PROBE: &str = r#"["sh", "-c", "id; pwd; echo $GREETING; ls -lan . | awk 'NR>1 {print $1, $2, $3, $4, $NF}'; ls /; ls -lanR /static 2>&1 | awk '{print $1, $3, $4, $NF}'; cat; echo written > out.txt; echo write=$?; cat out.txt; ls; touch /static/new 2>/dev/null; echo static-write=$?; ls /static; awk -v d=$(pwd) '$5 == d {m = $6} END {if (m) print \"mount\", m}' /proc/self/mountinfo"]"#;
 
 /// Per Environment, the jobs: every combination of workspace, assets and stdin.
 const SHAPES: &[(&str, bool, bool, bool)] = &[

@@ -382,7 +382,8 @@ impl Engine {
                 .await
                 .map_err(|e| RuntimeError::Internal(format!("binding into the claimed member: {e}")))?
         };
-        // The places hold their own copies of the views (see `Engine::create_task`).
+        // The views are at the places themselves; the member's rootfs on the host is not
+        // needed any more (see `Engine::create_task`).
         super::drop_host_mounts_when_quiet(self.clone(), id);
         bound
     }
@@ -418,8 +419,9 @@ impl Engine {
         }
         // The workspace's binds go through views, as in a cold container (see
         // `remap::workspace_views`): idmapped in a user namespace, and every path beneath the
-        // workspace resolved now, beneath its descriptor.
-        let mut sources: Vec<PathBuf> = binds.iter().map(|b| b.source.clone()).collect();
+        // workspace resolved now, beneath its descriptor. Each view is a detached tree with
+        // its final flags, attached straight at its place (`remap::workspace_trees`).
+        let mut trees: Vec<Option<std::os::fd::OwnedFd>> = binds.iter().map(|_| None).collect();
         if let Some(ws) = &plan.workspace {
             let ids = match userns {
                 Some((range, user)) => Some(crate::runtime::containerd::remap::ViewIds {
@@ -435,14 +437,18 @@ impl Engine {
                 .enumerate()
                 .map(|(i, b)| (i, b.source.clone(), b.read_only))
                 .collect();
-            for (i, view) in crate::runtime::containerd::remap::workspace_views(&self.run_dir.join(id), ws, &list, ids)
+            for (i, tree) in crate::runtime::containerd::remap::workspace_trees(ws, &list, ids)
                 .map_err(crate::runtime::containerd::view_error)?
             {
-                sources[i] = view;
+                trees[i] = Some(tree);
             }
         }
-        for ((b, source), &i) in binds.iter().zip(&sources).zip(&places) {
-            late::bind_place(&dir, i, source, b.read_only).map_err(io(format!("binding {}", b.target)))?;
+        for ((b, tree), &i) in binds.iter().zip(trees).zip(&places) {
+            match tree {
+                Some(tree) => crate::runtime::idmap::attach(tree, &dir.join(late::place_name(i))),
+                None => late::bind_place(&dir, i, &b.source, b.read_only),
+            }
+            .map_err(io(format!("binding {}", b.target)))?;
         }
         for a in &plan.assets {
             let save_path = a

@@ -243,7 +243,8 @@ static DROPS: std::sync::Mutex<(Vec<(Engine, String)>, bool)> = std::sync::Mutex
 /// reads the whole mount table (every member's rootfs and views: thousands of lines with a
 /// pool of 256) and unmounts: in a burst of 256 claims those reads were a third of both
 /// cores' time (`perf record`), and the unmounts contend for the kernel's mount lock with
-/// the claims' own mounts. The member needs none of them (its places hold their own copies);
+/// the claims' own mounts. The member needs none of them (its places hold their own copies,
+/// and a claim's workspace views are attached at the places themselves);
 /// its teardown removes whatever is left.
 fn drop_host_mounts_when_quiet(engine: Engine, id: String) {
     let claimed = note_claim();
