@@ -469,11 +469,14 @@ pub fn host_pid(cgroup: &str, init_host_pid: u32, ns_pid: i32) -> Option<i32> {
     None
 }
 
+/// Most bytes of `/proc/PID/status` read: the kernel makes it, ~1.5 KiB.
+const STATUS_FILE_LIMIT: u64 = 16 << 10;
+
 /// The PID host process `pid` has in its own (innermost) PID namespace: the last of its
-/// status's `NSpid` (a kernel-made file of a few hundred bytes).
+/// status's `NSpid`.
 pub fn pid_in_namespace(pid: i32) -> Option<i32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
+    let status = super::checkpoint::read_capped(Path::new(&format!("/proc/{pid}/status")), STATUS_FILE_LIMIT).ok()?;
+    String::from_utf8_lossy(&status)
         .lines()
         .find_map(|l| l.strip_prefix("NSpid:"))?
         .split_whitespace()
@@ -485,6 +488,15 @@ pub fn pid_in_namespace(pid: i32) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process of the host's PID namespace (this test) is its own PID there; a PID that is
+    /// no process has none.
+    #[test]
+    fn a_process_pid_in_its_namespace_is_read_from_its_status() {
+        let me = std::process::id() as i32;
+        assert_eq!(pid_in_namespace(me), Some(me));
+        assert_eq!(pid_in_namespace(i32::MAX), None);
+    }
 
     #[test]
     fn quoting_survives_every_character() {

@@ -174,11 +174,9 @@ impl Engine {
         let path = self.run_dir.join(id).join(MARKER);
         // The filler's file, in the run directory the sandbox never sees: a PID or nothing
         // (read no further than a PID can be long).
-        let mut text = String::new();
-        let pid = std::fs::File::open(&path)
-            .and_then(|f| std::io::Read::read_to_string(&mut std::io::Read::take(f, 16), &mut text))
+        let pid = super::checkpoint::read_capped(&path, 16)
             .ok()
-            .and_then(|_| text.trim().parse().ok());
+            .and_then(|text| String::from_utf8_lossy(&text).trim().parse().ok());
         std::fs::remove_file(&path).is_ok().then_some(pid)
     }
 
