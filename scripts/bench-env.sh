@@ -6,6 +6,8 @@
 #   bench_containerd        starts the private containerd; exports CONTAINERD_ADDRESS
 #   bench_busybox           builds the busybox test image and imports it
 #   bench_stop              removes what runner left in containerd, stops it, removes $work
+#   bench_url OUT ERR       waits (10 s) for `runner serve` to print its address in OUT and
+#                           prints it; without one, prints ERR (its log) and fails
 bench_env() {
   scripts/deps.sh
   if [ -n "${BENCH_RUNNER:-}" ]; then
@@ -37,4 +39,14 @@ bench_stop() {
   "$runner" gc >/dev/null 2>&1 || true
   "$runner" daemon stop >/dev/null 2>&1 || true
   rm -rf "$work"
+}
+bench_url() {
+  local url=""
+  for _ in $(seq 1 200); do
+    url=$(sed -n 's/^listening on //p' "$1" 2>/dev/null)
+    [ -n "$url" ] && break
+    sleep 0.05
+  done
+  [ -n "$url" ] || { cat "$2" >&2; return 1; }
+  echo "$url"
 }

@@ -21,9 +21,7 @@ echo "idle-token-$$-0123456789abcdef" > "$work/token"
 RUNNER_LOG=runner=debug "$runner" serve --listen 127.0.0.1:0 --token-file "$work/token" \
   > "$work/serve.out" 2> "$work/serve.err" &
 serve_pid=$!
-for _ in $(seq 1 200); do grep -q listening "$work/serve.out" 2>/dev/null && break; sleep 0.05; done
-url=$(sed -n 's/^listening on //p' "$work/serve.out")
-[ -n "$url" ] || { cat "$work/serve.err" >&2; exit 1; }
+url=$(bench_url "$work/serve.out" "$work/serve.err")
 python3 - "$n" "$url" "$(cat "$work/token")" "$work/serve.err" <<'EOF'
 import http.client, http.server, re, socket, statistics, sys, threading, time, urllib.parse
 

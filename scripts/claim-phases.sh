@@ -58,8 +58,7 @@ echo "claim-token-$$-0123456789abcdef" > "$work/token"
 RUNNER_LOG=${SERVE_LOG:-runner=debug} "$runner" serve --listen 127.0.0.1:0 --token-file "$work/token" --env-dir "$work/envs" \
   --pool bb=2 --pool py=2 > "$work/serve.out" 2>"$work/serve.err" &
 serve_pid=$!
-for _ in $(seq 1 200); do grep -q listening "$work/serve.out" 2>/dev/null && break; sleep 0.05; done
-url=$(sed -n 's/^listening on //p' "$work/serve.out")
+url=$(bench_url "$work/serve.out" "$work/serve.err")
 for _ in $(seq 1 600); do
   "$runner" pool ls -o json | python3 -c 'import json,sys; p=json.load(sys.stdin); sys.exit(0 if len(p)==2 and all(x["ready"]==2 for x in p) else 1)' && break
   sleep 0.5
