@@ -108,7 +108,7 @@ fn routes() -> Vec<Route> {
             metrics,
         ),
         route(
-            Doc::new(post.clone(), "/v1/sessions", "start a session (its setup must succeed)")
+            Doc::new(post.clone(), "/v1/sessions", "start a session (its setup must succeed); `staticAssets` and `mounts` are a Job's entries as JSON objects of JSON types (`readOnly` a boolean)")
                 .takes::<CreateSession>()
                 .returns::<SessionView>(201),
             sessions::create,
