@@ -911,6 +911,13 @@ fn the_resident_shell_keeps_state_frames_output_and_survives_timeouts() {
         assert_eq!(r["exitCode"], 130, "{image}: the interrupted command's status");
         let r = sh("while :; do :; done", 1);
         assert_eq!(r["timedOut"], true, "{image}: {r}");
+        if r["output"].as_str().unwrap().contains("state is lost") {
+            // busybox's ash hangs on about one interrupt in 300 of a loop of builtins (see
+            // `resident.rs`): the shell is killed and the answer says so. bash never does.
+            assert!(!bash, "{image}: {r}");
+            assert_eq!(out("echo ${v:-fresh}"), "fresh\n", "{image}");
+            sh("v=plain; sleep 300 & echo $! >/tmp/bg", 20);
+        }
         assert_eq!(
             out("echo $v; kill -0 $(cat /tmp/bg) && echo bg alive"),
             "plain\nbg alive\n",
