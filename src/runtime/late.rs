@@ -6,7 +6,9 @@
 //! member's spec binds at its target with `rslave` propagation (and the member's root
 //! propagation is `rslave`, or runc's `rprivate` would cut the link). At claim time runner
 //! mounts the job's sources onto those places on the host, and the kernel propagates each
-//! mount into the member's mount namespace.
+//! mount into the member's mount namespace. The static root is the exception: the filler takes
+//! it out of the member, and a claim whose job has assets mounts a slave copy of it back
+//! (`pool::hide::put_static_back`) before the assets are bound here.
 //!
 //! A remount does not propagate, so a mount must arrive with its final flags: the source is
 //! first bound at a private staging point, remounted there `nosuid,nodev` (and `ro` where the

@@ -43,6 +43,10 @@ pub(super) struct MemberRecord {
     /// Whether its init is the init of a PID namespace of its own.
     pub own_pid_ns: bool,
     pub process: oci_spec::runtime::Process,
+    /// Whether the filler took its static root out (`hide::take_static_out`); false in a
+    /// member an older runner made, which still has it.
+    #[serde(default)]
+    pub static_out: bool,
 }
 
 impl MemberRecord {
@@ -62,6 +66,7 @@ impl MemberRecord {
                 .process()
                 .clone()
                 .ok_or_else(|| RuntimeError::Internal("member spec without process".into()))?,
+            static_out: false,
         })
     }
 
@@ -89,13 +94,22 @@ impl Engine {
     /// Keep what a claim needs of member `id` (just started, its init `init_pid`) in its run
     /// directory: one read of its container record here, on the filler's path, instead of one
     /// per claim.
-    pub(super) async fn write_member_record(&self, id: &str, init_pid: u32) -> Result<(), RuntimeError> {
+    pub(super) async fn write_member_record(
+        &self,
+        id: &str,
+        init_pid: u32,
+        static_out: bool,
+    ) -> Result<(), RuntimeError> {
         let c = self
             .client
             .container(id)
             .await?
             .ok_or_else(|| RuntimeError::Internal(format!("pool member {id} has no container record")))?;
-        let record = serde_json::to_vec(&MemberRecord::of(&c, init_pid)?)
+        let record = MemberRecord {
+            static_out,
+            ..MemberRecord::of(&c, init_pid)?
+        };
+        let record = serde_json::to_vec(&record)
             .map_err(|e| RuntimeError::Internal(format!("encoding a member's record: {e}")))?;
         let dir = self.run_dir.join(id);
         // Whole or not at all: a claim reads it without a lock.
@@ -272,6 +286,7 @@ impl Engine {
                     range,
                     own_pid_ns,
                     process,
+                    static_out,
                     ..
                 } = *record;
                 let range = range.map(|host_base| spec::IdRange { host_base });
@@ -284,8 +299,16 @@ impl Engine {
                 // its cgroup), so what is pinned is what was checked.
                 let init = own_pid_ns.then(|| pin(init_pid)).flatten();
                 let hostname: String = plan.job().name.chars().take(63).collect();
-                let unused = hide::Unused::of(&layout, plan, &dir);
+                let unused = hide::Unused::of(&layout, plan, &dir, static_out);
                 let cgroup = self.cgroup_path(&id);
+                // Put back before the assets are bound (`bind_late`), beside the readying.
+                let static_back = (static_out && !plan.assets.is_empty()).then(|| hide::StaticBack {
+                    init_pid,
+                    cgroup: cgroup.clone(),
+                    source: self.late_dir(&id).join(late::STATIC_DIR),
+                    make_dir: !dir.join(hide::STATIC_IN_IMAGE).exists(),
+                    owner: range.map_or(0, |r| r.host_id(0)),
+                });
                 // Off the async workers, on a thread of its own (`hide::ready`): the agent's
                 // FIFO opens, and the entering of the member's namespaces (its unmounts wait on
                 // the kernel's mount lock, which a burst of claims contends for) would hold one
@@ -313,6 +336,7 @@ impl Engine {
                     relabel,
                     init,
                     seed: image.workspace.clone(),
+                    static_back,
                 }
             };
             tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, member = member.id, "claimed");
@@ -374,11 +398,14 @@ impl Engine {
         layout: &Layout,
         userns: Option<(spec::IdRange, (u32, u32))>,
         plan: &RunPlan,
+        static_back: Option<hide::StaticBack>,
     ) -> Result<(), RuntimeError> {
         let (id, layout, plan) = (id.to_string(), layout.clone(), plan.clone());
+        // Started first: the workspace is bound meanwhile, the assets after it has answered.
+        let static_back = static_back.map(hide::put_static_back);
         let bound = {
             let (engine, id) = (self.clone(), id.clone());
-            tokio::task::spawn_blocking(move || engine.bind_late(&id, &layout, userns, &plan))
+            tokio::task::spawn_blocking(move || engine.bind_late(&id, &layout, userns, &plan, static_back))
                 .await
                 .map_err(|e| RuntimeError::Internal(format!("binding into the claimed member: {e}")))?
         };
@@ -396,6 +423,7 @@ impl Engine {
         layout: &Layout,
         userns: Option<(spec::IdRange, (u32, u32))>,
         plan: &RunPlan,
+        static_back: Option<tokio::sync::oneshot::Receiver<Result<(), RuntimeError>>>,
     ) -> Result<(), RuntimeError> {
         let dir = self.late_dir(id);
         let io = |what: String| move |source| RuntimeError::Io { what, source };
@@ -449,6 +477,14 @@ impl Engine {
                 None => late::bind_place(&dir, i, &b.source, b.read_only),
             }
             .map_err(io(format!("binding {}", b.target)))?;
+        }
+        if let Some(back) = static_back {
+            // On the blocking pool: waiting here holds no async worker.
+            let t0 = Instant::now();
+            back.blocking_recv().map_err(|_| {
+                RuntimeError::Internal("the thread putting the static root back ended without an answer".into())
+            })??;
+            super::super::claim_phase("static root back", t0);
         }
         for a in &plan.assets {
             let save_path = a

@@ -5,8 +5,13 @@
 //!
 //! Done at claim, in the member's mount namespace, by the thread that sets its hostname
 //! (`enter`). Only runner's agent has run in the member then.
+//!
+//! The static root is the exception: most jobs have no assets, and taking it out (an unmount
+//! and, on the rootfs's overlay, a rmdir) was the longest step of a claim's readying. The
+//! filler takes it out of every new member instead (`take_static_out`), and a claim whose job
+//! has assets puts it back (`put_static_back`) before they are bound.
 
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::path::Path;
 
 use super::*;
@@ -51,14 +56,15 @@ pub(super) struct Unused {
 
 impl Unused {
     /// For `plan` in a member of `layout` whose run directory is `run`.
-    pub(super) fn of(layout: &Layout, plan: &RunPlan, run: &Path) -> Self {
+    /// `static_out`: the filler took the static root out already (`take_static_out`).
+    pub(super) fn of(layout: &Layout, plan: &RunPlan, run: &Path, static_out: bool) -> Self {
         let mut without_assets = plan.clone();
         without_assets.assets.clear();
         let bound: Vec<String> = spec::merged_binds(&without_assets)
             .into_iter()
             .map(|b| b.target)
             .collect();
-        let static_root = layout.static_assets && plan.assets.is_empty();
+        let static_root = layout.static_assets && plan.assets.is_empty() && !static_out;
         Unused {
             targets: layout
                 .places
@@ -115,12 +121,7 @@ fn enter(init_pid: u32, cgroup: &str, hostname: &str, unused: Unused) -> Result<
     };
     check_in_cgroup(init_pid, cgroup, "the claimed container")?;
     if let Some(mnt) = mnt {
-        // A thread shares its process's root and cwd until it unshares them; setns into
-        // a mount namespace refuses a thread that shares them.
-        nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS)
-            .map_err(|e| io("leaving the process's filesystem context".into(), e.into()))?;
-        nix::sched::setns(&mnt, nix::sched::CloneFlags::CLONE_NEWNS)
-            .map_err(|e| io("entering the mount namespace".into(), e.into()))?;
+        enter_mount_namespace(&mnt, "the claimed container")?;
         // The thread's root is now the container's: paths resolve in its rootfs. The
         // mounts are runc's binds, made in this namespace (so not locked), slaves of the
         // member's places: nothing of this reaches the host.
@@ -140,6 +141,98 @@ fn enter(init_pid: u32, cgroup: &str, hostname: &str, unused: Unused) -> Result<
     nix::sched::setns(&uts, nix::sched::CloneFlags::CLONE_NEWUTS)
         .map_err(|e| io("entering the UTS namespace".into(), e.into()))?;
     nix::unistd::sethostname(hostname).map_err(|e| io("setting the hostname".into(), e.into()))
+}
+
+/// Move this thread (one of our own, which ends after its work: `on_own_thread`) into mount
+/// namespace `mnt`: its root and cwd become the container's, and paths resolve in its rootfs.
+fn enter_mount_namespace(mnt: &std::fs::File, whose: &str) -> Result<(), RuntimeError> {
+    let io = |what: &str, e: nix::Error| RuntimeError::Io {
+        what: format!("{what} of {whose}"),
+        source: e.into(),
+    };
+    // A thread shares its process's root and cwd until it unshares them; setns into a mount
+    // namespace refuses a thread that shares them.
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS)
+        .map_err(|e| io("leaving the process's filesystem context", e))?;
+    nix::sched::setns(mnt, nix::sched::CloneFlags::CLONE_NEWNS).map_err(|e| io("entering the mount namespace", e))
+}
+
+/// Take the static root out of a new member (its init `init_pid`, in `cgroup`), on a thread
+/// of its own: unmounted, and its mount point removed when the image has no `/static`
+/// (`remove_dir`), so that a job without assets finds what a cold run shows and its claim has
+/// nothing to do for it. Before the member is listed as ready: no job's code has run in it.
+pub(super) fn take_static_out(
+    init_pid: u32,
+    cgroup: &str,
+    remove_dir: bool,
+) -> tokio::sync::oneshot::Receiver<Result<(), RuntimeError>> {
+    let cgroup = cgroup.to_string();
+    on_own_thread(move || {
+        let whose = "the new pool member";
+        let io = |what: String, e: std::io::Error| RuntimeError::Io {
+            what: format!("{what} of {whose}"),
+            source: e,
+        };
+        let mnt = open_namespace(init_pid, "mnt", whose)?;
+        check_in_cgroup(init_pid, &cgroup, whose)?;
+        enter_mount_namespace(&mnt, whose)?;
+        nix::mount::umount2(spec::STATIC_ROOT, nix::mount::MntFlags::MNT_DETACH)
+            .map_err(|e| io(format!("unmounting {}", spec::STATIC_ROOT), e.into()))?;
+        if remove_dir {
+            std::fs::remove_dir(spec::STATIC_ROOT).map_err(|e| io(format!("removing {}", spec::STATIC_ROOT), e))?;
+        }
+        Ok(())
+    })
+}
+
+/// The static root a claim puts back into a member whose filler took it out, for a job with
+/// assets: the member's static directory on the host (`late::STATIC_DIR`), mounted where the
+/// member's spec binds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct StaticBack {
+    pub init_pid: u32,
+    pub cgroup: String,
+    /// The member's static directory on the host.
+    pub source: std::path::PathBuf,
+    /// The mount point was removed (the image has no `/static`): made again, owned by
+    /// `owner` (the host id of the container's root) with mode 0755, as runc makes it.
+    pub make_dir: bool,
+    pub owner: u32,
+}
+
+/// Put the static root back (see `StaticBack`), on a thread of its own; the assets are bound
+/// on the host once this has answered, and reach the member through the mount's propagation
+/// (a mount made while the copy was still detached would not).
+pub(super) fn put_static_back(back: StaticBack) -> tokio::sync::oneshot::Receiver<Result<(), RuntimeError>> {
+    on_own_thread(move || {
+        let whose = "the claimed container";
+        let io = |what: String, e: std::io::Error| RuntimeError::Io {
+            what: format!("{what} of {whose}"),
+            source: e,
+        };
+        // On the host, before the thread leaves its mount namespace: the source is a host path.
+        let tree =
+            crate::runtime::idmap::slave_tree(&back.source).map_err(|e| io("copying the static root".into(), e))?;
+        let mnt = open_namespace(back.init_pid, "mnt", whose)?;
+        check_in_cgroup(back.init_pid, &back.cgroup, whose)?;
+        enter_mount_namespace(&mnt, whose)?;
+        if back.make_dir {
+            // As the container's root (this thread's own file ids; it ends after this): the
+            // rootfs's upper directory records the creator's ids.
+            let owner = nix::unistd::Uid::from_raw(back.owner);
+            nix::unistd::setfsgid(nix::unistd::Gid::from_raw(back.owner));
+            nix::unistd::setfsuid(owner);
+            std::fs::DirBuilder::new()
+                .mode(0o755)
+                .create(spec::STATIC_ROOT)
+                .and_then(|()| {
+                    std::fs::set_permissions(spec::STATIC_ROOT, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                })
+                .map_err(|e| io(format!("making {}", spec::STATIC_ROOT), e))?;
+        }
+        crate::runtime::idmap::attach(tree, Path::new(spec::STATIC_ROOT))
+            .map_err(|e| io(format!("mounting {}", spec::STATIC_ROOT), e))
+    })
 }
 
 type OwnThreadWork = Box<dyn FnOnce() + Send>;

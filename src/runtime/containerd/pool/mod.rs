@@ -105,6 +105,8 @@ pub struct Member {
     init: Option<std::os::fd::OwnedFd>,
     /// The workspace its image holds for what it serves (`seed`).
     seed: Option<Box<crate::image::WorkspaceSeed>>,
+    /// The static root to put back for the job's assets (the filler took it out).
+    static_back: Option<hide::StaticBack>,
 }
 
 /// A claimed member's readying — its agent's FIFOs opened, the places the job has no use for
@@ -507,7 +509,9 @@ impl Engine {
         let started = async {
             // Before runc makes its mount points: whether `/static` is the image's own.
             let rootfs_dir = self.root_dir(&id).join(super::remap::ROOTFS_DIR);
-            if static_root && hide::image_has(&created.rootfs, &rootfs_dir, spec::STATIC_ROOT.trim_start_matches('/')) {
+            let image_static =
+                static_root && hide::image_has(&created.rootfs, &rootfs_dir, spec::STATIC_ROOT.trim_start_matches('/'));
+            if image_static {
                 std::fs::write(self.run_dir.join(&id).join(hide::STATIC_IN_IMAGE), b"").map_err(|source| {
                     RuntimeError::Io {
                         what: "noting the image's /static".into(),
@@ -519,8 +523,21 @@ impl Engine {
             // a reader would stop it after the runner that made it exits.
             let (init_pid, mounts) = self.create_task(&created, &crate::containerd::Stdio::default()).await?;
             self.start_task(&id, mounts).await?;
-            self.prelaunch_shell(&created, init_pid).await;
-            self.write_member_record(&id, init_pid).await?;
+            // The static root goes now rather than at each claim (`hide::take_static_out`),
+            // beside the shell's launch: they touch nothing of each other's.
+            let static_out = async {
+                if !static_root {
+                    return Ok(false);
+                }
+                hide::take_static_out(init_pid, &created.cgroup, !image_static)
+                    .await
+                    .map_err(|_| {
+                        RuntimeError::Internal("the thread taking the static root out ended without an answer".into())
+                    })?
+                    .map(|()| true)
+            };
+            let (static_out, ()) = tokio::join!(static_out, self.prelaunch_shell(&created, init_pid));
+            self.write_member_record(&id, init_pid, static_out?).await?;
             std::fs::write(self.run_dir.join(&id).join(READY_FILE), pool).map_err(|source| RuntimeError::Io {
                 what: "marking the member ready".into(),
                 source,
@@ -627,6 +644,29 @@ mod tests {
         "  staticAssets: [{source: ./assets, savePath: data}]\n  stdin: \"x\"\n",
         "  workspace: ./ws\n  staticAssets: [{source: ./assets, savePath: a/b}]\n  stdin: \"x\"\n  timeoutSeconds: 5\n",
     ];
+
+    /// A member's static root is taken out at claim for a job without assets, unless its
+    /// filler took it out already; its mount point goes only when the image has none.
+    #[test]
+    fn the_static_root_is_taken_out_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        std::fs::create_dir(&run).unwrap();
+        let bare = plan(dir.path(), "plain", "");
+        let layout = member_layout(&bare);
+        assert!(layout.static_assets);
+        let of = |p: &RunPlan, static_out| {
+            let u = hide::Unused::of(&layout, p, &run, static_out);
+            (u.static_root, u.remove_static)
+        };
+        assert_eq!(of(&bare, false), (true, true), "an older runner's member: at claim");
+        assert_eq!(of(&bare, true), (false, false), "taken out by the filler");
+        let assets = plan(dir.path(), "plain", SHAPES[2]);
+        assert_eq!(of(&assets, false), (false, false));
+        assert_eq!(of(&assets, true), (false, false));
+        std::fs::write(run.join(hide::STATIC_IN_IMAGE), b"").unwrap();
+        assert_eq!(of(&bare, false), (true, false), "the image's own /static stays");
+    }
 
     #[test]
     fn jobs_of_every_shape_make_the_same_member() {

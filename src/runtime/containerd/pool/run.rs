@@ -91,9 +91,10 @@ impl Engine {
         let env = plan.env();
         let upper = self.find_upper(&member.id);
         // Beside the member's readying (`Readying`); both are waited for, whatever fails.
+        let static_back = member.static_back.take();
         let bound = async {
             self.seed_workspace(member.seed.as_deref(), plan).await?;
-            self.bind_late_blocking(&member.id, &member.layout, member.userns(), plan)
+            self.bind_late_blocking(&member.id, &member.layout, member.userns(), plan, static_back)
                 .await
         }
         .await;
@@ -259,9 +260,11 @@ impl Engine {
         let t0 = Instant::now();
         let upper = self.find_upper(&id);
         // Beside the member's readying (`Readying`); both are waited for, whatever fails.
+        let static_back = member.static_back.take();
         let bound = async {
             self.seed_workspace(member.seed.as_deref(), plan).await?;
-            self.bind_late_blocking(&member.id, &member.layout, userns, plan).await
+            self.bind_late_blocking(&member.id, &member.layout, userns, plan, static_back)
+                .await
         }
         .await;
         super::super::claim_phase("bind late", t0);
