@@ -2120,7 +2120,10 @@ fn four_attackers_do_not_slow_four_bystanders() {
             bystander_call(&s, id, kind, Duration::from_secs(30)).unwrap_or_else(|e| panic!("bystander warm-up: {e}"));
         }
     }
-    // Each bystander records (phase, latency, failure) per call; phase 0 quiet, 1 under attack.
+    // Each bystander records (phase, latency, failure) per call; phase 0 quiet, 1 under attack,
+    // 2 the attacks' last ones finishing (not counted), 3 quiet again. The quiet baseline is
+    // the slower of the two quiet phases: work on the machine that starts or stops during the
+    // test (the suite's other jobs beside it) then weighs on the baseline as on the attack.
     let phase = AtomicUsize::new(0);
     let stop_by = AtomicBool::new(false);
     let stop_attack = AtomicBool::new(false);
@@ -2174,9 +2177,11 @@ fn four_attackers_do_not_slow_four_bystanders() {
         }
         stop_attack.store(true, Ordering::Relaxed);
         phase.store(2, Ordering::Relaxed);
+        let attacks: Vec<_> = attack_handles.into_iter().map(|h| h.join().unwrap()).collect();
+        phase.store(3, Ordering::Relaxed);
+        thread::sleep(QUIET);
         stop_by.store(true, Ordering::Relaxed);
         let records: Vec<Rec> = by_handles.into_iter().map(|h| h.join().unwrap()).collect();
-        let attacks: Vec<_> = attack_handles.into_iter().map(|h| h.join().unwrap()).collect();
         eprintln!("hostile: soak: server RSS max under attack {} MiB", rss_max / 1024);
         (records, attacks)
     });
@@ -2187,10 +2192,12 @@ fn four_attackers_do_not_slow_four_bystanders() {
     }
     let mut quiet = Calls::default();
     let mut attacked = Calls::default();
+    let mut after = Calls::default();
     for (p, d, failure) in records.into_iter().flatten() {
         let calls = match p {
             0 => &mut quiet,
             1 => &mut attacked,
+            3 => &mut after,
             _ => continue,
         };
         match failure {
@@ -2198,19 +2205,27 @@ fn four_attackers_do_not_slow_four_bystanders() {
             Some(e) => calls.failed.push((d, e)),
         }
     }
-    let q99 = percentile(&quiet.all(), 99.0);
+    let q99 = percentile(&quiet.all(), 99.0).max(percentile(&after.all(), 99.0));
     let a99 = percentile(&attacked.all(), 99.0);
     let base = q99.max(P99_FLOOR);
     eprintln!("hostile: soak: quiet:        {}", quiet.summary());
     eprintln!("hostile: soak: under attack: {}", attacked.summary());
+    eprintln!("hostile: soak: quiet after:  {}", after.summary());
     eprintln!(
-        "hostile: soak: p99 quiet {:.1} ms, under attack {:.1} ms (limit 3 x {:.1} ms = {:.1} ms)",
+        "hostile: soak: p99 quiet (the slower phase) {:.1} ms, under attack {:.1} ms (limit 3 x {:.1} ms = {:.1} ms)",
         ms(q99),
         ms(a99),
         ms(base),
         ms(base * 3)
     );
-    for (phase, calls) in [("quiet", &quiet), ("under attack", &attacked)] {
+    problems.check(!after.all().is_empty(), || {
+        "no bystander call ran after the attack".into()
+    });
+    for (phase, calls) in [
+        ("quiet", &quiet),
+        ("under attack", &attacked),
+        ("after the attack", &after),
+    ] {
         problems.check(calls.failed.is_empty(), || {
             format!(
                 "{} bystander calls failed {phase} (first: {})",
