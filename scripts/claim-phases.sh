@@ -4,10 +4,10 @@
 # (`runner serve --pool`, RUNNER_LOG=runner=debug), one after another with a pause for the
 # refill, then the median of each phase the server logged ("claim phase" events):
 #   manifest          the request's documents parsed, bound, resolved (blocking pool)
-#   manifest: ...     its steps, each from the create's start: the request's documents
-#                     parsed, the scratch workspace there (made on the blocking pool
-#                     meanwhile), the blocking pool reached, the env dir read, the Job bound
-#                     (then resolved: "manifest")
+#   manifest: ...     its steps, each from the create's start. On the async worker: the
+#                     request's documents parsed. On the blocking pool, meanwhile: the pool
+#                     reached, the scratch workspace made, the env dir read; then, with the
+#                     parsed documents, the Job bound (then resolved: "manifest")
 #   setup snapshot    whether the Environment snapshots its setup
 #   pool key          the pool key: kept per process by Environment shape and image (else the
 #                     image resolved and the member spec hashed), inside `claim`
@@ -17,6 +17,7 @@
 #                     the record its filler wrote, checked against the kernel (a member an
 #                     older runner made: its container and task records from containerd)
 #   member readied    its agent opened, unused places taken out, hostname set
+#   static root back  for a job with assets: the static root the filler took out put back
 #   claim             the whole claim: pool key, ready index, rename, member record, readied
 #   bind late         workspace, mounts and assets bound into the member
 #   member's shell    the member's pre-started shell checked (adopted or killed)

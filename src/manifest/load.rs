@@ -116,11 +116,16 @@ impl ManifestSet {
 
     /// Use the Environments and Networks of `--env-dir`.
     pub fn use_env_dir(&mut self, dir: &Path) -> Result<(), ManifestError> {
-        let (environments, networks) = load_env_dir_all(dir)?;
+        self.use_loaded_env_dir(dir, load_env_dir_all(dir)?);
+        Ok(())
+    }
+
+    /// `use_env_dir` with what `load_env_dir_all` read of `dir` (maybe before this set was
+    /// parsed).
+    pub fn use_loaded_env_dir(&mut self, dir: &Path, (environments, networks): (Vec<Environment>, Vec<NetworkDef>)) {
         self.env_dir = environments;
         self.env_dir_networks = networks;
         self.env_dir_path = Some(dir.to_path_buf());
-        Ok(())
     }
 }
 

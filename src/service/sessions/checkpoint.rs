@@ -201,18 +201,9 @@ pub(super) struct Restoring {
 }
 
 impl Restoring {
-    /// Fill a new session's scratch workspace with the checkpoint's.
-    pub(super) async fn fill_workspace(&self, scratch: &Path) -> Result<(), ServiceError> {
-        let t0 = Instant::now();
-        let (from, to) = (self.dir.join(WORKSPACE_DIR), scratch.to_path_buf());
-        Context::blocking(move || {
-            copytree::copy(&from, &to, Shift::NONE, WORKSPACE_LIMITS, &[])
-                .map(|_| ())
-                .map_err(|e| ServiceError::internal("restoring the workspace", e))
-        })
-        .await?;
-        restore_phase("workspace filled", t0);
-        Ok(())
+    /// What fills a new session's scratch workspace with the checkpoint's.
+    pub(super) fn workspace_filler(&self) -> WorkspaceFiller {
+        WorkspaceFiller(self.dir.join(WORKSPACE_DIR))
     }
 
     /// Drive what was restored: the shells, the interpreter.
@@ -541,6 +532,20 @@ pub fn collect(state_dir: &Path) -> Collected {
         }
     }
     out
+}
+
+/// Fills a restored session's scratch workspace with its checkpoint's copy, on the blocking
+/// pool (where the session's scratch workspace is made).
+pub(super) struct WorkspaceFiller(PathBuf);
+
+impl WorkspaceFiller {
+    pub(super) fn fill(&self, scratch: &Path) -> Result<(), ServiceError> {
+        let t0 = Instant::now();
+        copytree::copy(&self.0, scratch, Shift::NONE, WORKSPACE_LIMITS, &[])
+            .map_err(|e| ServiceError::internal("restoring the workspace", e))?;
+        restore_phase("workspace filled", t0);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

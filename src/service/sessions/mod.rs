@@ -513,17 +513,58 @@ impl SessionManager {
             _ => None,
         };
         let (env_name, env_doc) = request.environment.document()?;
-        // The scratch workspace is made on the blocking pool (a mkdir, chown and chmod: 0.15 ms
-        // of a pooled create) while the request's documents are parsed here: they need only
-        // its name. It is there before the manifest is resolved (which opens it).
         let scratch_path = request.workspace.is_none().then(ScratchDir::new_path);
-        let scratch_made = scratch_path
-            .clone()
-            .map(|path| tokio::task::spawn_blocking(move || ScratchDir::make(path)));
         let workspace = match (&request.workspace, &scratch_path) {
             (Some(w), _) => w.clone(),
             (None, Some(t)) => t.to_string_lossy().into_owned(),
             (None, None) => unreachable!("a scratch workspace is named when none is given"),
+        };
+        // One trip to the blocking pool, started now: the scratch workspace made (a mkdir,
+        // chown and chmod; filled from the checkpoint when restoring) and the env dir read
+        // while the request's documents are parsed here (they need only the workspace's
+        // name); then, given the parsed documents, the Job bound and its plan resolved (which
+        // opens the workspace). A request refused here drops the sender: the closure then
+        // ends, and drops the scratch workspace it made.
+        let (parsed_tx, parsed_rx) = tokio::sync::oneshot::channel::<manifest::ManifestSet>();
+        let planned = {
+            let (ctx, backend) = (self.ctx.clone(), request.backend);
+            let filler = restoring.as_ref().map(checkpoint::Restoring::workspace_filler);
+            tokio::task::spawn_blocking(move || {
+                shell::claim_phase("manifest: blocking", t0);
+                let scratch = match scratch_path {
+                    Some(path) => {
+                        let dir = ScratchDir::make(path)?;
+                        if let Some(filler) = &filler {
+                            filler.fill(dir.path())?;
+                        }
+                        Some(dir)
+                    }
+                    None => None,
+                };
+                shell::claim_phase("manifest: workspace", t0);
+                let env_dir = match &ctx.config.env_dir {
+                    Some(dir) => Some((dir.clone(), manifest::load_env_dir_all(dir)?)),
+                    None => None,
+                };
+                shell::claim_phase("manifest: env dir", t0);
+                let Ok(mut set) = parsed_rx.blocking_recv() else {
+                    return Err(ServiceError::internal(
+                        "a session",
+                        "its request was refused while it was planned",
+                    ));
+                };
+                if let Some((dir, loaded)) = env_dir {
+                    set.use_loaded_env_dir(&dir, loaded);
+                }
+                let job = set
+                    .jobs
+                    .first()
+                    .cloned()
+                    .ok_or_else(|| ServiceError::internal("a session", "its job document vanished"))?;
+                let bound = set.bind(&job, backend).map_err(|e| request_field(e, "spec.", ""))?;
+                shell::claim_phase("manifest: bound", t0);
+                Ok((scratch, spec::resolve(&bound, &ctx.host)?))
+            })
         };
         let job_doc = serde_json::json!({
             "apiVersion": manifest::API_VERSION, "kind": "Job",
@@ -551,38 +592,11 @@ impl SessionManager {
         let job = manifest::parse_job_value(&job_doc, &self.base_dir).map_err(|e| request_field(e, "spec.", ""))?;
         set.jobs = vec![job];
         shell::claim_phase("manifest: parsed", t0);
-        let scratch = match scratch_made {
-            Some(made) => {
-                let dir = made
-                    .await
-                    .map_err(|e| ServiceError::internal("creating a scratch workspace", std::io::Error::other(e)))??;
-                if let Some(restoring) = &restoring {
-                    restoring.fill_workspace(dir.path()).await?;
-                }
-                Some(dir)
-            }
-            None => None,
-        };
-        shell::claim_phase("manifest: workspace", t0);
-        let plan = {
-            let (ctx, backend) = (self.ctx.clone(), request.backend);
-            Context::blocking(move || {
-                shell::claim_phase("manifest: blocking", t0);
-                if let Some(dir) = &ctx.config.env_dir {
-                    set.use_env_dir(dir)?;
-                }
-                shell::claim_phase("manifest: env dir", t0);
-                let job = set
-                    .jobs
-                    .first()
-                    .cloned()
-                    .ok_or_else(|| ServiceError::internal("a session", "its job document vanished"))?;
-                let bound = set.bind(&job, backend).map_err(|e| request_field(e, "spec.", ""))?;
-                shell::claim_phase("manifest: bound", t0);
-                Ok(spec::resolve(&bound, &ctx.host)?)
-            })
-            .await?
-        };
+        // A send fails only when the closure ended early: its error is then its answer.
+        let _ = parsed_tx.send(set);
+        let (scratch, plan) = planned
+            .await
+            .map_err(|e| ServiceError::internal("a worker thread", e))??;
         let mut plan = plan;
         plan.restore = restoring.as_ref().map(|r| r.dir.clone());
         shell::claim_phase("manifest", t0);
