@@ -478,8 +478,8 @@ pub fn idmapped_tree(source: Source<'_>, userns: Option<BorrowedFd<'_>>, flags: 
     Ok(tree)
 }
 
-/// A detached copy of the mount tree at `source` (a host path the host chose), `nosuid`,
-/// `nodev` and writable, and a slave of `source`'s peer group: mounts made there once the copy
+/// A detached copy of the mount tree at `source` (a host path the host chose), `nosuid` and
+/// `nodev` (read-only where it is), and a slave of `source`'s peer group: mounts made there once the copy
 /// is attached reach it, none made in it go back. What is mounted at `source` while the copy
 /// is detached does not reach it (measured on 6.18), so its mounts come after `attach`.
 pub fn slave_tree(source: &Path) -> io::Result<OwnedFd> {
@@ -497,7 +497,7 @@ pub fn slave_tree(source: &Path) -> io::Result<OwnedFd> {
     let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     let attr = MountAttr {
         attr_set: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        attr_clr: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
         propagation: libc::MS_SLAVE,
         userns_fd: 0,
     };

@@ -44,7 +44,8 @@ pub(super) struct MemberRecord {
     pub own_pid_ns: bool,
     pub process: oci_spec::runtime::Process,
     /// Whether the filler took its static root out (`hide::take_static_out`); false in a
-    /// member an older runner made, which still has it.
+    /// member an older runner made, which still has it, and in a record rebuilt from
+    /// containerd's (the claim then reads `hide::STATIC_OUT`).
     #[serde(default)]
     pub static_out: bool,
 }
@@ -299,6 +300,7 @@ impl Engine {
                 // its cgroup), so what is pinned is what was checked.
                 let init = own_pid_ns.then(|| pin(init_pid)).flatten();
                 let hostname: String = plan.job().name.chars().take(63).collect();
+                let static_out = static_out || dir.join(hide::STATIC_OUT).exists();
                 let unused = hide::Unused::of(&layout, plan, &dir, static_out);
                 let cgroup = self.cgroup_path(&id);
                 // Put back before the assets are bound (`bind_late`), beside the readying.
@@ -401,7 +403,8 @@ impl Engine {
         static_back: Option<hide::StaticBack>,
     ) -> Result<(), RuntimeError> {
         let (id, layout, plan) = (id.to_string(), layout.clone(), plan.clone());
-        // Started first: the workspace is bound meanwhile, the assets after it has answered.
+        // Started before the late binds: the workspace is bound meanwhile, the assets once it
+        // has answered.
         let static_back = static_back.map(hide::put_static_back);
         let bound = {
             let (engine, id) = (self.clone(), id.clone());

@@ -4,14 +4,15 @@
 //! of a job without assets (gone, unless the image has a `/static` of its own).
 //!
 //! Done at claim, in the member's mount namespace, by the thread that sets its hostname
-//! (`enter`). Only runner's agent has run in the member then.
+//! (`enter`). No job's code has run in the member then: only its init (runner's agent, run
+//! by the image's `sh`) and the shell its filler started.
 //!
 //! The static root is the exception: most jobs have no assets, and taking it out (an unmount
 //! and, on the rootfs's overlay, a rmdir) was the longest step of a claim's readying. The
 //! filler takes it out of every new member instead (`take_static_out`), and a claim whose job
 //! has assets puts it back (`put_static_back`) before they are bound.
 
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use super::*;
@@ -19,6 +20,11 @@ use super::*;
 /// In a member's run directory: present when its image has a `/static` of its own (then a
 /// job without assets finds it there, as in a cold container).
 pub(super) const STATIC_IN_IMAGE: &str = "static-in-image";
+
+/// In a member's run directory: its filler took the static root out (`take_static_out`).
+/// Written before the member is marked ready; a claim reads it when the member's record does
+/// not say so (a record rebuilt from containerd's, when the claim listed the member).
+pub(super) const STATIC_OUT: &str = "static-out";
 
 /// Whether the image under a member's rootfs has `name` at its root, from the snapshot's mounts
 /// before the container starts (runc has made no mount point yet). `rootfs` is empty when
@@ -222,12 +228,18 @@ pub(super) fn put_static_back(back: StaticBack) -> tokio::sync::oneshot::Receive
             let owner = nix::unistd::Uid::from_raw(back.owner);
             nix::unistd::setfsgid(nix::unistd::Gid::from_raw(back.owner));
             nix::unistd::setfsuid(owner);
+            // Its mode set through the directory itself (never a link put in its place), and
+            // whatever the process's umask.
             std::fs::DirBuilder::new()
                 .mode(0o755)
                 .create(spec::STATIC_ROOT)
                 .and_then(|()| {
-                    std::fs::set_permissions(spec::STATIC_ROOT, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                    std::fs::OpenOptions::new()
+                        .read(true)
+                        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+                        .open(spec::STATIC_ROOT)
                 })
+                .and_then(|dir| dir.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o755)))
                 .map_err(|e| io(format!("making {}", spec::STATIC_ROOT), e))?;
         }
         crate::runtime::idmap::attach(tree, Path::new(spec::STATIC_ROOT))

@@ -338,6 +338,7 @@ impl Engine {
         h.update(serde_json::to_vec(layout).unwrap_or_default());
         h.update(agent::AGENT_SCRIPT.as_bytes());
         h.update(super::super::prelaunch::LAUNCH.as_bytes());
+        h.update(MEMBER_FORMAT.as_bytes());
         for tool in &self.options.tools {
             h.update(tool.name.as_bytes());
             h.update(Sha256::digest(tool.contents));
@@ -345,6 +346,11 @@ impl Engine {
         Ok(hex::encode(&h.finalize()[..12]))
     }
 }
+
+/// What a member is made like beyond its spec, which a runner claiming it must know: a runner
+/// that does not (an older one on the same state dir) computes other keys, and never claims it.
+/// The filler takes the static root out (`hide::take_static_out`).
+const MEMBER_FORMAT: &str = "static root taken out by the filler";
 
 /// A digest of what a pool key depends on besides the image's content and the engine
 /// (`engine`): the plan a member is made from, its layout and the image's name. Debug output

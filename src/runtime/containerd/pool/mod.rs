@@ -537,7 +537,16 @@ impl Engine {
                     .map(|()| true)
             };
             let (static_out, ()) = tokio::join!(static_out, self.prelaunch_shell(&created, init_pid));
-            self.write_member_record(&id, init_pid, static_out?).await?;
+            let static_out = static_out?;
+            if static_out {
+                std::fs::write(self.run_dir.join(&id).join(hide::STATIC_OUT), b"").map_err(|source| {
+                    RuntimeError::Io {
+                        what: "noting the static root taken out".into(),
+                        source,
+                    }
+                })?;
+            }
+            self.write_member_record(&id, init_pid, static_out).await?;
             std::fs::write(self.run_dir.join(&id).join(READY_FILE), pool).map_err(|source| RuntimeError::Io {
                 what: "marking the member ready".into(),
                 source,
