@@ -43,11 +43,6 @@ pub(super) struct MemberRecord {
     /// Whether its init is the init of a PID namespace of its own.
     pub own_pid_ns: bool,
     pub process: oci_spec::runtime::Process,
-    /// Whether the filler took its static root out (`hide::take_static_out`); false in a
-    /// member an older runner made, which still has it, and in a record rebuilt from
-    /// containerd's (the claim then reads `hide::STATIC_OUT`).
-    #[serde(default)]
-    pub static_out: bool,
 }
 
 impl MemberRecord {
@@ -67,7 +62,6 @@ impl MemberRecord {
                 .process()
                 .clone()
                 .ok_or_else(|| RuntimeError::Internal("member spec without process".into()))?,
-            static_out: false,
         })
     }
 
@@ -95,22 +89,13 @@ impl Engine {
     /// Keep what a claim needs of member `id` (just started, its init `init_pid`) in its run
     /// directory: one read of its container record here, on the filler's path, instead of one
     /// per claim.
-    pub(super) async fn write_member_record(
-        &self,
-        id: &str,
-        init_pid: u32,
-        static_out: bool,
-    ) -> Result<(), RuntimeError> {
+    pub(super) async fn write_member_record(&self, id: &str, init_pid: u32) -> Result<(), RuntimeError> {
         let c = self
             .client
             .container(id)
             .await?
             .ok_or_else(|| RuntimeError::Internal(format!("pool member {id} has no container record")))?;
-        let record = MemberRecord {
-            static_out,
-            ..MemberRecord::of(&c, init_pid)?
-        };
-        let record = serde_json::to_vec(&record)
+        let record = serde_json::to_vec(&MemberRecord::of(&c, init_pid)?)
             .map_err(|e| RuntimeError::Internal(format!("encoding a member's record: {e}")))?;
         let dir = self.run_dir.join(id);
         // Whole or not at all: a claim reads it without a lock.
@@ -287,7 +272,6 @@ impl Engine {
                     range,
                     own_pid_ns,
                     process,
-                    static_out,
                     ..
                 } = *record;
                 let range = range.map(|host_base| spec::IdRange { host_base });
@@ -300,7 +284,7 @@ impl Engine {
                 // its cgroup), so what is pinned is what was checked.
                 let init = own_pid_ns.then(|| pin(init_pid)).flatten();
                 let hostname: String = plan.job().name.chars().take(63).collect();
-                let static_out = static_out || dir.join(hide::STATIC_OUT).exists();
+                let static_out = dir.join(hide::STATIC_OUT).exists();
                 let unused = hide::Unused::of(&layout, plan, &dir, static_out);
                 let cgroup = self.cgroup_path(&id);
                 // Put back before the assets are bound (`bind_late`), beside the readying.

@@ -22,8 +22,8 @@ use super::*;
 pub(super) const STATIC_IN_IMAGE: &str = "static-in-image";
 
 /// In a member's run directory: its filler took the static root out (`take_static_out`).
-/// Written before the member is marked ready; a claim reads it when the member's record does
-/// not say so (a record rebuilt from containerd's, when the claim listed the member).
+/// Written before the member is marked ready; absent in a member an older runner made, which
+/// still has it (the claim takes it out then, as before).
 pub(super) const STATIC_OUT: &str = "static-out";
 
 /// Whether the image under a member's rootfs has `name` at its root, from the snapshot's mounts

@@ -512,12 +512,7 @@ impl Engine {
             let image_static =
                 static_root && hide::image_has(&created.rootfs, &rootfs_dir, spec::STATIC_ROOT.trim_start_matches('/'));
             if image_static {
-                std::fs::write(self.run_dir.join(&id).join(hide::STATIC_IN_IMAGE), b"").map_err(|source| {
-                    RuntimeError::Io {
-                        what: "noting the image's /static".into(),
-                        source,
-                    }
-                })?;
+                self.mark_member(&id, hide::STATIC_IN_IMAGE, "noting the image's /static")?;
             }
             // Nothing reads a member's own output: its init writes none, and a FIFO without
             // a reader would stop it after the runner that made it exits.
@@ -537,16 +532,10 @@ impl Engine {
                     .map(|()| true)
             };
             let (static_out, ()) = tokio::join!(static_out, self.prelaunch_shell(&created, init_pid));
-            let static_out = static_out?;
-            if static_out {
-                std::fs::write(self.run_dir.join(&id).join(hide::STATIC_OUT), b"").map_err(|source| {
-                    RuntimeError::Io {
-                        what: "noting the static root taken out".into(),
-                        source,
-                    }
-                })?;
+            if static_out? {
+                self.mark_member(&id, hide::STATIC_OUT, "noting the static root taken out")?;
             }
-            self.write_member_record(&id, init_pid, static_out).await?;
+            self.write_member_record(&id, init_pid).await?;
             std::fs::write(self.run_dir.join(&id).join(READY_FILE), pool).map_err(|source| RuntimeError::Io {
                 what: "marking the member ready".into(),
                 source,
@@ -565,6 +554,14 @@ impl Engine {
             return Err(e);
         }
         Ok(id)
+    }
+
+    /// Leave an empty file `name` in member `id`'s run directory (`what` names the step).
+    fn mark_member(&self, id: &str, name: &str, what: &str) -> Result<(), RuntimeError> {
+        std::fs::write(self.run_dir.join(id).join(name), b"").map_err(|source| RuntimeError::Io {
+            what: what.into(),
+            source,
+        })
     }
 
     /// Members of this state dir, with a pool key when given.
