@@ -367,9 +367,13 @@ fn held(pid: u32, state: &Path, rootfs: &Path) -> Held {
         .filter_map(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
         .filter(|lease| lease["stateDir"].as_str() == Some(state.to_str().unwrap()))
         .count();
-    // Scratch workspaces are named after the server's owner id (`pid-starttime`).
+    // Scratch workspaces are in the server's directory, named after its owner id
+    // (`pid-starttime`), beside the 4 it keeps made ahead once its first session made it.
     let start = stat_field(pid, 19).expect("the server's start time");
     let scratch_prefix = format!("runner-session-{pid}-{start}-");
+    let scratch_home = entries(&std::env::temp_dir())
+        .into_iter()
+        .find(|n| n.starts_with(&scratch_prefix));
     let snapshots = ctr(&["snapshots", "ls"])
         .lines()
         .skip(1)
@@ -398,10 +402,9 @@ fn held(pid: u32, state: &Path, rootfs: &Path) -> Held {
         run_dirs: entries(&state.join("run")).len(),
         ranges,
         rootfs_dirs: entries(rootfs).iter().map(|d| entries(&rootfs.join(d)).len()).sum(),
-        scratch: entries(&std::env::temp_dir())
-            .iter()
-            .filter(|n| n.starts_with(&scratch_prefix))
-            .count(),
+        scratch: scratch_home
+            .map(|home| entries(&std::env::temp_dir().join(home)).len().saturating_sub(4))
+            .unwrap_or(0),
         containers: containers_where(&label).len(),
         snapshots,
         leases: ctr(&["leases", "ls", "-q", &label])

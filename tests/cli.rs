@@ -502,6 +502,118 @@ fn serve_exposes_metrics_and_logs_requests_as_json() {
     assert_eq!(access["fields"]["status"], 200);
 }
 
+/// A server keeps its sessions' scratch workspaces in a directory of its own that local users
+/// cannot list (mode 0711, random names), and a few made ahead there (issue 36, item 1:
+/// making one was 0.2–0.4 ms of a pooled session's create). A session created without a
+/// workspace gets one owned by nobody and open to every uid; deleting the session removes
+/// it; SIGTERM removes the directory with the sessions.
+#[test]
+fn scratch_workspaces_live_in_a_directory_of_the_servers_that_goes_at_stop() {
+    use std::io::BufRead;
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let token = "scratch-stock-token-0123456789";
+    std::fs::write(dir.path().join("token"), format!("{token}\n")).unwrap();
+    let mut child = std::process::Command::new(runner_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--token-file"])
+        .arg(dir.path().join("token"))
+        .env("RUNNER_STATE_DIR", dir.path().join("state"))
+        .env("CONTAINERD_ADDRESS", dir.path().join("none.sock"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("listening line")
+        .to_string();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+    let start = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .to_string();
+    let prefix = format!("runner-session-{}-{start}-", child.id());
+    let tmp = std::env::temp_dir();
+    let homes = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|e| e.path())
+            .collect()
+    };
+    assert_eq!(
+        homes(),
+        Vec::<std::path::PathBuf>::new(),
+        "nothing before the first session"
+    );
+    let post = |body: &str| -> serde_json::Value {
+        let r = ureq::post(&format!("{url}/v1/sessions"))
+            .set("Authorization", &format!("Bearer {token}"))
+            .send_string(body)
+            .unwrap();
+        serde_json::from_str(&r.into_string().unwrap()).unwrap()
+    };
+    // What the server's directory holds once its stock is made again after a create (one
+    // filler, 4 made ahead).
+    let settled = |want: usize| -> std::path::PathBuf {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = homes();
+            let n = found.first().map(|h| std::fs::read_dir(h).unwrap().count());
+            if found.len() == 1 && n == Some(want) {
+                return found[0].clone();
+            }
+            assert!(Instant::now() < deadline, "{found:?} holds {n:?}, not {want}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let mut sessions = Vec::new();
+    for i in 0..6 {
+        let v = post(r#"{"environment": {"backend": "host"}}"#);
+        let ws = std::path::PathBuf::from(v["workspace"].as_str().unwrap());
+        let home = settled(i + 1 + 4);
+        assert_eq!(ws.parent(), Some(home.as_path()), "{v}");
+        let m = std::fs::symlink_metadata(&home).unwrap();
+        assert_eq!((m.uid(), m.mode() & 0o7777), (0, 0o711), "{}", home.display());
+        let m = std::fs::symlink_metadata(&ws).unwrap();
+        assert!(m.is_dir(), "{}", ws.display());
+        assert_eq!(
+            (m.uid(), m.gid(), m.mode() & 0o7777),
+            (65_534, 65_534, 0o777),
+            "session {i}: {}",
+            ws.display()
+        );
+        sessions.push((v["id"].as_str().unwrap().to_string(), ws));
+    }
+    // One session deleted: its workspace goes with it.
+    let (first, ws) = sessions.remove(0);
+    let status = ureq::delete(&format!("{url}/v1/sessions/{first}"))
+        .set("Authorization", &format!("Bearer {token}"))
+        .call()
+        .unwrap()
+        .status();
+    assert_eq!(status, 204);
+    settled(5 + 4);
+    assert!(!ws.exists(), "{} outlived its session", ws.display());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert_eq!(homes(), Vec::<std::path::PathBuf>::new(), "after the server's stop");
+}
+
 /// A reader that went away (`runner describe job X | head -1`) ends a printing verb quietly,
 /// with exit 0 and no panic; `apply`, whose job runs in the process, finishes the job anyway.
 #[test]

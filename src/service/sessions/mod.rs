@@ -8,14 +8,12 @@ mod output;
 mod pause;
 mod python;
 mod resident;
+mod scratch;
 mod shell;
 pub mod swerex;
 pub mod terminal;
 pub mod usage;
 pub mod watch;
-
-/// The host's `nobody` (and `nogroup`): owner of session scratch workspaces.
-const NOBODY: u32 = 65_534;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -31,6 +29,7 @@ pub use checkpoint::{CheckpointView, Forked, collect as collect_checkpoints};
 pub use files::Download;
 pub use output::ShellOutput;
 pub use pause::{Hold, PausePolicy, SessionState};
+pub use scratch::{SCRATCH_PREFIX, scratch_abandoned};
 pub use shell::{Check, SHELL_GONE, ShellRequest};
 
 use super::{Context, ServiceError};
@@ -39,72 +38,7 @@ use crate::manifest::{self, Backend};
 use crate::runtime::host::HostRuntime;
 use crate::runtime::{ExecRequest, ExecResult, Runtime, RuntimeEvent};
 use crate::spec;
-
-/// What a session's scratch workspace is called in the temp directory: this prefix, its
-/// server's owner id (`pid-starttime`), a unique tag. `runner gc` removes those of servers
-/// that are gone.
-pub const SCRATCH_PREFIX: &str = "runner-session-";
-
-/// A session's scratch workspace. Removed with the session through
-/// `confined::remove_tree` (the sandbox may have made it anything: 15,000 levels deep, links
-/// everywhere), on the blocking pool when there is one.
-pub struct ScratchDir(PathBuf);
-
-impl ScratchDir {
-    /// A new scratch workspace's name (nothing is made yet).
-    fn new_path() -> PathBuf {
-        let owner = crate::owner::owner_id().replace(':', "-");
-        std::env::temp_dir().join(format!("{SCRATCH_PREFIX}{owner}-{}", crate::owner::unique_tag()))
-    }
-
-    /// Make the scratch workspace at `path`, as every sandbox may use it.
-    fn make(path: PathBuf) -> Result<Self, ServiceError> {
-        std::fs::create_dir(&path).map_err(|e| ServiceError::internal("creating a scratch workspace", e))?;
-        let dir = ScratchDir(path);
-        // Sandboxes may run as any uid: their scratch workspace is theirs to write. It
-        // belongs to nobody: in a user namespace what the sandbox writes there is stored
-        // as the workspace's owner, which must not be the host's root.
-        use std::os::unix::fs::PermissionsExt;
-        std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY))
-            .and_then(|()| std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)))
-            .map_err(|e| ServiceError::internal("opening the scratch workspace", e))?;
-        Ok(dir)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let path = std::mem::take(&mut self.0);
-        let remove = move || {
-            // At the open-files limit (the scratch of a create refused there) the janitor
-            // removes it: the path is all it is given.
-            let dir = path.clone();
-            if let Err(e) = crate::runtime::janitor::or_at_the_wall(move || crate::confined::remove_tree(&dir)) {
-                tracing::warn!(dir = %path.display(), error = %e, "removing a scratch workspace (runner gc retries)");
-            }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => drop(handle.spawn_blocking(remove)),
-            Err(_) => remove(),
-        }
-    }
-}
-
-/// Whether a scratch workspace's name says its server is gone.
-pub fn scratch_abandoned(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix(SCRATCH_PREFIX) else {
-        return false;
-    };
-    let mut parts = rest.splitn(3, '-');
-    match (parts.next(), parts.next(), parts.next()) {
-        (Some(pid), Some(start), Some(_tag)) => !crate::owner::owner_alive(&format!("{pid}:{start}")),
-        _ => false,
-    }
-}
+use scratch::{Scratch, ScratchDir};
 
 /// The default name of a session's inline Environment.
 const INLINE_ENV: &str = "session-env";
@@ -475,6 +409,8 @@ pub struct SessionManager {
     /// The image each named Environment had when a session last used it: a hint for reading
     /// its image record ahead of the claim (`ImageRead`). Bounded; a stale hint costs a read.
     image_hints: Mutex<HashMap<String, String>>,
+    /// The scratch workspaces of sessions created without a workspace.
+    scratch: Arc<Scratch>,
 }
 
 /// Named Environments whose image hint is kept (past it the hints start over).
@@ -488,6 +424,7 @@ impl SessionManager {
             idle_ttl,
             base_dir: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
             image_hints: Mutex::default(),
+            scratch: Arc::default(),
         }
     }
 
@@ -513,14 +450,14 @@ impl SessionManager {
             _ => None,
         };
         let (env_name, env_doc) = request.environment.document()?;
-        let scratch_path = request.workspace.is_none().then(ScratchDir::new_path);
-        let workspace = match (&request.workspace, &scratch_path) {
+        let scratch_reserved = request.workspace.is_none().then(|| self.scratch.reserve());
+        let workspace = match (&request.workspace, &scratch_reserved) {
             (Some(w), _) => w.clone(),
-            (None, Some(t)) => t.to_string_lossy().into_owned(),
+            (None, Some(t)) => t.path().to_string_lossy().into_owned(),
             (None, None) => unreachable!("a scratch workspace is named when none is given"),
         };
-        // One trip to the blocking pool, started now: the scratch workspace made (a mkdir,
-        // chown and chmod; filled from the checkpoint when restoring) and the env dir read
+        // One trip to the blocking pool, started now: the scratch workspace made unless it
+        // was made ahead (filled from the checkpoint when restoring) and the env dir read
         // while the request's documents are parsed here (they need only the workspace's
         // name); then, given the parsed documents, the Job bound and its plan resolved (which
         // opens the workspace). A request refused here drops the sender: the closure then
@@ -531,9 +468,9 @@ impl SessionManager {
             let filler = restoring.as_ref().map(checkpoint::Restoring::workspace_filler);
             tokio::task::spawn_blocking(move || {
                 shell::claim_phase("manifest: blocking", t0);
-                let scratch = match scratch_path {
-                    Some(path) => {
-                        let dir = ScratchDir::make(path)?;
+                let scratch = match scratch_reserved {
+                    Some(reserved) => {
+                        let dir = reserved.make()?;
                         if let Some(filler) = &filler {
                             filler.fill(dir.path())?;
                         }
@@ -828,5 +765,9 @@ impl SessionManager {
             }
         }))
         .await;
+        let scratch = self.scratch.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || scratch.remove()).await {
+            tracing::warn!(error = %e, "removing the scratch workspaces made ahead");
+        }
     }
 }
