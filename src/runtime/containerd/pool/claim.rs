@@ -230,6 +230,15 @@ impl Engine {
         let me = owner_id();
         for id in ids {
             let dir = self.run_dir.join(&id);
+            // An image with a `/static` of its own (a directory or a link): a cold run binds
+            // each asset into it, beside the image's files, through the link; a member's
+            // static root, put back, would hide them. The pool's members share its image.
+            if !plan.assets.is_empty() && dir.join(hide::STATIC_IN_IMAGE).exists() {
+                return Ok(Claim::Cold(
+                    Some(image),
+                    "no pool member can run it: its image has a /static of its own, which only a cold start binds the static assets into".into(),
+                ));
+            }
             let won = std::fs::rename(dir.join(READY_FILE), dir.join(format!("{CLAIMED_PREFIX}{me}"))).is_ok();
             // Claimed (by this process or another) or gone: either way no longer ready.
             let _ = std::fs::remove_file(index.join(&id));
@@ -292,7 +301,6 @@ impl Engine {
                     init_pid,
                     cgroup: cgroup.clone(),
                     source: self.late_dir(&id).join(late::STATIC_DIR),
-                    make_dir: !dir.join(hide::STATIC_IN_IMAGE).exists(),
                     owner: range.map_or(0, |r| r.host_id(0)),
                 });
                 // Off the async workers, on a thread of its own (`hide::ready`): the agent's

@@ -200,9 +200,9 @@ pub(super) struct StaticBack {
     pub cgroup: String,
     /// The member's static directory on the host.
     pub source: std::path::PathBuf,
-    /// The mount point was removed (the image has no `/static`): made again, owned by
-    /// `owner` (the host id of the container's root) with mode 0755, as runc makes it.
-    pub make_dir: bool,
+    /// The owner of `/static`, made again where the filler removed it (the image has
+    /// none: a member of an image with one serves no job with assets): the host id of the
+    /// container's root, as runc makes it (mode 0755).
     pub owner: u32,
 }
 
@@ -222,26 +222,24 @@ pub(super) fn put_static_back(back: StaticBack) -> tokio::sync::oneshot::Receive
         let mnt = open_namespace(back.init_pid, "mnt", whose)?;
         check_in_cgroup(back.init_pid, &back.cgroup, whose)?;
         enter_mount_namespace(&mnt, whose)?;
-        if back.make_dir {
-            // As the container's root (this thread's own file ids; it ends after this): the
-            // rootfs's upper directory records the creator's ids.
-            let owner = nix::unistd::Uid::from_raw(back.owner);
-            nix::unistd::setfsgid(nix::unistd::Gid::from_raw(back.owner));
-            nix::unistd::setfsuid(owner);
-            // Its mode set through the directory itself (never a link put in its place), and
-            // whatever the process's umask.
-            std::fs::DirBuilder::new()
-                .mode(0o755)
-                .create(spec::STATIC_ROOT)
-                .and_then(|()| {
-                    std::fs::OpenOptions::new()
-                        .read(true)
-                        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-                        .open(spec::STATIC_ROOT)
-                })
-                .and_then(|dir| dir.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o755)))
-                .map_err(|e| io(format!("making {}", spec::STATIC_ROOT), e))?;
-        }
+        // As the container's root (this thread's own file ids; it ends after this): the
+        // rootfs's upper directory records the creator's ids.
+        let owner = nix::unistd::Uid::from_raw(back.owner);
+        nix::unistd::setfsgid(nix::unistd::Gid::from_raw(back.owner));
+        nix::unistd::setfsuid(owner);
+        // Its mode set through the directory itself (never a link put in its place), and
+        // whatever the process's umask.
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(spec::STATIC_ROOT)
+            .and_then(|()| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+                    .open(spec::STATIC_ROOT)
+            })
+            .and_then(|dir| dir.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o755)))
+            .map_err(|e| io(format!("making {}", spec::STATIC_ROOT), e))?;
         crate::runtime::idmap::attach(tree, Path::new(spec::STATIC_ROOT))
             .map_err(|e| io(format!("mounting {}", spec::STATIC_ROOT), e))
     })
