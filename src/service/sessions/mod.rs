@@ -531,9 +531,11 @@ impl SessionManager {
         shell::claim_phase("manifest: parsed", t0);
         // A send fails only when the closure ended early: its error is then its answer.
         let _ = parsed_tx.send(set);
-        let (scratch, plan) = planned
-            .await
-            .map_err(|e| ServiceError::internal("a worker thread", e))??;
+        let planned = planned.await.map_err(|e| ServiceError::internal("a worker thread", e));
+        if request.workspace.is_none() {
+            self.scratch.refill();
+        }
+        let (scratch, plan) = planned??;
         let mut plan = plan;
         plan.restore = restoring.as_ref().map(|r| r.dir.clone());
         shell::claim_phase("manifest", t0);

@@ -174,8 +174,9 @@ impl Scratch {
     }
 
     /// Make the stock full again, on the blocking pool, `REFILL_AFTER` from now, unless a
-    /// filler is at it.
-    fn refill(self: &Arc<Self>) {
+    /// filler is at it. Called from an async worker, where starting a task wakes no thread
+    /// (from the blocking pool it was a wake on the create's path).
+    pub fn refill(self: &Arc<Self>) {
         if self.filling.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -269,14 +270,13 @@ impl Reserved {
         &self.path
     }
 
-    /// The workspace, made unless it was made ahead; the stock is refilled after. Blocks.
+    /// The workspace, made unless it was made ahead. Blocks. (`Scratch::refill` after.)
     pub fn make(self) -> Result<ScratchDir, ServiceError> {
         if !self.ready {
             self.home
                 .make_one(&self.path)
                 .map_err(|e| ServiceError::internal("creating a scratch workspace", e))?;
         }
-        self.home.refill();
         Ok(ScratchDir {
             path: self.path,
             home: self.home,
