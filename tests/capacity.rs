@@ -368,7 +368,8 @@ fn held(pid: u32, state: &Path, rootfs: &Path) -> Held {
         .filter(|lease| lease["stateDir"].as_str() == Some(state.to_str().unwrap()))
         .count();
     // Scratch workspaces are in the server's directory, named after its owner id
-    // (`pid-starttime`), beside the 4 it keeps made ahead once its first session made it.
+    // (`pid-starttime`), beside the 4 it keeps made ahead once its first session made it
+    // (3 for the 20 ms before a refill: `settled` reads twice).
     let start = stat_field(pid, 19).expect("the server's start time");
     let scratch_prefix = format!("runner-session-{pid}-{start}-");
     let scratch_home = entries(&std::env::temp_dir())
@@ -462,14 +463,18 @@ fn a_create_refused_at_the_open_files_wall_answers_503_and_leaves_nothing_behind
     };
     // What the server holds once the background work of its last create (the release of
     // its containerd lease) is over.
+    // Taken twice, 100 ms apart, and the same both times: a scratch workspace left behind
+    // reads as none while the stock it came from waits for its refill (20 ms after a take).
     let settled = |sessions: usize| -> Held {
         let want = Held::of_sessions(sessions);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut before = None;
         loop {
             let now = held(pid, &state, &rootfs);
-            if now == want || std::time::Instant::now() > deadline {
+            if (now == want && before.as_ref() == Some(&now)) || std::time::Instant::now() > deadline {
                 return now;
             }
+            before = Some(now);
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
     };

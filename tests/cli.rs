@@ -506,7 +506,8 @@ fn serve_exposes_metrics_and_logs_requests_as_json() {
 /// cannot list (mode 0711, random names), and a few made ahead there (issue 36, item 1:
 /// making one was 0.2–0.4 ms of a pooled session's create). A session created without a
 /// workspace gets one owned by nobody and open to every uid; deleting the session removes
-/// it; SIGTERM removes the directory with the sessions.
+/// it; SIGTERM removes the directory with the sessions (and waits for a workspace of 20,000
+/// files to be removed).
 #[test]
 fn scratch_workspaces_live_in_a_directory_of_the_servers_that_goes_at_stop() {
     use std::io::BufRead;
@@ -605,6 +606,17 @@ fn scratch_workspaces_live_in_a_directory_of_the_servers_that_goes_at_stop() {
     assert_eq!(status, 204);
     settled(5 + 4);
     assert!(!ws.exists(), "{} outlived its session", ws.display());
+    // A workspace that takes a while to remove: the server's stop waits for it.
+    let (id, ws) = &sessions[0];
+    let r = ureq::post(&format!("{url}/v1/sessions/{id}/exec"))
+        .set("Authorization", &format!("Bearer {token}"))
+        .send_string(
+            r#"{"command": ["sh", "-c", "mkdir many && cd many && seq 20000 | xargs touch"], "timeoutSeconds": 120}"#,
+        )
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+    assert_eq!(v["exitCode"], 0, "{v}");
+    assert_eq!(std::fs::read_dir(ws.join("many")).unwrap().count(), 20_000);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,

@@ -767,9 +767,12 @@ impl SessionManager {
             }
         }))
         .await;
+        // The sessions' workspaces are being removed on the blocking pool: the process
+        // must not exit before (a deep tree takes a while), nor before their directory goes.
         let scratch = self.scratch.clone();
         if let Err(e) = tokio::task::spawn_blocking(move || scratch.remove()).await {
             tracing::warn!(error = %e, "removing the scratch workspaces made ahead");
         }
+        self.scratch.removed().await;
     }
 }

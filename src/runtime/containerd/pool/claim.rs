@@ -230,13 +230,14 @@ impl Engine {
         let me = owner_id();
         for id in ids {
             let dir = self.run_dir.join(&id);
-            // An image with a `/static` of its own (a directory or a link): a cold run binds
-            // each asset into it, beside the image's files, through the link; a member's
-            // static root, put back, would hide them. The pool's members share its image.
+            // An image with a `/static` of its own (a directory or a link; on a snapshotter
+            // runner cannot read, one that may have it): a cold run binds each asset into it,
+            // beside the image's files, through the link; a member's static root, put back,
+            // would hide them. The pool's members share its image.
             if !plan.assets.is_empty() && dir.join(hide::STATIC_IN_IMAGE).exists() {
                 return Ok(Claim::Cold(
                     Some(image),
-                    "no pool member can run it: its image has a /static of its own, which only a cold start binds the static assets into".into(),
+                    "no pool member can run it: its image has (or may have) a /static of its own, which only a cold start binds the static assets into".into(),
                 ));
             }
             let won = std::fs::rename(dir.join(READY_FILE), dir.join(format!("{CLAIMED_PREFIX}{me}"))).is_ok();

@@ -17,8 +17,9 @@ use std::path::Path;
 
 use super::*;
 
-/// In a member's run directory: present when its image has a `/static` of its own (then a
-/// job without assets finds it there, as in a cold container).
+/// In a member's run directory: present when its image has a `/static` of its own, or may
+/// have (a snapshotter runner cannot read). A job without assets then finds it there, as in
+/// a cold container; a job with assets starts cold (a cold start binds them into it).
 pub(super) const STATIC_IN_IMAGE: &str = "static-in-image";
 
 /// In a member's run directory: its filler took the static root out (`take_static_out`).
