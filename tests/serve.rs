@@ -1092,10 +1092,17 @@ fn sessions_start_from_the_warm_pool_serve_keeps() {
         ls()
     );
     // The server waited for its claims to pause before it started the filler: the filler
-    // does not wait again (its report says how long it did).
-    let log = std::fs::read_to_string(s.state.join("pools").join("pooled-bb.log")).unwrap_or_default();
+    // does not wait again (its report says how long it did). The report is printed once
+    // the filler is done, a moment after its member is counted ready.
+    let log_path = s.state.join("pools").join("pooled-bb.log");
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert!(
+        eventually(Duration::from_secs(30), || log().contains("waited")),
+        "no filler's report: {}",
+        log()
+    );
+    let log = log();
     let fills: Vec<&str> = log.lines().filter(|l| l.contains("waited")).collect();
-    assert!(!fills.is_empty(), "no filler's report: {log}");
     assert!(
         fills.iter().all(|l| l.contains("waited 0 ms")),
         "a server's filler waited again: {log}"
