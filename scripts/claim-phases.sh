@@ -24,7 +24,9 @@
 #   live from member  the whole sandbox from the claimed member
 #   sandbox           the session's runtime (claim + live from member)
 #   session create    the whole create, as the server sees it
-#   shell adopted     the session's default shell taken over (its hello answered), or
+#   shell hello sent  the member's shell sent its adoption's hello (the first call sends its
+#                     command behind it and reads both answers)
+#   shell adopted     the hello's answer read when no call came within 10 ms, or
 #   shell started     started after the claim (no member shell), off the create's path
 #   access: ...      the access log's time of the create and of the shell calls (the first of
 #                     each session and the repeated ones of the last)
@@ -82,7 +84,7 @@ c = json.loads(os.environ["CLIENT"])
 env = os.environ["ENV_NAME"]
 print("%s: %s of %s sessions from the pool (medians, ms; min..max)" % (env, c["from_pool"], c["sessions"]))
 order = ["manifest: parsed", "manifest: workspace", "manifest: blocking", "manifest: env dir", "manifest: bound", "manifest", "setup snapshot", "pool key", "member record", "member readied", "key checked", "claim", "bind late", "member\x27s shell", "live from member",
-         "sandbox", "session create", "access: create", "shell adopted", "shell started", "access: shell call"]
+         "sandbox", "session create", "access: create", "shell hello sent", "shell adopted", "shell started", "access: shell call"]
 for name in order + sorted(set(phases) - set(order)):
     d = phases.get(name)
     if d:

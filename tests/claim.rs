@@ -220,17 +220,9 @@ fn ns_pid(pid: i32) -> Option<i32> {
         .ok()
 }
 
-/// The short scheduling slice a session's shell runs with (src/runtime/latency.rs) is asked
-/// for when the filler starts a member's shell, before any claim: the adopter has nothing
-/// left to do for it on the claim's path. The session's shell is that very process.
-#[test]
-#[ignore = "needs a private containerd: run scripts/test.sh"]
-fn a_member_shell_has_its_short_slice_before_the_claim() {
-    use runner::runtime::latency::{self, SHELL_SLICE};
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let (served, _pools) = serve_busybox_pool(dir.path(), &state, &["slice"], 1);
-    let members = containers_where("labels.\"runner.dev/pool\"==slice");
+/// The shell of pool `pool`'s one member: its host PID and its PID in the sandbox.
+fn member_shell(pool: &str) -> (i32, i32) {
+    let members = containers_where(&format!("labels.\"runner.dev/pool\"=={pool}"));
     assert_eq!(members.len(), 1, "{members:?}");
     let (_, namespace) = containerd_env();
     let cgroup = format!("/runner/{namespace}/{}", members[0]);
@@ -241,7 +233,67 @@ fn a_member_shell_has_its_short_slice_before_the_claim() {
         .filter(|&(_, ns)| ns != 1)
         .collect();
     assert_eq!(shells.len(), 1, "the member's processes but its init: {shells:?}");
-    let (host, in_sandbox) = shells[0];
+    shells[0]
+}
+
+/// A member's shell that died before the claim does not answer its hello, which the
+/// session's first call finds after sending its command behind it (nothing of the command
+/// can have run there): the command runs in a new shell, whose state later calls keep, and
+/// the answer says nothing of it (no state was lost: the session had none yet).
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_member_shell_that_died_before_the_claim_is_replaced_unseen() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let (served, _pools) = serve_busybox_pool(dir.path(), &state, &["dead"], 1);
+    let (host, in_sandbox) = member_shell("dead");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(host), nix::sys::signal::Signal::SIGKILL).unwrap();
+    // Dead: gone, or a zombie its init has not reaped.
+    let dead = || {
+        std::fs::read_to_string(format!("/proc/{host}/stat")).map_or(true, |stat| {
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), dead),
+        "the member's shell outlived SIGKILL"
+    );
+    let (status, session) = served.call("POST", "/v1/sessions", Some(r#"{"environment": "dead"}"#));
+    assert_eq!(status, 201, "{session}");
+    assert_eq!(session["pool"], "dead", "{session}");
+    let id = session["id"].as_str().unwrap().to_string();
+    let shell = |command: &str| {
+        let body = serde_json::json!({ "command": command }).to_string();
+        let (status, r) = served.call("POST", &format!("/v1/sessions/{id}/shell"), Some(&body));
+        assert_eq!((status, &r["exitCode"]), (200, &0.into()), "{command}: {r}");
+        r["output"].as_str().unwrap().to_string()
+    };
+    let first = shell("cd /tmp && echo $$ && pwd");
+    let lines: Vec<&str> = first.lines().collect();
+    assert_eq!(lines.len(), 2, "the first answer: {first:?}");
+    assert_ne!(lines[0], in_sandbox.to_string(), "the dead shell answered: {first:?}");
+    assert_eq!(lines[1], "/tmp", "{first:?}");
+    assert_eq!(
+        shell("pwd; echo $$"),
+        format!("/tmp\n{}\n", lines[0]),
+        "the new shell keeps its state"
+    );
+    let (status, _) = served.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(status, 204);
+}
+
+/// The short scheduling slice a session's shell runs with (src/runtime/latency.rs) is asked
+/// for when the filler starts a member's shell, before any claim: the adopter has nothing
+/// left to do for it on the claim's path. The session's shell is that very process.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_member_shell_has_its_short_slice_before_the_claim() {
+    use runner::runtime::latency::{self, SHELL_SLICE};
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let (served, _pools) = serve_busybox_pool(dir.path(), &state, &["slice"], 1);
+    let (host, in_sandbox) = member_shell("slice");
     let before = latency::scheduling(host).expect("sched_getattr of the member's shell");
     assert!(before.resets_on_fork, "before the claim: {before:?}");
     // Kernels from 6.12 report the slice (older ones ignore it for normal tasks).

@@ -296,6 +296,18 @@ impl SessionManager {
         for slot in slots {
             held.push(slot.lock_owned().await);
         }
+        // An adopted shell whose hello is still to be read: its PID is what the record keeps.
+        if let Some(sandbox) = session.runtime.sandbox() {
+            for shell in held.iter_mut() {
+                let unanswered = match shell.as_mut() {
+                    Some(s) => s.greeted(sandbox).await.is_err(),
+                    None => false,
+                };
+                if unanswered && let Some(dead) = shell.take() {
+                    dead.stop(sandbox);
+                }
+            }
+        }
         let shells: Vec<Saved> = held.iter().filter_map(|s| s.as_ref()).map(|s| s.saved()).collect();
         let mut python = session.python.lock().await;
         let detached = session.python_detach(&mut python).await?;

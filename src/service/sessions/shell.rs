@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::Session;
 use super::output::ShellOutput;
-use super::resident::Resident;
+use super::resident::{Resident, Unanswered};
 use crate::runtime::ExecRequest;
 use crate::service::{Invalid, ServiceError};
 
@@ -74,6 +74,10 @@ pub struct ShellRequest {
     pub name: Option<String>,
 }
 
+/// How long an adopted shell's hello waits for a first call to read its answer (one that
+/// comes sooner sends its command first); later calls find it read.
+const HELLO_READ_AFTER: Duration = Duration::from_millis(10);
+
 /// Said first when a call found its shell gone and ran in a new one.
 pub const SHELL_GONE: &str =
     "runner: the shell had exited since the last call; this command ran in a new one (its state is lost)\n";
@@ -114,6 +118,27 @@ impl Session {
                 let resident = shell.as_mut().expect("the shell just started");
                 let ran = resident.run(sandbox, &request.command, timeout, limit).await;
                 let (output, alive) = match ran {
+                    // An adopted shell that did not answer its hello (the call's command
+                    // was sent behind it): killed, and the command runs in a new shell when
+                    // it cannot have started in that one (its state was a new shell's).
+                    Err(e) if resident.hello_failed().is_some() => {
+                        let failed = resident.hello_failed();
+                        if let Some(dead) = shell.take() {
+                            dead.stop(sandbox);
+                        }
+                        if failed == Some(Unanswered::Late) {
+                            return Err(ServiceError::internal(
+                                "the session's shell",
+                                format!(
+                                    "{e}: it did not answer in time and was killed; the command may have started (the next call starts a new shell)"
+                                ),
+                            ));
+                        }
+                        let mut fresh = Resident::start(runtime.as_ref(), sandbox, &name).await?;
+                        let ran = fresh.run(sandbox, &request.command, timeout, limit).await?;
+                        *shell = Some(fresh);
+                        ran
+                    }
                     // The shell exited after its last answer: the command runs in a new one,
                     // and the answer says the state is lost (never a 500, never silence).
                     Err(_) if resident.gone() => {
@@ -194,7 +219,8 @@ impl Session {
         if self.runtime.sandbox().is_none() {
             return;
         }
-        let Ok(mut shell) = self.shell_slot("default").try_lock_owned() else {
+        let slot = self.shell_slot("default");
+        let Ok(mut shell) = slot.clone().try_lock_owned() else {
             return;
         };
         let (runtime, id) = (self.runtime.clone(), self.id.clone());
@@ -206,8 +232,29 @@ impl Session {
             if let Some(adoptable) = sandbox.adopt_shell() {
                 match Resident::adopt(sandbox, &adoptable).await {
                     Ok(adopted) => {
+                        // Its answer is read by the first call, which sends its command
+                        // behind the hello, or, when none comes soon, here.
                         *shell = Some(adopted);
-                        claim_phase("shell adopted", t0);
+                        claim_phase("shell hello sent", t0);
+                        drop(shell);
+                        tokio::time::sleep(HELLO_READ_AFTER).await;
+                        shell = slot.lock_owned().await;
+                        let greeted = match shell.as_mut() {
+                            Some(adopted) => adopted.greeted(sandbox).await,
+                            None => Ok(()),
+                        };
+                        match greeted {
+                            Ok(()) => {
+                                claim_phase("shell adopted", t0);
+                                return;
+                            }
+                            Err(e) => {
+                                if let Some(dead) = shell.take() {
+                                    dead.stop(sandbox);
+                                }
+                                tracing::warn!(session = id, error = %e, "the pool member's shell did not answer its hello; starting one");
+                            }
+                        }
                     }
                     Err(e) => {
                         // Gone first: a shell left running could open the new shell's input
