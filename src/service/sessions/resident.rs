@@ -65,6 +65,9 @@ const START_LIMIT: Duration = Duration::from_secs(15);
 const INTERRUPT_GRACE: Duration = Duration::from_millis(1500);
 /// After the status, how long output may still be held open (by a background job).
 const DRAIN_LIMIT: Duration = Duration::from_millis(200);
+/// Longest command text sent behind a hello before its answer is read: far below a FIFO's
+/// buffer (64 KiB), with the hello (~0.5 KiB) in it too.
+const PIPELINED_MAX: usize = 4096;
 /// Longest status line read.
 const LINE_LIMIT: u64 = 200;
 
@@ -111,9 +114,11 @@ pub(super) struct Resident {
 /// How a hello went unanswered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Unanswered {
-    /// The shell is gone (or its FIFOs failed): nothing sent after the hello ran.
+    /// The shell died before it answered (EOF), or the command could not be written:
+    /// nothing sent behind the hello ran.
     Gone,
-    /// Not within `START_LIMIT`: a command sent behind the hello may still have started.
+    /// Not within `START_LIMIT`, or another line came first: a command sent behind the
+    /// hello may have started.
     Late,
 }
 
@@ -354,17 +359,24 @@ impl Resident {
     /// Read the answer to the hello sent, if one is pending: the shell's PID. A shell that
     /// does not answer (gone, or not within `START_LIMIT`) is marked `hello_failed`.
     pub(super) async fn greeted(&mut self, sandbox: &dyn Sandbox) -> Result<(), ServiceError> {
-        let Some(hello) = self.hello.take() else {
+        // Still pending if this is cancelled while it waits (a checkpoint's request dropped).
+        let Some(hello) = self.hello else {
             return Ok(());
         };
-        let pid = match tokio::time::timeout(START_LIMIT, self.next_line()).await {
+        let answer = tokio::time::timeout(START_LIMIT, self.next_line()).await;
+        self.hello = None;
+        let pid = match answer {
             Ok(Some(Line::Ready(pid))) => pid,
-            answer => {
-                self.hello_failed = Some(if answer.is_err() {
-                    Unanswered::Late
-                } else {
-                    Unanswered::Gone
-                });
+            // EOF: it died before it answered (nothing behind the hello ran).
+            Ok(None) => {
+                self.hello_failed = Some(Unanswered::Gone);
+                return Err(ServiceError::rejected("the shell did not start"));
+            }
+            // No answer in time; or a call's status or an exit before it: busybox's sh drops
+            // the rest of what it read when a line errs (the hello's `printf R` with it), and
+            // what was sent behind may have run.
+            _ => {
+                self.hello_failed = Some(Unanswered::Late);
                 return Err(ServiceError::rejected("the shell did not start"));
             }
         };
@@ -398,6 +410,11 @@ impl Resident {
     /// Whether (and how) its hello went unanswered: the shell is to be killed (`stop`).
     pub(super) fn hello_failed(&self) -> Option<Unanswered> {
         self.hello_failed
+    }
+
+    /// Whether its hello's answer is still to be read.
+    pub(super) fn hello_pending(&self) -> bool {
+        self.hello.is_some()
     }
 
     /// What a checkpoint keeps of the shell, to drive its restored copy.
@@ -512,6 +529,17 @@ impl Resident {
         // both answers: the shell runs it as soon as it has answered, instead of after the
         // host read that answer (0.3–0.8 ms). Bounded by the hello's own limit; nothing of
         // the command runs before the hello's answer, which comes first in the shell's input.
+        // Only a command that fits the FIFO's buffer beside the hello (a write to a shell
+        // that died would block: its input is read-write until the answer), and only to a
+        // shell whose PID the filler recorded (one that answers too late is killed).
+        if self.hello.is_some() && (text.len() > PIPELINED_MAX || self.adopted_pid.is_none()) {
+            let greeted = self.greeted(sandbox).await;
+            if let Err(e) = greeted {
+                reader.abort();
+                sandbox.unlink(&out_name);
+                return Err(e);
+            }
+        }
         let pipelined = self.hello.is_some();
         if pipelined {
             // The send too: a shell that stopped reading cannot hold the call (its input is

@@ -134,10 +134,23 @@ impl Session {
                                 ),
                             ));
                         }
-                        let mut fresh = Resident::start(runtime.as_ref(), sandbox, &name).await?;
-                        let ran = fresh.run(sandbox, &request.command, timeout, limit).await?;
-                        *shell = Some(fresh);
-                        ran
+                        let mut fresh = match Resident::start(runtime.as_ref(), sandbox, &name).await {
+                            Ok(fresh) => fresh,
+                            Err(e) => {
+                                Resident::remove_files(sandbox, &name);
+                                return Err(e);
+                            }
+                        };
+                        match fresh.run(sandbox, &request.command, timeout, limit).await {
+                            Ok(ran) => {
+                                *shell = Some(fresh);
+                                ran
+                            }
+                            Err(e) => {
+                                fresh.stop(sandbox);
+                                return Err(e);
+                            }
+                        }
                     }
                     // The shell exited after its last answer: the command runs in a new one,
                     // and the answer says the state is lost (never a 500, never silence).
@@ -238,10 +251,12 @@ impl Session {
                         claim_phase("shell hello sent", t0);
                         drop(shell);
                         tokio::time::sleep(HELLO_READ_AFTER).await;
-                        shell = slot.lock_owned().await;
+                        // A call (or a checkpoint) holding the shell reads the answer itself.
+                        let Ok(held) = slot.try_lock_owned() else { return };
+                        shell = held;
                         let greeted = match shell.as_mut() {
-                            Some(adopted) => adopted.greeted(sandbox).await,
-                            None => Ok(()),
+                            Some(adopted) if adopted.hello_pending() => adopted.greeted(sandbox).await,
+                            _ => return,
                         };
                         match greeted {
                             Ok(()) => {
