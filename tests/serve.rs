@@ -855,11 +855,26 @@ fn the_resident_shell_keeps_state_frames_output_and_survives_timeouts() {
             20,
         );
         assert_eq!(out("echo $v; f 1; hi; pwd"), "plain\nfn 1\naliased\n/tmp\n", "{image}");
-        assert_eq!(
-            sh("echo $undefined_var", 20)["exitCode"].as_i64().map(|c| c != 0),
-            Some(true)
-        );
+        let r = sh("echo $undefined_var", 20);
+        assert_eq!(r["exitCode"].as_i64().map(|c| c != 0), Some(true), "{image}: {r}");
+        assert_eq!(r["timedOut"], false, "{image}: {r}");
         sh("set +u", 20);
+        // A special builtin's error ends the command and the call, not the shell (busybox's
+        // sh dropped the call's status line with it: each call waited its whole timeout).
+        // (bash, outside POSIX mode, goes on after `set -Z`.)
+        for (command, said, aborts) in [
+            ("set -Z; echo not reached", "-Z", !bash),
+            ("readonly ro=1; ro=2; echo not reached", "ro", true),
+            ("echo ${unset_here?is unset}; echo not reached", "is unset", true),
+        ] {
+            let r = sh(command, 20);
+            assert_eq!(r["timedOut"], false, "{image}: {command}: {r}");
+            let output = r["output"].as_str().unwrap();
+            assert!(output.contains(said), "{image}: {command}: {r}");
+            assert_eq!(output.contains("not reached"), !aborts, "{image}: {command}: {r}");
+            assert_eq!(r["exitCode"] != 0, aborts, "{image}: {command}: {r}");
+        }
+        assert_eq!(out("echo $v"), "plain\n", "{image}: the shell's state after the errors");
         if bash {
             sh("shopt -s extglob; declare -A m=([k]=v)", 20);
             assert_eq!(out("echo ${m[k]}; shopt -q extglob && echo on"), "v\non\n");

@@ -5,7 +5,7 @@
 //! Channels, all FIFOs in the sandbox's shared directory (`Sandbox::fifo`):
 //! - `sh-NAME.in`: the shell's input (bash's stdin, another sh's script file; see `prelaunch::LAUNCH`).
 //!   The host writes one call as two lines:
-//!   `{ eval '<command>'\n} </dev/null >OUT 2>&1 4>&-` then `printf N<tag>\ %d\\n $? >&4`.
+//!   `{ command eval '<command>'\n} </dev/null >OUT 2>&1 4>&-` then `printf N<tag>\ %d\\n $? >&4`.
 //!   The command is one quoted word, so nothing it contains can break the framing; it runs in
 //!   the shell itself (a group, not a subshell), without the shell's stdin or status FIFO.
 //! - `sh-NAME.N.out`, one per call: everything the command writes (stdout and stderr
@@ -15,8 +15,11 @@
 //!   an earlier call is ignored. `X<nonce> <status>` comes from an EXIT trap when the shell
 //!   exits (`exit 3`); EOF means it died.
 //!
-//! The second line is separate so that it runs even when a special builtin's error aborts the
-//! first (an interactive POSIX shell returns to its prompt then, e.g. busybox's `set -Z`).
+//! `command` takes the special out of `eval`: an error of a special builtin in the command
+//! (`set -Z`, an assignment to a readonly variable, `${unset?}` or an unset variable under
+//! `set -u`) ends the command, not the rest of what the shell read. busybox's sh drops the rest
+//! of its read buffer on such an error, and the status line with it when both came in one read:
+//! the call then waited for its whole timeout. bash runs it as plain `eval`.
 //!
 //! Interactive mode is what makes a timeout recoverable: SIGINT to the shell's process group
 //! (the shell leads its own session, started with `setsid`) kills the foreground command and
@@ -519,7 +522,7 @@ impl Resident {
         // The status line has no quote: an interrupt that lands while the shell reads it cannot
         // leave the shell waiting for a closing one.
         let text = format!(
-            "{{ eval {}\n}} </dev/null >{mount}/{out_name} 2>&1 4>&-\nprintf N{tag}\\ %d\\\\n $? >&4\n",
+            "{{ command eval {}\n}} </dev/null >{mount}/{out_name} 2>&1 4>&-\nprintf N{tag}\\ %d\\\\n $? >&4\n",
             quote(command)
         );
         let mut timed_out = false;
