@@ -126,13 +126,14 @@ impl Session {
                         if let Some(dead) = shell.take() {
                             dead.stop(sandbox);
                         }
+                        // Said to the caller (503: the next call starts a new shell).
                         if failed == Some(Unanswered::Late) {
-                            return Err(ServiceError::internal(
-                                "the session's shell",
-                                format!(
-                                    "{e}: it did not answer in time and was killed; the command may have started (the next call starts a new shell)"
+                            return Err(ServiceError::Unavailable {
+                                what: "the session's shell",
+                                reason: format!(
+                                    "{e}: it did not answer its start in time and was killed; the command may have started, and the next call starts a new shell (its state is lost)"
                                 ),
-                            ));
+                            });
                         }
                         let mut fresh = match Resident::start(runtime.as_ref(), sandbox, &name).await {
                             Ok(fresh) => fresh,
