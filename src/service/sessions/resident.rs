@@ -274,7 +274,9 @@ impl Resident {
                 launch.stderr.trim()
             )));
         }
-        Self::greet(sandbox, name, input, status, "", Ends::Opening, None).await
+        let mut shell = Self::say_hello(sandbox, name, input, status, "", Ends::Opening, None).await?;
+        shell.greeted(sandbox).await?;
+        Ok(shell)
     }
 
     /// Take over the shell the sandbox's pool member started before the claim, handing it
@@ -306,21 +308,6 @@ impl Resident {
         .await?;
         adopted.adopted_pid = shell.pid;
         Ok(adopted)
-    }
-
-    /// Say hello and wait for the shell's answer (`say_hello`, `greeted`).
-    async fn greet(
-        sandbox: &dyn Sandbox,
-        name: &str,
-        input: OwnedFd,
-        status: OwnedFd,
-        first: &str,
-        ends: Ends,
-        asked: Option<i32>,
-    ) -> Result<Self, ServiceError> {
-        let mut shell = Self::say_hello(sandbox, name, input, status, first, ends, asked).await?;
-        shell.greeted(sandbox).await?;
-        Ok(shell)
     }
 
     /// Say hello (with `first`, the adoption's lines, after history is off: a new shell's
