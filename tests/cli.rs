@@ -510,30 +510,14 @@ fn serve_exposes_metrics_and_logs_requests_as_json() {
 /// files to be removed).
 #[test]
 fn scratch_workspaces_live_in_a_directory_of_the_servers_that_goes_at_stop() {
-    use std::io::BufRead;
     use std::os::unix::fs::MetadataExt;
     let dir = tempfile::tempdir().unwrap();
-    let token = "scratch-stock-token-0123456789";
-    std::fs::write(dir.path().join("token"), format!("{token}\n")).unwrap();
-    let mut child = std::process::Command::new(runner_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--token-file"])
-        .arg(dir.path().join("token"))
-        .env("RUNNER_STATE_DIR", dir.path().join("state"))
-        .env("CONTAINERD_ADDRESS", dir.path().join("none.sock"))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .expect("listening line")
-        .to_string();
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+    let mut cmd = std::process::Command::new(runner_bin());
+    cmd.env("RUNNER_STATE_DIR", dir.path().join("state"))
+        .env("CONTAINERD_ADDRESS", dir.path().join("none.sock"));
+    let mut served = serve_with(cmd, dir.path());
+    let pid = served.child.id();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let start = stat
         .rsplit_once(')')
         .unwrap()
@@ -542,7 +526,7 @@ fn scratch_workspaces_live_in_a_directory_of_the_servers_that_goes_at_stop() {
         .nth(19)
         .unwrap()
         .to_string();
-    let prefix = format!("runner-session-{}-{start}-", child.id());
+    let prefix = format!("runner-session-{pid}-{start}-");
     let tmp = std::env::temp_dir();
     let homes = || -> Vec<std::path::PathBuf> {
         std::fs::read_dir(&tmp)
@@ -557,13 +541,6 @@ fn scratch_workspaces_live_in_a_directory_of_the_servers_that_goes_at_stop() {
         Vec::<std::path::PathBuf>::new(),
         "nothing before the first session"
     );
-    let post = |body: &str| -> serde_json::Value {
-        let r = ureq::post(&format!("{url}/v1/sessions"))
-            .set("Authorization", &format!("Bearer {token}"))
-            .send_string(body)
-            .unwrap();
-        serde_json::from_str(&r.into_string().unwrap()).unwrap()
-    };
     // What the server's directory holds once its stock is made again after a create (one
     // filler, 4 made ahead).
     let settled = |want: usize| -> std::path::PathBuf {
@@ -580,7 +557,8 @@ fn scratch_workspaces_live_in_a_directory_of_the_servers_that_goes_at_stop() {
     };
     let mut sessions = Vec::new();
     for i in 0..6 {
-        let v = post(r#"{"environment": {"backend": "host"}}"#);
+        let (status, v) = served.call("POST", "/v1/sessions", Some(r#"{"environment": {"backend": "host"}}"#));
+        assert_eq!(status, 201, "{v}");
         let ws = std::path::PathBuf::from(v["workspace"].as_str().unwrap());
         let home = settled(i + 1 + 4);
         assert_eq!(ws.parent(), Some(home.as_path()), "{v}");
@@ -598,31 +576,24 @@ fn scratch_workspaces_live_in_a_directory_of_the_servers_that_goes_at_stop() {
     }
     // One session deleted: its workspace goes with it.
     let (first, ws) = sessions.remove(0);
-    let status = ureq::delete(&format!("{url}/v1/sessions/{first}"))
-        .set("Authorization", &format!("Bearer {token}"))
-        .call()
-        .unwrap()
-        .status();
-    assert_eq!(status, 204);
+    assert_eq!(served.call("DELETE", &format!("/v1/sessions/{first}"), None).0, 204);
     settled(5 + 4);
     assert!(!ws.exists(), "{} outlived its session", ws.display());
     // A workspace that takes a while to remove: the server's stop waits for it.
     let (id, ws) = &sessions[0];
-    let r = ureq::post(&format!("{url}/v1/sessions/{id}/exec"))
-        .set("Authorization", &format!("Bearer {token}"))
-        .send_string(
-            r#"{"command": ["sh", "-c", "mkdir many && cd many && seq 20000 | xargs touch"], "timeoutSeconds": 120}"#,
-        )
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
-    assert_eq!(v["exitCode"], 0, "{v}");
+    let (status, v) = served.call(
+        "POST",
+        &format!("/v1/sessions/{id}/exec"),
+        Some(r#"{"command": ["sh", "-c", "mkdir many && cd many && seq 20000 | xargs touch"], "timeoutSeconds": 120}"#),
+    );
+    assert_eq!((status, &v["exitCode"]), (200, &0.into()), "{v}");
     assert_eq!(std::fs::read_dir(ws.join("many")).unwrap().count(), 20_000);
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::unistd::Pid::from_raw(pid as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert_eq!(served.child.wait().unwrap().code(), Some(0));
     assert_eq!(homes(), Vec::<std::path::PathBuf>::new(), "after the server's stop");
 }
 
