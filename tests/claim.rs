@@ -173,6 +173,80 @@ fn an_adopted_shell_is_a_cold_sessions_shell() {
     );
 }
 
+/// A cold session's default shell is asked of the agent before the session's task starts,
+/// and adopted as a member's is (`containerd::prelaunch`): its state is that of a shell
+/// started after the create (as a session's shell that died is replaced). On bash and
+/// busybox's sh.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_cold_sessions_shell_starts_beside_its_create() {
+    let dir = tempfile::tempdir().unwrap();
+    let envs = dir.path().join("envs");
+    std::fs::create_dir_all(&envs).unwrap();
+    std::fs::write(envs.join("envs.yaml"), ENVS).unwrap();
+    let state = dir.path().join("state");
+    import_images(&state);
+    let served = serve_with_args(
+        runner_ctd_command(&["--log", "runner::service::sessions::shell=debug"], &state),
+        dir.path(),
+        &["--env-dir", envs.to_str().unwrap()],
+    );
+    let log = || std::fs::read_to_string(dir.path().join("serve.log")).unwrap();
+    let phases = |text: &str, phase: &str| text.matches(&format!("phase=\"{phase}\"")).count();
+    for env in ["bb", "py"] {
+        let before = log();
+        let (early, pooled) = probe(&served, env);
+        assert!(!pooled, "{env}: no pool serves this server");
+        let during = log()[before.len()..].to_string();
+        assert_eq!(
+            (phases(&during, "shell hello sent"), phases(&during, "shell started")),
+            (1, 0),
+            "{env}: the first call did not find the shell started ahead:\n{during}"
+        );
+
+        // The same, from a shell started after the create: the early shell answers a first
+        // call, is killed, and the next call finds it gone.
+        let (status, session) = served.call("POST", "/v1/sessions", Some(&format!(r#"{{"environment": "{env}"}}"#)));
+        assert_eq!(status, 201, "{session}");
+        let id = session["id"].as_str().unwrap().to_string();
+        let (status, r) = served.call(
+            "POST",
+            &format!("/v1/sessions/{id}/shell"),
+            Some(r#"{"command": "true"}"#),
+        );
+        assert_eq!((status, &r["exitCode"]), (200, &0.into()), "{env}: {r}");
+        // Gone before the call: a process killed closes its files some moments later.
+        let kill = "st() { [ \"$(readlink /proc/$1/fd/4 2>/dev/null)\" = /.runner/sh-default.st ]; }
+            n=0; for p in /proc/[0-9]*; do p=${p#/proc/}; if st $p; then kill -9 $p && n=$((n+1)); while st $p; do :; done; fi; done; echo $n";
+        let body = serde_json::json!({"command": ["sh", "-c", kill]}).to_string();
+        let (status, r) = served.call("POST", &format!("/v1/sessions/{id}/exec"), Some(&body));
+        assert_eq!((status, r["stdout"].as_str()), (200, Some("1\n")), "{env}: {r}");
+        let body = serde_json::json!({"command": PROBE}).to_string();
+        let (status, r) = served.call("POST", &format!("/v1/sessions/{id}/shell"), Some(&body));
+        assert_eq!((status, &r["exitCode"]), (200, &0.into()), "{env}: {r}");
+        let output = r["output"].as_str().unwrap();
+        let Some(output) = output.strip_prefix(runner::service::sessions::SHELL_GONE) else {
+            panic!("{env}: the call did not find its shell gone: {output}");
+        };
+        let started = normalized(output, &id);
+        let (status, _) = served.call("DELETE", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(status, 204);
+        assert!(early.contains("sh-default.in"), "{env}: {early}");
+        if early != started {
+            let diff: Vec<String> = early
+                .lines()
+                .zip(started.lines())
+                .filter(|(e, s)| e != s)
+                .map(|(e, s)| format!("early:   {e}\nstarted: {s}"))
+                .collect();
+            panic!(
+                "{env}: the shell started ahead differs from one started after the create:\n{}\n\nwhole early:\n{early}\n\nwhole started:\n{started}",
+                diff.join("\n")
+            );
+        }
+    }
+}
+
 /// `runner serve` of state dir `state` (images imported), keeping pool `pool[0]` of `size`
 /// members of a busybox Environment of that name from its env dir in `dir`; returned once the
 /// pool is full, with what removes it.

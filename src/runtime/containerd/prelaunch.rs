@@ -124,44 +124,11 @@ impl Engine {
     }
 
     async fn launch_in(&self, created: &Created, agent: &Agent, init_pid: u32) -> Result<(), RuntimeError> {
-        for what in ["in", "st"] {
-            drop(agent.fifo(&shell_file(PRELAUNCHED, what), FifoEnd::ReadWrite)?);
-        }
-        let cwd = created.process.cwd().to_string_lossy().into_owned();
-        let name = agent::request_name(LAUNCH_REQUEST);
-        let script = agent::command_script(&name, &launch_argv(PRELAUNCHED), &[], Some(&cwd));
-        let req = agent.send(LAUNCH_REQUEST, &script, None)?;
-        let pumps = OutputPump::capture(req.out, req.err, false, 4096);
-        let status = tokio::time::timeout(LAUNCH_LIMIT, super::read_status(req.done)).await;
-        let (_, err) = pumps.finish(Duration::from_millis(200), false).await;
-        agent.remove(&name);
-        match status {
-            Ok(Some(0)) => {}
-            Ok(other) => {
-                return Err(RuntimeError::Internal(format!(
-                    "the shell's launch ended with {other:?}: {}",
-                    err.command.text.trim()
-                )));
-            }
-            Err(_) => return Err(RuntimeError::Internal("the shell's launch did not end".into())),
-        }
+        let req = send_launch(agent, &created.process)?;
+        launched(agent, req).await?;
         // What the adopter would otherwise do after the shell's hello, on the claim's path.
-        // The mark says the shell's PID once its slice is asked for (best effort, as the
-        // adopter's: a kernel that refuses it now refuses it then); without it the adopter asks.
-        let mark = match find_shell(&created.cgroup, init_pid, agent).and_then(|(host, ns_pid)| {
-            crate::runtime::latency::request_slice(host, crate::runtime::latency::SHELL_SLICE)
-                .map(|()| ns_pid)
-                .map_err(|source| RuntimeError::Io {
-                    what: "asking a short slice for the shell".into(),
-                    source,
-                })
-        }) {
-            Ok(ns_pid) => ns_pid.to_string(),
-            Err(e) => {
-                tracing::debug!(member = created.id, error = %e, "the member's shell keeps its slice until adopted");
-                String::new()
-            }
-        };
+        let pid = shell_pid(&created.cgroup, init_pid, agent);
+        let mark = pid.map(|p| p.to_string()).unwrap_or_default();
         std::fs::write(self.run_dir.join(&created.id).join(MARKER), mark).map_err(|source| RuntimeError::Io {
             what: "marking the member's shell".into(),
             source,
@@ -240,7 +207,112 @@ impl Engine {
             cwd: live.process.cwd().to_string_lossy().into_owned(),
             hostname: (!inherited("HOSTNAME")).then(|| plan.job().name.chars().take(63).collect()),
             pid,
+            fresh: false,
         })
+    }
+}
+
+/// A cold session's default shell, asked of the agent before the task starts (`req`, from
+/// `send_launch`): the agent's first act is to start it, beside Tasks.Start's return and
+/// the create's answer, so the session's first call finds it there, as a pool member's,
+/// instead of starting it then (an agent command, `sh`, `setsid` and the shell: 5–7 ms).
+/// What the session adopts (`Sandbox::adopt_shell`), or `None` when it did not start (the
+/// session then starts its own).
+pub(super) fn finish_cold_launch(
+    live: &super::LiveContainer,
+    req: agent::Request,
+) -> tokio::task::JoinHandle<Option<AdoptableShell>> {
+    let (agent, cgroup, init_pid, id) = (live.agent.clone(), live.cgroup.clone(), live.init_pid, live.id.clone());
+    let (cwd, init_exited) = (
+        live.process.cwd().to_string_lossy().into_owned(),
+        live.init_exited.clone(),
+    );
+    tokio::spawn(async move {
+        let agent = agent?;
+        // An agent that is gone (the init died, the session was deleted) never answers:
+        // the session's first call must not wait out the limit for it.
+        let ended = tokio::select! {
+            r = launched(&agent, req) => r,
+            () = init_exited.cancelled() => Err(RuntimeError::Internal("the container's init exited".into())),
+        };
+        if let Err(e) = ended {
+            tracing::debug!(session = id, error = %e, "starting a cold session's shell ahead");
+            for what in ["in", "st"] {
+                agent.unlink(&shell_file(PRELAUNCHED, what));
+            }
+            return None;
+        }
+        // The sandbox's commands may run by now: its processes are read off the async
+        // threads (a sandbox decides how many there are). One of them could hold the
+        // shell's status FIFO at fd 4 too and be taken for the shell; what it gets is the
+        // short slice (a latency preference, never more CPU), and what it risks is the kill
+        // a shell that did not answer gets: nothing beyond the sandbox.
+        let found = tokio::task::spawn_blocking(move || shell_pid(&cgroup, init_pid, &agent)).await;
+        Some(AdoptableShell {
+            name: PRELAUNCHED.to_string(),
+            // Started with the init's environment, directory and host name: they are
+            // the session's already.
+            env: Vec::new(),
+            cwd,
+            hostname: None,
+            pid: found.ok().flatten(),
+            fresh: true,
+        })
+    })
+}
+
+/// Ask the agent to start the default shell, in the container's working directory, with
+/// FIFOs made for it: the request waits in the control FIFO until the agent reads it.
+pub(super) fn send_launch(agent: &Agent, process: &oci_spec::runtime::Process) -> Result<agent::Request, RuntimeError> {
+    for what in ["in", "st"] {
+        drop(agent.fifo(&shell_file(PRELAUNCHED, what), FifoEnd::ReadWrite)?);
+    }
+    let cwd = process.cwd().to_string_lossy().into_owned();
+    let name = agent::request_name(LAUNCH_REQUEST);
+    let script = agent::command_script(&name, &launch_argv(PRELAUNCHED), &[], Some(&cwd));
+    agent.send(LAUNCH_REQUEST, &script, None)
+}
+
+/// The launch's end: its status 0 within `LAUNCH_LIMIT` (the shell then runs, detached),
+/// else why not. Its request directory goes either way (on the blocking pool: it is in the
+/// shared directory), so an agent that reads the request late skips it.
+async fn launched(agent: &Agent, req: agent::Request) -> Result<(), RuntimeError> {
+    let name = req.name.clone();
+    let pumps = OutputPump::capture(req.out, req.err, false, 4096);
+    let status = tokio::time::timeout(LAUNCH_LIMIT, super::read_status(req.done)).await;
+    let (_, err) = pumps.finish(Duration::from_millis(200), false).await;
+    let dir = agent.dir().to_path_buf();
+    let removed = tokio::task::spawn_blocking(move || agent::remove_request(&dir, &name)).await;
+    if let Err(e) = removed {
+        tracing::debug!(error = %e, "removing the shell's launch request");
+    }
+    match status {
+        Ok(Some(0)) => Ok(()),
+        Ok(other) => Err(RuntimeError::Internal(format!(
+            "the shell's launch ended with {other:?}: {}",
+            err.command.text.trim()
+        ))),
+        Err(_) => Err(RuntimeError::Internal("the shell's launch did not end".into())),
+    }
+}
+
+/// The started shell's PID in the sandbox once its short slice is asked for (best effort,
+/// as the adopter's: a kernel that refuses it now refuses it then); `None`: the adopter asks.
+fn shell_pid(cgroup: &str, init_pid: u32, agent: &Agent) -> Option<i32> {
+    let asked = find_shell(cgroup, init_pid, agent).and_then(|(host, ns_pid)| {
+        crate::runtime::latency::request_slice(host, crate::runtime::latency::SHELL_SLICE)
+            .map(|()| ns_pid)
+            .map_err(|source| RuntimeError::Io {
+                what: "asking a short slice for the shell".into(),
+                source,
+            })
+    });
+    match asked {
+        Ok(ns_pid) => Some(ns_pid),
+        Err(e) => {
+            tracing::debug!(error = %e, "the shell keeps its slice until adopted");
+            None
+        }
     }
 }
 

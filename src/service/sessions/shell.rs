@@ -243,7 +243,7 @@ impl Session {
             // A pool member's shell, started before the claim, is taken over: the first
             // call then finds the shell at once.
             let t0 = std::time::Instant::now();
-            if let Some(adoptable) = sandbox.adopt_shell() {
+            if let Some(adoptable) = sandbox.adopt_shell().await {
                 match Resident::adopt(sandbox, &adoptable).await {
                     Ok(adopted) => {
                         // Its answer is read by the first call, which sends its command
