@@ -265,6 +265,14 @@ async fn forward_loop(mut rx: pipe::Receiver, is_stdout: bool, tx: mpsc::Sender<
 }
 
 impl OutputPump {
+    /// Stop reading, dropping what was read: for output nobody will take (its writer may
+    /// never come: a FIFO reader opened before any writer sees no hang-up until one has).
+    pub fn abort(self) {
+        for (task, _, _) in self.tasks {
+            task.abort();
+        }
+    }
+
     /// Capture both streams (split at the setup marker when `expect_marker`).
     pub fn start(fifos: &Fifos, expect_marker: bool, limit: usize) -> Result<Self, RuntimeError> {
         let (out, err) = fifos.receivers()?;

@@ -209,7 +209,11 @@ impl Engine {
             live.set_setup(setup);
         }
         if let Some(req) = launch {
-            *live.launching.get_mut().expect("launching lock") = Some(prelaunch::finish_cold_launch(&live, req));
+            // The agent runs one request at a time: the session's commands wait for the
+            // launch as for each other (their limits not yet running), and a command timed
+            // out or killed is never taken for the launch's process.
+            let slot = live.slot.clone().try_lock_owned().ok();
+            *live.launching.get_mut().expect("launching lock") = Some(prelaunch::finish_cold_launch(&live, req, slot));
         }
         Ok(live)
     }
@@ -583,6 +587,9 @@ impl LiveContainer {
             () = sleep => Err(()),
             () = self.init_exited.cancelled() => {
                 self.state.lock().expect("state lock").running = None;
+                // An agent that never opened the output FIFOs would leave their readers
+                // waiting for ever.
+                pumps.abort();
                 return Err(ended());
             }
         };

@@ -14,6 +14,13 @@
 //!
 //! Before the claim no code of a job has run in the member: the FIFOs and the processes are
 //! the filler's. Once claimed, everything is checked as the resident shell checks it.
+//!
+//! A cold session's container gets its default shell the same way, earlier than a session
+//! could start it: the launch is written to the agent's control FIFO before Tasks.Create, the
+//! agent runs it as its first act (holding the container's command slot, as a command
+//! would), and the session adopts the shell with nothing to hand over (`fresh`: it started
+//! with the session's own environment, directory and host name). There the sandbox's own
+//! commands may run by the time the host looks for the shell's process (`finish_cold_launch`).
 
 use std::time::Duration;
 
@@ -68,7 +75,8 @@ pub fn launch_argv(name: &str) -> Vec<String> {
 const MARKER: &str = "shell";
 /// The launch's agent request: far from the numbers a claimant's own requests take (from 0).
 const LAUNCH_REQUEST: u64 = u64::MAX;
-/// How long the launch may take (the filler's time, not a claim's).
+/// How long the launch may take (the filler's time; for a cold session, what its first call
+/// waits at most before it starts a shell itself).
 const LAUNCH_LIMIT: Duration = Duration::from_secs(15);
 /// How long the processes killed at a claim may take to be gone.
 const KILL_LIMIT: Duration = Duration::from_secs(2);
@@ -116,7 +124,7 @@ impl Engine {
         let launched = self.launch_in(created, agent, init_pid).await;
         if let Err(e) = launched {
             tracing::debug!(member = created.id, error = %e, "starting a shell in a pool member");
-            end_processes(&created.cgroup, init_pid).await;
+            end_processes(&created.cgroup, init_pid, None).await;
             for what in ["in", "st"] {
                 agent.unlink(&shell_file(PRELAUNCHED, what));
             }
@@ -125,7 +133,8 @@ impl Engine {
 
     async fn launch_in(&self, created: &Created, agent: &Agent, init_pid: u32) -> Result<(), RuntimeError> {
         let req = send_launch(agent, &created.process)?;
-        launched(agent, req).await?;
+        // (A member's failed launch has every process but its init killed: `prelaunch_shell`.)
+        launched(agent, req, &tokio_util::sync::CancellationToken::new(), None).await?;
         // What the adopter would otherwise do after the shell's hello, on the claim's path.
         let pid = shell_pid(&created.cgroup, init_pid, agent);
         let mark = pid.map(|p| p.to_string()).unwrap_or_default();
@@ -151,7 +160,7 @@ impl Engine {
     /// process of the member but its init), so the job finds what a cold container has.
     pub(super) async fn end_prelaunched(&self, id: &str, cgroup: &str, init_pid: u32, agent: &Agent) {
         if self.take_mark(id).is_some() {
-            end_processes(cgroup, init_pid).await;
+            end_processes(cgroup, init_pid, None).await;
             for what in ["in", "st"] {
                 agent.unlink(&shell_file(PRELAUNCHED, what));
             }
@@ -182,7 +191,7 @@ impl Engine {
         };
         if let Some(why) = why {
             tracing::debug!(member = live.id, why, "the pool member's shell is not adopted");
-            end_processes(&live.cgroup, live.init_pid).await;
+            end_processes(&live.cgroup, live.init_pid, None).await;
             if let Ok(agent) = live.agent() {
                 for what in ["in", "st"] {
                     agent.unlink(&shell_file(PRELAUNCHED, what));
@@ -216,11 +225,13 @@ impl Engine {
 /// `send_launch`): the agent's first act is to start it, beside Tasks.Start's return and
 /// the create's answer, so the session's first call finds it there, as a pool member's,
 /// instead of starting it then (an agent command, `sh`, `setsid` and the shell: 5–7 ms).
-/// What the session adopts (`Sandbox::adopt_shell`), or `None` when it did not start (the
-/// session then starts its own).
+/// `slot`: the container's command slot, held until the launch has ended (as a command
+/// holds it). What the session adopts (`Sandbox::adopt_shell`), or `None` when it did not
+/// start (the session then starts its own).
 pub(super) fn finish_cold_launch(
     live: &super::LiveContainer,
     req: agent::Request,
+    slot: Option<tokio::sync::OwnedMutexGuard<()>>,
 ) -> tokio::task::JoinHandle<Option<AdoptableShell>> {
     let (agent, cgroup, init_pid, id) = (live.agent.clone(), live.cgroup.clone(), live.init_pid, live.id.clone());
     let (cwd, init_exited) = (
@@ -229,12 +240,12 @@ pub(super) fn finish_cold_launch(
     );
     tokio::spawn(async move {
         let agent = agent?;
-        // An agent that is gone (the init died, the session was deleted) never answers:
-        // the session's first call must not wait out the limit for it.
-        let ended = tokio::select! {
-            r = launched(&agent, req) => r,
-            () = init_exited.cancelled() => Err(RuntimeError::Internal("the container's init exited".into())),
+        let late = Late {
+            cgroup: &cgroup,
+            init_pid,
         };
+        let ended = launched(&agent, req, &init_exited, Some(late)).await;
+        drop(slot);
         if let Err(e) = ended {
             tracing::debug!(session = id, error = %e, "starting a cold session's shell ahead");
             for what in ["in", "st"] {
@@ -273,14 +284,49 @@ pub(super) fn send_launch(agent: &Agent, process: &oci_spec::runtime::Process) -
     agent.send(LAUNCH_REQUEST, &script, None)
 }
 
+/// Where a launch that overran its limit is killed: a session's container, whose own
+/// commands may run (a member's failed launch has every process but its init killed).
+struct Late<'a> {
+    cgroup: &'a str,
+    init_pid: u32,
+}
+
 /// The launch's end: its status 0 within `LAUNCH_LIMIT` (the shell then runs, detached),
-/// else why not. Its request directory goes either way (on the blocking pool: it is in the
-/// shared directory), so an agent that reads the request late skips it.
-async fn launched(agent: &Agent, req: agent::Request) -> Result<(), RuntimeError> {
+/// else why not. Its request directory goes (on the blocking pool: it is in the shared
+/// directory), so an agent that reads the request late skips it; with `late`, a launch over
+/// its limit is killed first, and the shell it may have started. An init that exits ends
+/// the wait (its agent will never answer; the container's teardown removes the rest).
+async fn launched(
+    agent: &Agent,
+    req: agent::Request,
+    init_exited: &tokio_util::sync::CancellationToken,
+    late: Option<Late<'_>>,
+) -> Result<(), RuntimeError> {
     let name = req.name.clone();
     let pumps = OutputPump::capture(req.out, req.err, false, 4096);
-    let status = tokio::time::timeout(LAUNCH_LIMIT, super::read_status(req.done)).await;
+    let status = tokio::select! {
+        s = tokio::time::timeout(LAUNCH_LIMIT, super::read_status(req.done)) => s,
+        () = init_exited.cancelled() => {
+            pumps.abort();
+            return Err(RuntimeError::Internal("the container's init exited".into()));
+        }
+    };
     let (_, err) = pumps.finish(Duration::from_millis(200), false).await;
+    if let (Err(_), Some(late)) = (&status, late) {
+        // The launch's own process, as a timed-out command's (the PID the kernel confirms),
+        // then whatever holds the shell's status FIFO: the shell, started in a session of
+        // its own. Left running, it would read the input of the shell started instead.
+        if let Some(host) = agent::request_pid(&req.dir_fd, req.sent, late.init_pid, late.cgroup) {
+            let pid = nix::unistd::Pid::from_raw(host);
+            if nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL).is_err() {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+        match status_fifo(agent) {
+            Ok(fifo) => end_processes(late.cgroup, late.init_pid, Some(fifo)).await,
+            Err(e) => tracing::debug!(error = %e, "finding the late launch's shell"),
+        }
+    }
     let dir = agent.dir().to_path_buf();
     let removed = tokio::task::spawn_blocking(move || agent::remove_request(&dir, &name)).await;
     if let Err(e) = removed {
@@ -316,24 +362,13 @@ fn shell_pid(cgroup: &str, init_pid: u32, agent: &Agent) -> Option<i32> {
     }
 }
 
-/// A member's new shell, found before the claim (every process there is the filler's): the
-/// process of its cgroup, other than its init, whose fd 4 is the shell's status FIFO. Its
-/// host PID and its PID in the sandbox.
+/// A container's new shell: the process of its cgroup, other than its init, whose fd 4 is
+/// the shell's status FIFO (in a member before its claim every process is the filler's; in
+/// a cold session see `finish_cold_launch`). Its host PID and its PID in the sandbox.
 fn find_shell(cgroup: &str, init_pid: u32, agent: &Agent) -> Result<(i32, i32), RuntimeError> {
-    use std::os::unix::fs::MetadataExt;
-    let status = agent.reopen(&shell_file(PRELAUNCHED, "st"), FifoEnd::Read)?;
-    let fifo = nix::sys::stat::fstat(&status).map_err(|e| RuntimeError::Io {
-        what: "checking the shell's status FIFO".into(),
-        source: e.into(),
-    })?;
+    let fifo = status_fifo(agent)?;
     for pid in crate::runtime::cgroupfs::procs(cgroup) {
-        if pid == init_pid as i32 {
-            continue;
-        }
-        let Ok(fd4) = std::fs::metadata(format!("/proc/{pid}/fd/4")) else {
-            continue;
-        };
-        if (fd4.dev(), fd4.ino()) != (fifo.st_dev, fifo.st_ino) {
+        if pid == init_pid as i32 || !holds_at_fd4(pid, fifo) {
             continue;
         }
         if let Some(ns_pid) = agent::pid_in_namespace(pid) {
@@ -345,10 +380,27 @@ fn find_shell(cgroup: &str, init_pid: u32, agent: &Agent) -> Result<(i32, i32), 
     ))
 }
 
-/// SIGKILL every process of a member's cgroup but its init, and wait (bounded) until they are
-/// gone. Each is pinned with a pidfd and checked to be in the cgroup before it is signalled:
-/// a PID reused meanwhile is never hit. On the blocking pool (it reads /proc and waits).
-async fn end_processes(cgroup: &str, init_pid: u32) {
+/// The shell's status FIFO, as (device, inode): what its shell holds at fd 4.
+fn status_fifo(agent: &Agent) -> Result<(u64, u64), RuntimeError> {
+    let status = agent.reopen(&shell_file(PRELAUNCHED, "st"), FifoEnd::Read)?;
+    let fifo = nix::sys::stat::fstat(&status).map_err(|e| RuntimeError::Io {
+        what: "checking the shell's status FIFO".into(),
+        source: e.into(),
+    })?;
+    Ok((fifo.st_dev, fifo.st_ino))
+}
+
+/// Whether host process `pid` holds FIFO `fifo` (device, inode) at fd 4.
+fn holds_at_fd4(pid: i32, fifo: (u64, u64)) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/fd/4")).is_ok_and(|fd4| (fd4.dev(), fd4.ino()) == fifo)
+}
+
+/// SIGKILL every process of a member's cgroup but its init (with `holding`, only those that
+/// hold that FIFO at fd 4), and wait (bounded) until they are gone. Each is pinned with a
+/// pidfd and checked to be in the cgroup before it is signalled: a PID reused meanwhile is
+/// never hit. On the blocking pool (it reads /proc and waits).
+async fn end_processes(cgroup: &str, init_pid: u32, holding: Option<(u64, u64)>) {
     let cgroup = cgroup.to_string();
     let ended = tokio::task::spawn_blocking(move || {
         let mut pinned = Vec::new();
@@ -357,6 +409,9 @@ async fn end_processes(cgroup: &str, init_pid: u32) {
                 continue;
             }
             let Some(fd) = pidfd(pid) else { continue };
+            if holding.is_some_and(|fifo| !holds_at_fd4(pid, fifo)) {
+                continue;
+            }
             if crate::runtime::cgroupfs::procs(&cgroup).contains(&pid) {
                 // SAFETY: pidfd_send_signal on a pidfd we own; no siginfo.
                 let r = unsafe {
