@@ -287,7 +287,6 @@ pub struct CgroupRef {
 
 /// An isolated sandbox's extras: a directory shared with it, the tools shipped into it,
 /// signals to its processes, its OOM count.
-#[async_trait::async_trait]
 pub trait Sandbox: Send + Sync {
     /// The host directory the sandbox sees read-write at `shared_mount` (hostile: the
     /// sandbox may plant anything in it).
@@ -317,9 +316,8 @@ pub trait Sandbox: Send + Sync {
     /// Processes the kernel OOM-killed in the sandbox so far.
     fn oom_kills(&self) -> Option<u64>;
     /// A resident shell already running in the sandbox (started in a pool member before the
-    /// claim, or in a cold session's container before its task started: then once it has
-    /// started), for the session to adopt as its first; once, and `None` when there is none.
-    async fn adopt_shell(&self) -> Option<AdoptableShell> {
+    /// claim), for the session to adopt as its first; once, and `None` when there is none.
+    fn adopt_shell(&self) -> Option<AdoptableShell> {
         None
     }
 }
@@ -339,9 +337,6 @@ pub struct AdoptableShell {
     /// Its PID in the sandbox, when the short slice a session's shell runs with was asked for
     /// before the claim (`Sandbox::prefer_latency`); `None`: the adopter asks.
     pub pid: Option<i32>,
-    /// Started with the session's own state (a cold session's, a moment before its create
-    /// answered): there is nothing to hand over, and its hello is a started shell's.
-    pub fresh: bool,
 }
 
 /// How the host opens a FIFO in a sandbox's shared directory.
@@ -423,9 +418,6 @@ pub struct RuntimeOptions {
     /// containerd: live sessions of one Environment share shims, this many per shim
     /// (`runner serve --sessions-per-shim`); `None`: a shim each.
     pub shim_groups: Option<std::sync::Arc<containerd::shim_group::ShimGroups>>,
-    /// A live container started cold asks its agent for a session's default shell before its
-    /// task starts (`containerd::prelaunch`): set for sessions, which always start one.
-    pub prelaunch_shell: bool,
     /// containerd: the image record a session's claim will check, read ahead (see
     /// `containerd::pool::ImageRead`).
     pub image_read: Option<containerd::pool::ImageRead>,
@@ -512,7 +504,6 @@ impl Default for RuntimeOptions {
             rootfs_dir: crate::config::DEFAULT_ROOTFS_DIR.into(),
             userns_dir: crate::config::DEFAULT_USERNS_DIR.into(),
             shim_groups: None,
-            prelaunch_shell: false,
             image_read: None,
         }
     }

@@ -246,14 +246,7 @@ pub fn serve_with_args(mut cmd: Command, dir: &Path, extra: &[&str]) -> Served {
         .arg(&token_file)
         .args(extra)
         .stdout(std::process::Stdio::piped())
-        // Its log, beside its token (a test that raises `--log` reads it; a failure's reader too).
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(dir.join("serve.log"))
-                .unwrap(),
-        )
+        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     let mut line = String::new();

@@ -271,7 +271,13 @@ impl Agent {
     /// width, links: see `confined::remove_tree_at`). It may take a while: call it on the
     /// blocking pool, never on an async thread.
     pub fn remove(&self, name: &str) {
-        remove_request(&self.dir, name);
+        let removed = self
+            .open_dir()
+            .map_err(|e| e.to_string())
+            .and_then(|top| crate::confined::remove_tree_at(top.as_fd(), name.as_bytes()).map_err(|e| e.to_string()));
+        if let Err(e) = removed {
+            tracing::debug!(request = name, error = %e, "removing an agent request (its container's teardown removes the rest)");
+        }
     }
 
     /// Make a FIFO at the top of the directory for a long-lived tool (replacing whatever has
@@ -310,16 +316,6 @@ impl Agent {
         {
             let _ = nix::unistd::unlinkat(&top, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
         }
-    }
-}
-
-/// `Agent::remove` for the agent directory at `dir` (what a task off the agent's owner calls).
-pub fn remove_request(dir: &Path, name: &str) {
-    let removed = open_dir(dir)
-        .map_err(|e| e.to_string())
-        .and_then(|top| crate::confined::remove_tree_at(top.as_fd(), name.as_bytes()).map_err(|e| e.to_string()));
-    if let Err(e) = removed {
-        tracing::debug!(request = name, error = %e, "removing an agent request (its container's teardown removes the rest)");
     }
 }
 

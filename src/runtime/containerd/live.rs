@@ -103,14 +103,6 @@ impl Engine {
         let agent_dir = created.agent.as_ref().map(|a| a.dir().to_path_buf());
         let (storage, baselined) =
             self.watch_storage(plan, &id, &created.cgroup, created.upper.clone(), agent_dir.as_deref());
-        // Without setup the agent is the init's first act: a session's default shell asked
-        // now starts beside Tasks.Start's return (a failure here costs only that).
-        let launch = match (&created.agent, self.options.prelaunch_shell && !expect_marker) {
-            (Some(agent), true) => prelaunch::send_launch(agent, &created.process)
-                .inspect_err(|e| tracing::debug!(error = %e, "asking for a cold session's shell ahead"))
-                .ok(),
-            _ => None,
-        };
         let (init_pid, mounts) = self.create_task(created, &stdio).await?;
         if let Some(ticket) = created.shim_group.take() {
             ticket.established();
@@ -208,13 +200,6 @@ impl Engine {
         if let Some(setup) = setup {
             live.set_setup(setup);
         }
-        if let Some(req) = launch {
-            // The agent runs one request at a time: the session's commands wait for the
-            // launch as for each other (their limits not yet running), and a command timed
-            // out or killed is never taken for the launch's process.
-            let slot = live.slot.clone().try_lock_owned().ok();
-            *live.launching.get_mut().expect("launching lock") = Some(prelaunch::finish_cold_launch(&live, req, slot));
-        }
         Ok(live)
     }
 }
@@ -277,9 +262,6 @@ pub struct LiveContainer {
     pub(super) restore_holds: Mutex<Vec<std::os::fd::OwnedFd>>,
     /// The shell a pool member's filler started, until the session adopts it.
     pub(super) prelaunched: Mutex<Option<crate::runtime::AdoptableShell>>,
-    /// A cold session's shell, asked of the agent before its task started, until it has
-    /// started (`prelaunch::finish_cold_launch`) and the session adopts it.
-    pub(super) launching: Mutex<Option<tokio::task::JoinHandle<Option<crate::runtime::AdoptableShell>>>>,
 }
 
 impl LiveContainer {
@@ -313,7 +295,6 @@ impl LiveContainer {
             sequence: Arc::new(AtomicU64::new(0)),
             restore_holds: Mutex::new(Vec::new()),
             prelaunched: Mutex::new(None),
-            launching: Mutex::new(None),
         }
     }
 
@@ -695,7 +676,6 @@ pub(super) struct StartedExec {
     pub(super) started: Instant,
 }
 
-#[async_trait]
 impl crate::runtime::Sandbox for LiveContainer {
     fn shared_dir(&self) -> &Path {
         self.agent.as_ref().map_or(Path::new(""), |a| a.dir())
@@ -756,12 +736,8 @@ impl crate::runtime::Sandbox for LiveContainer {
         LiveContainer::oom_kills(self)
     }
 
-    async fn adopt_shell(&self) -> Option<crate::runtime::AdoptableShell> {
-        if let Some(shell) = self.prelaunched.lock().expect("prelaunched lock").take() {
-            return Some(shell);
-        }
-        let launching = self.launching.lock().expect("launching lock").take()?;
-        launching.await.ok().flatten()
+    fn adopt_shell(&self) -> Option<crate::runtime::AdoptableShell> {
+        self.prelaunched.lock().expect("prelaunched lock").take()
     }
 }
 
@@ -870,7 +846,6 @@ impl Runtime for LiveContainer {
             sequence: self.sequence.clone(),
             restore_holds: Mutex::new(Vec::new()),
             prelaunched: Mutex::new(None),
-            launching: Mutex::new(None),
         };
         let exec = if this.agent.is_some() {
             None

@@ -14,13 +14,6 @@
 //!
 //! Before the claim no code of a job has run in the member: the FIFOs and the processes are
 //! the filler's. Once claimed, everything is checked as the resident shell checks it.
-//!
-//! A cold session's container gets its default shell the same way, earlier than a session
-//! could start it: the launch is written to the agent's control FIFO before Tasks.Create, the
-//! agent runs it as its first act (holding the container's command slot, as a command
-//! would), and the session adopts the shell with nothing to hand over (`fresh`: it started
-//! with the session's own environment, directory and host name). There the sandbox's own
-//! commands may run by the time the host looks for the shell's process (`finish_cold_launch`).
 
 use std::time::Duration;
 
@@ -75,8 +68,7 @@ pub fn launch_argv(name: &str) -> Vec<String> {
 const MARKER: &str = "shell";
 /// The launch's agent request: far from the numbers a claimant's own requests take (from 0).
 const LAUNCH_REQUEST: u64 = u64::MAX;
-/// How long the launch may take (the filler's time; for a cold session, what its first call
-/// waits at most before it starts a shell itself).
+/// How long the launch may take (the filler's time, not a claim's).
 const LAUNCH_LIMIT: Duration = Duration::from_secs(15);
 /// How long the processes killed at a claim may take to be gone.
 const KILL_LIMIT: Duration = Duration::from_secs(2);
@@ -124,7 +116,7 @@ impl Engine {
         let launched = self.launch_in(created, agent, init_pid).await;
         if let Err(e) = launched {
             tracing::debug!(member = created.id, error = %e, "starting a shell in a pool member");
-            end_processes(&created.cgroup, init_pid, None).await;
+            end_processes(&created.cgroup, init_pid).await;
             for what in ["in", "st"] {
                 agent.unlink(&shell_file(PRELAUNCHED, what));
             }
@@ -132,12 +124,44 @@ impl Engine {
     }
 
     async fn launch_in(&self, created: &Created, agent: &Agent, init_pid: u32) -> Result<(), RuntimeError> {
-        let req = send_launch(agent, &created.process)?;
-        // (A member's failed launch has every process but its init killed: `prelaunch_shell`.)
-        launched(agent, req, &tokio_util::sync::CancellationToken::new(), None).await?;
+        for what in ["in", "st"] {
+            drop(agent.fifo(&shell_file(PRELAUNCHED, what), FifoEnd::ReadWrite)?);
+        }
+        let cwd = created.process.cwd().to_string_lossy().into_owned();
+        let name = agent::request_name(LAUNCH_REQUEST);
+        let script = agent::command_script(&name, &launch_argv(PRELAUNCHED), &[], Some(&cwd));
+        let req = agent.send(LAUNCH_REQUEST, &script, None)?;
+        let pumps = OutputPump::capture(req.out, req.err, false, 4096);
+        let status = tokio::time::timeout(LAUNCH_LIMIT, super::read_status(req.done)).await;
+        let (_, err) = pumps.finish(Duration::from_millis(200), false).await;
+        agent.remove(&name);
+        match status {
+            Ok(Some(0)) => {}
+            Ok(other) => {
+                return Err(RuntimeError::Internal(format!(
+                    "the shell's launch ended with {other:?}: {}",
+                    err.command.text.trim()
+                )));
+            }
+            Err(_) => return Err(RuntimeError::Internal("the shell's launch did not end".into())),
+        }
         // What the adopter would otherwise do after the shell's hello, on the claim's path.
-        let pid = shell_pid(&created.cgroup, init_pid, agent);
-        let mark = pid.map(|p| p.to_string()).unwrap_or_default();
+        // The mark says the shell's PID once its slice is asked for (best effort, as the
+        // adopter's: a kernel that refuses it now refuses it then); without it the adopter asks.
+        let mark = match find_shell(&created.cgroup, init_pid, agent).and_then(|(host, ns_pid)| {
+            crate::runtime::latency::request_slice(host, crate::runtime::latency::SHELL_SLICE)
+                .map(|()| ns_pid)
+                .map_err(|source| RuntimeError::Io {
+                    what: "asking a short slice for the shell".into(),
+                    source,
+                })
+        }) {
+            Ok(ns_pid) => ns_pid.to_string(),
+            Err(e) => {
+                tracing::debug!(member = created.id, error = %e, "the member's shell keeps its slice until adopted");
+                String::new()
+            }
+        };
         std::fs::write(self.run_dir.join(&created.id).join(MARKER), mark).map_err(|source| RuntimeError::Io {
             what: "marking the member's shell".into(),
             source,
@@ -160,7 +184,7 @@ impl Engine {
     /// process of the member but its init), so the job finds what a cold container has.
     pub(super) async fn end_prelaunched(&self, id: &str, cgroup: &str, init_pid: u32, agent: &Agent) {
         if self.take_mark(id).is_some() {
-            end_processes(cgroup, init_pid, None).await;
+            end_processes(cgroup, init_pid).await;
             for what in ["in", "st"] {
                 agent.unlink(&shell_file(PRELAUNCHED, what));
             }
@@ -191,7 +215,7 @@ impl Engine {
         };
         if let Some(why) = why {
             tracing::debug!(member = live.id, why, "the pool member's shell is not adopted");
-            end_processes(&live.cgroup, live.init_pid, None).await;
+            end_processes(&live.cgroup, live.init_pid).await;
             if let Ok(agent) = live.agent() {
                 for what in ["in", "st"] {
                     agent.unlink(&shell_file(PRELAUNCHED, what));
@@ -216,159 +240,28 @@ impl Engine {
             cwd: live.process.cwd().to_string_lossy().into_owned(),
             hostname: (!inherited("HOSTNAME")).then(|| plan.job().name.chars().take(63).collect()),
             pid,
-            fresh: false,
         })
     }
 }
 
-/// A cold session's default shell, asked of the agent before the task starts (`req`, from
-/// `send_launch`): the agent's first act is to start it, beside Tasks.Start's return and
-/// the create's answer, so the session's first call finds it there, as a pool member's,
-/// instead of starting it then (an agent command, `sh`, `setsid` and the shell: 5–7 ms).
-/// `slot`: the container's command slot, held until the launch has ended (as a command
-/// holds it). What the session adopts (`Sandbox::adopt_shell`), or `None` when it did not
-/// start (the session then starts its own).
-pub(super) fn finish_cold_launch(
-    live: &super::LiveContainer,
-    req: agent::Request,
-    slot: Option<tokio::sync::OwnedMutexGuard<()>>,
-) -> tokio::task::JoinHandle<Option<AdoptableShell>> {
-    let (agent, cgroup, init_pid, id) = (live.agent.clone(), live.cgroup.clone(), live.init_pid, live.id.clone());
-    let (cwd, init_exited) = (
-        live.process.cwd().to_string_lossy().into_owned(),
-        live.init_exited.clone(),
-    );
-    tokio::spawn(async move {
-        let agent = agent?;
-        let late = Late {
-            cgroup: &cgroup,
-            init_pid,
-        };
-        let ended = launched(&agent, req, &init_exited, Some(late)).await;
-        drop(slot);
-        if let Err(e) = ended {
-            tracing::debug!(session = id, error = %e, "starting a cold session's shell ahead");
-            for what in ["in", "st"] {
-                agent.unlink(&shell_file(PRELAUNCHED, what));
-            }
-            return None;
-        }
-        // The sandbox's commands may run by now: its processes are read off the async
-        // threads (a sandbox decides how many there are). One of them could hold the
-        // shell's status FIFO at fd 4 too and be taken for the shell; what it gets is the
-        // short slice (a latency preference, never more CPU), and what it risks is the kill
-        // a shell that did not answer gets: nothing beyond the sandbox.
-        let found = tokio::task::spawn_blocking(move || shell_pid(&cgroup, init_pid, &agent)).await;
-        Some(AdoptableShell {
-            name: PRELAUNCHED.to_string(),
-            // Started with the init's environment, directory and host name: they are
-            // the session's already.
-            env: Vec::new(),
-            cwd,
-            hostname: None,
-            pid: found.ok().flatten(),
-            fresh: true,
-        })
-    })
-}
-
-/// Ask the agent to start the default shell, in the container's working directory, with
-/// FIFOs made for it: the request waits in the control FIFO until the agent reads it.
-pub(super) fn send_launch(agent: &Agent, process: &oci_spec::runtime::Process) -> Result<agent::Request, RuntimeError> {
-    for what in ["in", "st"] {
-        drop(agent.fifo(&shell_file(PRELAUNCHED, what), FifoEnd::ReadWrite)?);
-    }
-    let cwd = process.cwd().to_string_lossy().into_owned();
-    let name = agent::request_name(LAUNCH_REQUEST);
-    let script = agent::command_script(&name, &launch_argv(PRELAUNCHED), &[], Some(&cwd));
-    agent.send(LAUNCH_REQUEST, &script, None)
-}
-
-/// Where a launch that overran its limit is killed: a session's container, whose own
-/// commands may run (a member's failed launch has every process but its init killed).
-struct Late<'a> {
-    cgroup: &'a str,
-    init_pid: u32,
-}
-
-/// The launch's end: its status 0 within `LAUNCH_LIMIT` (the shell then runs, detached),
-/// else why not. Its request directory goes (on the blocking pool: it is in the shared
-/// directory), so an agent that reads the request late skips it; with `late`, a launch over
-/// its limit is killed first, and the shell it may have started. An init that exits ends
-/// the wait (its agent will never answer; the container's teardown removes the rest).
-async fn launched(
-    agent: &Agent,
-    req: agent::Request,
-    init_exited: &tokio_util::sync::CancellationToken,
-    late: Option<Late<'_>>,
-) -> Result<(), RuntimeError> {
-    let name = req.name.clone();
-    let pumps = OutputPump::capture(req.out, req.err, false, 4096);
-    let status = tokio::select! {
-        s = tokio::time::timeout(LAUNCH_LIMIT, super::read_status(req.done)) => s,
-        () = init_exited.cancelled() => {
-            pumps.abort();
-            return Err(RuntimeError::Internal("the container's init exited".into()));
-        }
-    };
-    let (_, err) = pumps.finish(Duration::from_millis(200), false).await;
-    if let (Err(_), Some(late)) = (&status, late) {
-        // The launch's own process, as a timed-out command's (the PID the kernel confirms),
-        // then whatever holds the shell's status FIFO: the shell, started in a session of
-        // its own. Left running, it would read the input of the shell started instead.
-        if let Some(host) = agent::request_pid(&req.dir_fd, req.sent, late.init_pid, late.cgroup) {
-            let pid = nix::unistd::Pid::from_raw(host);
-            if nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL).is_err() {
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-            }
-        }
-        match status_fifo(agent) {
-            Ok(fifo) => end_processes(late.cgroup, late.init_pid, Some(fifo)).await,
-            Err(e) => tracing::debug!(error = %e, "finding the late launch's shell"),
-        }
-    }
-    let dir = agent.dir().to_path_buf();
-    let removed = tokio::task::spawn_blocking(move || agent::remove_request(&dir, &name)).await;
-    if let Err(e) = removed {
-        tracing::debug!(error = %e, "removing the shell's launch request");
-    }
-    match status {
-        Ok(Some(0)) => Ok(()),
-        Ok(other) => Err(RuntimeError::Internal(format!(
-            "the shell's launch ended with {other:?}: {}",
-            err.command.text.trim()
-        ))),
-        Err(_) => Err(RuntimeError::Internal("the shell's launch did not end".into())),
-    }
-}
-
-/// The started shell's PID in the sandbox once its short slice is asked for (best effort,
-/// as the adopter's: a kernel that refuses it now refuses it then); `None`: the adopter asks.
-fn shell_pid(cgroup: &str, init_pid: u32, agent: &Agent) -> Option<i32> {
-    let asked = find_shell(cgroup, init_pid, agent).and_then(|(host, ns_pid)| {
-        crate::runtime::latency::request_slice(host, crate::runtime::latency::SHELL_SLICE)
-            .map(|()| ns_pid)
-            .map_err(|source| RuntimeError::Io {
-                what: "asking a short slice for the shell".into(),
-                source,
-            })
-    });
-    match asked {
-        Ok(ns_pid) => Some(ns_pid),
-        Err(e) => {
-            tracing::debug!(error = %e, "the shell keeps its slice until adopted");
-            None
-        }
-    }
-}
-
-/// A container's new shell: the process of its cgroup, other than its init, whose fd 4 is
-/// the shell's status FIFO (in a member before its claim every process is the filler's; in
-/// a cold session see `finish_cold_launch`). Its host PID and its PID in the sandbox.
+/// A member's new shell, found before the claim (every process there is the filler's): the
+/// process of its cgroup, other than its init, whose fd 4 is the shell's status FIFO. Its
+/// host PID and its PID in the sandbox.
 fn find_shell(cgroup: &str, init_pid: u32, agent: &Agent) -> Result<(i32, i32), RuntimeError> {
-    let fifo = status_fifo(agent)?;
+    use std::os::unix::fs::MetadataExt;
+    let status = agent.reopen(&shell_file(PRELAUNCHED, "st"), FifoEnd::Read)?;
+    let fifo = nix::sys::stat::fstat(&status).map_err(|e| RuntimeError::Io {
+        what: "checking the shell's status FIFO".into(),
+        source: e.into(),
+    })?;
     for pid in crate::runtime::cgroupfs::procs(cgroup) {
-        if pid == init_pid as i32 || !holds_at_fd4(pid, fifo) {
+        if pid == init_pid as i32 {
+            continue;
+        }
+        let Ok(fd4) = std::fs::metadata(format!("/proc/{pid}/fd/4")) else {
+            continue;
+        };
+        if (fd4.dev(), fd4.ino()) != (fifo.st_dev, fifo.st_ino) {
             continue;
         }
         if let Some(ns_pid) = agent::pid_in_namespace(pid) {
@@ -380,27 +273,10 @@ fn find_shell(cgroup: &str, init_pid: u32, agent: &Agent) -> Result<(i32, i32), 
     ))
 }
 
-/// The shell's status FIFO, as (device, inode): what its shell holds at fd 4.
-fn status_fifo(agent: &Agent) -> Result<(u64, u64), RuntimeError> {
-    let status = agent.reopen(&shell_file(PRELAUNCHED, "st"), FifoEnd::Read)?;
-    let fifo = nix::sys::stat::fstat(&status).map_err(|e| RuntimeError::Io {
-        what: "checking the shell's status FIFO".into(),
-        source: e.into(),
-    })?;
-    Ok((fifo.st_dev, fifo.st_ino))
-}
-
-/// Whether host process `pid` holds FIFO `fifo` (device, inode) at fd 4.
-fn holds_at_fd4(pid: i32, fifo: (u64, u64)) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(format!("/proc/{pid}/fd/4")).is_ok_and(|fd4| (fd4.dev(), fd4.ino()) == fifo)
-}
-
-/// SIGKILL every process of a member's cgroup but its init (with `holding`, only those that
-/// hold that FIFO at fd 4), and wait (bounded) until they are gone. Each is pinned with a
-/// pidfd and checked to be in the cgroup before it is signalled: a PID reused meanwhile is
-/// never hit. On the blocking pool (it reads /proc and waits).
-async fn end_processes(cgroup: &str, init_pid: u32, holding: Option<(u64, u64)>) {
+/// SIGKILL every process of a member's cgroup but its init, and wait (bounded) until they are
+/// gone. Each is pinned with a pidfd and checked to be in the cgroup before it is signalled:
+/// a PID reused meanwhile is never hit. On the blocking pool (it reads /proc and waits).
+async fn end_processes(cgroup: &str, init_pid: u32) {
     let cgroup = cgroup.to_string();
     let ended = tokio::task::spawn_blocking(move || {
         let mut pinned = Vec::new();
@@ -409,9 +285,6 @@ async fn end_processes(cgroup: &str, init_pid: u32, holding: Option<(u64, u64)>)
                 continue;
             }
             let Some(fd) = pidfd(pid) else { continue };
-            if holding.is_some_and(|fifo| !holds_at_fd4(pid, fifo)) {
-                continue;
-            }
             if crate::runtime::cgroupfs::procs(&cgroup).contains(&pid) {
                 // SAFETY: pidfd_send_signal on a pidfd we own; no siginfo.
                 let r = unsafe {

@@ -573,8 +573,6 @@ impl SessionManager {
         }
         options.tools = tools();
         options.image_read = image_read;
-        // Every session starts its default shell at once (`prestart_shell`).
-        options.prelaunch_shell = true;
         if !request.use_pool {
             options.use_pools = false;
         }

@@ -231,9 +231,6 @@ fn quote(s: &str) -> String {
 /// without a value): it is put back. SECONDS counts from the shell's start. bash and busybox's
 /// sh set HOSTNAME when they start, unless inherited: a shell that has one gets the new name.
 fn adoption(shell: &AdoptableShell) -> String {
-    if shell.fresh {
-        return String::new();
-    }
     let mut text = format!(
         "if [ -n \"${{OLDPWD+x}}\" ]; then runner_o=$OLDPWD; cd -- {cwd} && OLDPWD=$runner_o; \
          else cd -- {cwd} && unset OLDPWD && if [ -n \"${{BASH_VERSION:-}}\" ]; then export OLDPWD; fi; fi; unset runner_o\n",

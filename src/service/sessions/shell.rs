@@ -240,11 +240,10 @@ impl Session {
         let (runtime, id) = (self.runtime.clone(), self.id.clone());
         tokio::spawn(async move {
             let sandbox = runtime.sandbox().expect("a sandbox runtime");
-            // A shell started before the session existed (a pool member's, before the
-            // claim; a cold container's, as its agent's first act) is taken over: the first
+            // A pool member's shell, started before the claim, is taken over: the first
             // call then finds the shell at once.
             let t0 = std::time::Instant::now();
-            if let Some(adoptable) = sandbox.adopt_shell().await {
+            if let Some(adoptable) = sandbox.adopt_shell() {
                 match Resident::adopt(sandbox, &adoptable).await {
                     Ok(adopted) => {
                         // Its answer is read by the first call, which sends its command
@@ -269,7 +268,7 @@ impl Session {
                                 if let Some(dead) = shell.take() {
                                     dead.stop(sandbox);
                                 }
-                                tracing::warn!(session = id, error = %e, "the shell started ahead did not answer its hello; starting one");
+                                tracing::warn!(session = id, error = %e, "the pool member's shell did not answer its hello; starting one");
                             }
                         }
                     }
@@ -280,7 +279,7 @@ impl Session {
                             sandbox.signal_group(pid, nix::sys::signal::Signal::SIGKILL);
                         }
                         Resident::remove_files(sandbox, &adoptable.name);
-                        tracing::warn!(session = id, error = %e, "adopting the shell started ahead; starting one");
+                        tracing::warn!(session = id, error = %e, "adopting the pool member's shell; starting one");
                     }
                 }
             }
