@@ -283,6 +283,68 @@ fn a_member_shell_that_died_before_the_claim_is_replaced_unseen() {
     assert_eq!(status, 204);
 }
 
+/// A member's shell that hangs before the claim (stopped, here) never answers its hello: the
+/// session's first call waits no longer than a shell's start limit for it. Either the call
+/// sent its command behind the hello (it may then have run in the hung shell: a 503 says so
+/// and that the next call starts a new shell), or the session gave up on the shell first and
+/// started another, where the call runs. Either way the hung shell is killed, and the next
+/// call answers from a new shell.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_member_shell_that_hangs_before_the_claim_is_killed_and_replaced() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let (served, _pools) = serve_busybox_pool(dir.path(), &state, &["hung"], 1);
+    let (host, in_sandbox) = member_shell("hung");
+    kill(Pid::from_raw(host), Signal::SIGSTOP).unwrap();
+    let (status, session) = served.call("POST", "/v1/sessions", Some(r#"{"environment": "hung"}"#));
+    assert_eq!(status, 201, "{session}");
+    assert_eq!(session["pool"], "hung", "{session}");
+    let id = session["id"].as_str().unwrap().to_string();
+    let shell = |command: &str| {
+        let body = serde_json::json!({ "command": command }).to_string();
+        served.call("POST", &format!("/v1/sessions/{id}/shell"), Some(&body))
+    };
+    let (status, first) = shell("echo $$");
+    eprintln!("the first call: {status} {first}");
+    match status {
+        503 => {
+            let error = first["error"].as_str().unwrap_or_default();
+            assert!(
+                error.contains("did not answer its start in time")
+                    && error.contains("the next call starts a new shell"),
+                "{first}"
+            );
+        }
+        200 => {
+            assert_eq!(first["exitCode"], 0, "{first}");
+            let pid = first["output"].as_str().unwrap().trim().to_string();
+            assert_ne!(pid, in_sandbox.to_string(), "the hung shell answered: {first}");
+        }
+        _ => panic!("the first call: {status} {first}"),
+    }
+    // Killed (a zombie until its init reaps it counts: it runs nothing).
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{host}/stat")).map_or(true, |stat| {
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(10), gone),
+        "the hung shell was left running"
+    );
+    let (status, next) = shell("echo $$; echo ok");
+    assert_eq!((status, &next["exitCode"]), (200, &0.into()), "{next}");
+    let output = next["output"].as_str().unwrap();
+    assert!(output.ends_with("ok\n"), "{next}");
+    assert_ne!(output.lines().next(), Some(in_sandbox.to_string().as_str()), "{next}");
+    let (status, _) = served.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(status, 204);
+}
+
 /// The short scheduling slice a session's shell runs with (src/runtime/latency.rs) is asked
 /// for when the filler starts a member's shell, before any claim: the adopter has nothing
 /// left to do for it on the claim's path. The session's shell is that very process.
