@@ -236,6 +236,24 @@ fn member_shell(pool: &str) -> (i32, i32) {
     shells[0]
 }
 
+/// A session of Environment `pool`, served by its pool: its id.
+fn pooled_session(served: &Served, pool: &str) -> String {
+    let body = format!(r#"{{"environment": "{pool}"}}"#);
+    let (status, session) = served.call("POST", "/v1/sessions", Some(&body));
+    assert_eq!(status, 201, "{session}");
+    assert_eq!(session["pool"], pool, "{session}");
+    session["id"].as_str().unwrap().to_string()
+}
+
+/// Whether host process `pid` has exited: gone, or a zombie its init has not reaped (it runs
+/// nothing).
+fn exited(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
+}
+
 /// A member's shell that died before the claim does not answer its hello, which the
 /// session's first call finds after sending its command behind it (nothing of the command
 /// can have run there): the command runs in a new shell, whose state later calls keep, and
@@ -248,21 +266,11 @@ fn a_member_shell_that_died_before_the_claim_is_replaced_unseen() {
     let (served, _pools) = serve_busybox_pool(dir.path(), &state, &["dead"], 1);
     let (host, in_sandbox) = member_shell("dead");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(host), nix::sys::signal::Signal::SIGKILL).unwrap();
-    // Dead: gone, or a zombie its init has not reaped.
-    let dead = || {
-        std::fs::read_to_string(format!("/proc/{host}/stat")).map_or(true, |stat| {
-            stat.rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-        })
-    };
     assert!(
-        eventually(Duration::from_secs(10), dead),
+        eventually(Duration::from_secs(10), || exited(host)),
         "the member's shell outlived SIGKILL"
     );
-    let (status, session) = served.call("POST", "/v1/sessions", Some(r#"{"environment": "dead"}"#));
-    assert_eq!(status, 201, "{session}");
-    assert_eq!(session["pool"], "dead", "{session}");
-    let id = session["id"].as_str().unwrap().to_string();
+    let id = pooled_session(&served, "dead");
     let shell = |command: &str| {
         let body = serde_json::json!({ "command": command }).to_string();
         let (status, r) = served.call("POST", &format!("/v1/sessions/{id}/shell"), Some(&body));
@@ -299,10 +307,7 @@ fn a_member_shell_that_hangs_before_the_claim_is_killed_and_replaced() {
     let (served, _pools) = serve_busybox_pool(dir.path(), &state, &["hung"], 1);
     let (host, in_sandbox) = member_shell("hung");
     kill(Pid::from_raw(host), Signal::SIGSTOP).unwrap();
-    let (status, session) = served.call("POST", "/v1/sessions", Some(r#"{"environment": "hung"}"#));
-    assert_eq!(status, 201, "{session}");
-    assert_eq!(session["pool"], "hung", "{session}");
-    let id = session["id"].as_str().unwrap().to_string();
+    let id = pooled_session(&served, "hung");
     let shell = |command: &str| {
         let body = serde_json::json!({ "command": command }).to_string();
         served.call("POST", &format!("/v1/sessions/{id}/shell"), Some(&body))
@@ -325,15 +330,8 @@ fn a_member_shell_that_hangs_before_the_claim_is_killed_and_replaced() {
         }
         _ => panic!("the first call: {status} {first}"),
     }
-    // Killed (a zombie until its init reaps it counts: it runs nothing).
-    let gone = || {
-        std::fs::read_to_string(format!("/proc/{host}/stat")).map_or(true, |stat| {
-            stat.rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-        })
-    };
     assert!(
-        eventually(Duration::from_secs(10), gone),
+        eventually(Duration::from_secs(10), || exited(host)),
         "the hung shell was left running"
     );
     let (status, next) = shell("echo $$; echo ok");
@@ -363,10 +361,7 @@ fn a_member_shell_has_its_short_slice_before_the_claim() {
         assert_eq!(slice, SHELL_SLICE, "before the claim");
     }
 
-    let (status, session) = served.call("POST", "/v1/sessions", Some(r#"{"environment": "slice"}"#));
-    assert_eq!(status, 201, "{session}");
-    assert_eq!(session["pool"], "slice", "{session}");
-    let id = session["id"].as_str().unwrap().to_string();
+    let id = pooled_session(&served, "slice");
     let (status, r) = served.call(
         "POST",
         &format!("/v1/sessions/{id}/shell"),
