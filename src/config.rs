@@ -342,6 +342,8 @@ pub struct ServeConfig {
     pub expect_sessions: u64,
     /// Live sessions of one Environment per containerd shim (1: a shim each).
     pub sessions_per_shim: usize,
+    /// containerd shims kept started ahead for cold creates (0: none).
+    pub warm_shims: usize,
 }
 
 /// What a server tells its operator (the CLI prints it).

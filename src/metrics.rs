@@ -40,6 +40,10 @@ const HELP: &[(&str, &str)] = &[
         "image record reads that confirmed a kept pool key, by whether the read was sent ahead when the session's request arrived",
     ),
     (
+        "runner_warm_shims_total",
+        "warm shims (seeds): made, used by a cold create, missed (a cold create found none ready), failed to start",
+    ),
+    (
         "runner_evictions_total",
         "sandboxes evicted, by reason (ephemeral-storage: over resources.ephemeralStorage)",
     ),

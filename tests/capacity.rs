@@ -406,7 +406,8 @@ fn held(pid: u32, state: &Path, rootfs: &Path) -> Held {
         scratch: scratch_home
             .map(|home| entries(&std::env::temp_dir().join(home)).len().saturating_sub(4))
             .unwrap_or(0),
-        containers: containers_where(&label).len(),
+        // Its warm shim's seed (`--warm-shims`) is no session's.
+        containers: containers_where(&format!("{label},labels.\"runner.dev/kind\"!=shim-seed")).len(),
         snapshots,
         leases: ctr(&["leases", "ls", "-q", &label])
             .lines()

@@ -313,3 +313,145 @@ fn a_session_sharing_its_shim_is_checkpointed_forked_and_restored() {
     let (code, _) = s.served.call("DELETE", "/v1/checkpoints/grouped", None);
     assert_eq!(code, 204);
 }
+
+/// The warm shims (seeds) of the server whose state dir is `state`: container id → the shim
+/// its created task runs under.
+fn seeds_of(state: &std::path::Path) -> HashMap<String, u32> {
+    let state = std::fs::canonicalize(state).unwrap();
+    let filter = format!(
+        "labels.\"runner.dev/kind\"==shim-seed,labels.\"runner.dev/state-dir\"==\"{}\"",
+        state.display()
+    );
+    let tasks = task_pids();
+    containers_where(&filter)
+        .into_iter()
+        .filter_map(|id| {
+            let init = *tasks.get(&id)?;
+            let shim = stat_field(init, 1)? as u32;
+            Some((id, shim))
+        })
+        .collect()
+}
+
+/// A process that is gone or a zombie (exited, its parent yet to reap it).
+fn exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit(')').next().unwrap_or_default().trim_start().starts_with('Z'))
+        .unwrap_or(true)
+}
+
+/// `runner serve --warm-shims` (default 1; issue 36, item 3): the server keeps a container
+/// whose task is created and never started, so its shim runs; a cold session is handed to
+/// that shim and the seed goes; a new seed is made once the server is quiet; each session
+/// still has a shim of its own, which ends with it; the server's stop deletes its seed, and
+/// `runner gc` deletes the seed of a server that died.
+#[test]
+#[ignore = "needs the containerd of scripts/test.sh"]
+fn a_cold_session_takes_the_warm_shim_and_a_new_one_is_made() {
+    let s = server(&[]);
+    let state = s._dir.path().join("state");
+    let mut seeds = HashMap::new();
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            seeds = seeds_of(&state);
+            seeds.len() == 1
+        }),
+        "no warm shim: {seeds:?}"
+    );
+    let (seed, warm) = seeds.into_iter().next().unwrap();
+    let a = s.create(BUSYBOX);
+    assert_eq!(shim_of(&a), warm, "the cold session runs under the warm shim");
+    assert!(
+        eventually(Duration::from_secs(20), || containers_where(&format!("id=={seed}"))
+            .is_empty()),
+        "the spent seed {seed} is still there"
+    );
+    s.answers(&a, "warm");
+    // A new seed, with a shim of its own, once the server is quiet.
+    let mut next = HashMap::new();
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            next = seeds_of(&state);
+            next.len() == 1
+        }),
+        "no new warm shim: {next:?}"
+    );
+    let (next_seed, next_warm) = next.into_iter().next().unwrap();
+    assert_ne!(next_seed, seed);
+    assert_ne!(next_warm, warm);
+    let b = s.create(BUSYBOX);
+    assert_eq!(shim_of(&b), next_warm);
+    assert_eq!(children_of(warm), 1, "a's shim supervises a's init alone");
+    s.answers(&b, "warm-again");
+    // A session's shim ends with it, as a shim of its own does.
+    s.delete(&a);
+    assert!(
+        eventually(Duration::from_secs(20), || exited(warm)),
+        "a's shim {warm} outlived a"
+    );
+    s.answers(&b, "still");
+    s.delete(&b);
+    // The server's stop deletes its seeds (the one ready, and b's if it is not gone yet)
+    // and their shims.
+    let mut last = None;
+    assert!(eventually(Duration::from_secs(20), || {
+        last = seeds_of(&state).into_iter().find(|(id, _)| *id != next_seed);
+        last.is_some()
+    }));
+    let (_, last_warm) = last.unwrap();
+    drop(s.served);
+    assert!(
+        containers_where(&format!(
+            "labels.\"runner.dev/kind\"==shim-seed,labels.\"runner.dev/state-dir\"==\"{}\"",
+            std::fs::canonicalize(&state).unwrap().display()
+        ))
+        .is_empty(),
+        "a stopped server left its seed"
+    );
+    assert!(eventually(Duration::from_secs(20), || exited(last_warm)));
+
+    // A server killed outright leaves its seed to `runner gc`.
+    let mut t = server(&[]);
+    let state = t._dir.path().join("state");
+    assert!(eventually(Duration::from_secs(20), || seeds_of(&state).len() == 1));
+    let (seed, warm) = seeds_of(&state).into_iter().next().unwrap();
+    t.served.child.kill().unwrap();
+    t.served.child.wait().unwrap();
+    let gc = runner_ctd(&["gc"], &state);
+    assert!(gc.status.success(), "{}", String::from_utf8_lossy(&gc.stderr));
+    assert!(
+        String::from_utf8_lossy(&gc.stdout).contains(&format!("warm-shim/{seed}: the seed of a server that died")),
+        "{}",
+        String::from_utf8_lossy(&gc.stdout)
+    );
+    assert!(containers_where(&format!("id=={seed}")).is_empty());
+    assert!(eventually(Duration::from_secs(20), || exited(warm)));
+}
+
+/// `--warm-shims 0`: no seed; cold sessions start their own shims. The bounds are the
+/// command line's.
+#[test]
+#[ignore = "needs the containerd of scripts/test.sh"]
+fn without_warm_shims_no_seed_is_kept() {
+    let s = server(&["--warm-shims", "0"]);
+    let state = s._dir.path().join("state");
+    let id = s.create(BUSYBOX);
+    s.answers(&id, "cold");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(seeds_of(&state).is_empty(), "{:?}", seeds_of(&state));
+    s.delete(&id);
+    for bad in ["9", "x"] {
+        let out = runner_ctd_command(
+            &["serve", "--token-file", "/nonexistent", "--warm-shims", bad],
+            std::path::Path::new("/tmp"),
+        )
+        .output()
+        .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--warm-shims"),
+            "{bad}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

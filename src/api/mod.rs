@@ -529,7 +529,9 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
         Ok(found) => found.into_iter().for_each(|m| on_event(ServeEvent::HostLimit(m))),
         Err(e) => tracing::warn!(error = %e, "checking the host's limits"),
     }
-    let ctx = Context::new(serve.config.clone(), Connect::Existing)?.with_sessions_per_shim(serve.sessions_per_shim);
+    let ctx = Context::new(serve.config.clone(), Connect::Existing)?
+        .with_sessions_per_shim(serve.sessions_per_shim)
+        .with_warm_shims(serve.warm_shims);
     let pools = serve
         .pools
         .iter()
@@ -572,6 +574,9 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
                 if handed.swap(false, std::sync::atomic::Ordering::Relaxed) && state.ctx.containerd().await.is_ok() {
                     crate::service::reconcile::reconcile(&state.ctx).await;
                 }
+                // Warm shims: a refill that failed is tried again (after its back-off), and a
+                // containerd that came late gets its seeds.
+                refill_warm_shims(&state.ctx).await;
                 // Jobs whose supervisor died get a new one here, explicitly: reads never adopt.
                 match crate::service::reconcile::adopt_orphans(&state.ctx).await {
                     Ok(adopted) if !adopted.is_empty() => tracing::info!(?adopted, "re-adopted jobs"),
@@ -585,6 +590,7 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
         let ctx = ctx.clone();
         tokio::spawn(async move { crate::service::reconcile::reconcile(&ctx).await });
     }
+    refill_warm_shims(&ctx).await;
     let metrics_server = match serve.metrics_listen {
         Some(addr) => Some(serve_metrics(addr, state.clone(), &on_event).await?),
         None => None,
@@ -664,12 +670,38 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
     if let Some(task) = metrics_server {
         task.abort();
     }
-    if tokio::time::timeout(reserve, state.sessions.close_all()).await.is_err() {
+    let seeds = async {
+        if let (Some(seeds), Some(client)) = (ctx.shim_seeds(), ctx.containerd_if_connected()) {
+            let engine = crate::runtime::containerd::Engine::new(
+                client,
+                &ctx.config.state_dir,
+                ctx.host.clone(),
+                ctx.runtime_options(),
+            );
+            engine.drain_seeds(seeds).await;
+        }
+    };
+    let closed = tokio::time::timeout(reserve, async { tokio::join!(state.sessions.close_all(), seeds) }).await;
+    if closed.is_err() {
         tracing::warn!(
             "sessions still being torn down at the end of the shutdown grace period; `runner gc` removes what is left"
         );
     }
     served
+}
+
+/// Start filling the server's warm shims (no-op without them, or while containerd is not
+/// connected: the housekeeping tick tries again).
+async fn refill_warm_shims(ctx: &Context) {
+    if let (Some(seeds), Some(client)) = (ctx.shim_seeds(), ctx.containerd_if_connected()) {
+        let engine = crate::runtime::containerd::Engine::new(
+            client,
+            &ctx.config.state_dir,
+            ctx.host.clone(),
+            ctx.runtime_options(),
+        );
+        engine.refill_seeds(seeds.clone());
+    }
 }
 
 /// `--metrics-listen`: GET /metrics alone, without the token, on a loopback address.

@@ -422,6 +422,11 @@ pub enum Verb {
         /// that dies ends every session of its group.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
         sessions_per_shim: u64,
+        /// Keep this many containerd shims started ahead, so a cold session or job skips
+        /// the shim's start (each is an idle shim and a waiting `runc init`, made when the
+        /// server is quiet; 0: none; unused with --sessions-per-shim over 1).
+        #[arg(long, env = "RUNNER_WARM_SHIMS", default_value_t = 1, value_parser = clap::value_parser!(u64).range(0..=8))]
+        warm_shims: u64,
     },
     /// Run a command on a terminal in a session of a `runner serve` (`-it`: your terminal,
     /// in raw mode, is connected to it; exits with the command's status).

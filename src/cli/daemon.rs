@@ -53,6 +53,9 @@ pub async fn gc(ctx: &Context) -> Result<i32, ServiceError> {
     if report.network_removed {
         outln!("network/runner: no container on it; its bridge, rules and resolver are gone");
     }
+    for c in &report.warm_shims {
+        outln!("warm-shim/{c}: the seed of a server that died, deleted");
+    }
     for c in &report.kept {
         outln!("kept container/{c}: a job attempt whose runner died, re-adopted by its job's store");
     }

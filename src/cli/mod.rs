@@ -298,6 +298,7 @@ impl Cli {
                 pools,
                 expect_sessions,
                 sessions_per_shim,
+                warm_shims,
             } => {
                 let mut config = g.config();
                 config.env_dir = env_dir;
@@ -314,6 +315,7 @@ impl Cli {
                     pools,
                     expect_sessions,
                     sessions_per_shim: sessions_per_shim as usize,
+                    warm_shims: warm_shims as usize,
                 })));
             }
             Verb::Image { verb } => images::run(&context(g, None)?, verb).await?,

@@ -487,6 +487,43 @@ impl Containerd {
         Ok(())
     }
 
+    /// A container record with no image, snapshot or lease: its spec's root is a host
+    /// directory (a warm shim's seed, `runtime::containerd::shim_seed`).
+    pub async fn container_create_bare(
+        &self,
+        id: &str,
+        spec_json: Vec<u8>,
+        labels: HashMap<String, String>,
+    ) -> Result<(), CtdError> {
+        let mut client = svc::containers_client::ContainersClient::new(self.channel.clone());
+        let container = Container {
+            id: id.to_string(),
+            labels,
+            image: String::new(),
+            runtime: Some(ContainerRuntime {
+                name: RUNTIME.into(),
+                options: None,
+            }),
+            spec: Some(Any {
+                type_url: SPEC_TYPE_URL.into(),
+                value: spec_json,
+            }),
+            snapshotter: String::new(),
+            snapshot_key: String::new(),
+            created_at: None,
+            updated_at: None,
+            extensions: HashMap::new(),
+            sandbox: String::new(),
+        };
+        client
+            .create(self.request(svc::CreateContainerRequest {
+                container: Some(container),
+            }))
+            .await
+            .map_err(rpc("container create"))?;
+        Ok(())
+    }
+
     pub async fn container_delete(&self, id: &str) -> Result<(), CtdError> {
         let mut client = svc::containers_client::ContainersClient::new(self.channel.clone());
         let r = client

@@ -418,6 +418,9 @@ pub struct RuntimeOptions {
     /// containerd: live sessions of one Environment share shims, this many per shim
     /// (`runner serve --sessions-per-shim`); `None`: a shim each.
     pub shim_groups: Option<std::sync::Arc<containerd::shim_group::ShimGroups>>,
+    /// containerd: shims started ahead for cold creates (`runner serve --warm-shims`);
+    /// `None`: each cold create starts its shim.
+    pub shim_seeds: Option<std::sync::Arc<containerd::shim_seed::ShimSeeds>>,
     /// containerd: the image record a session's claim will check, read ahead (see
     /// `containerd::pool::ImageRead`).
     pub image_read: Option<containerd::pool::ImageRead>,
@@ -504,6 +507,7 @@ impl Default for RuntimeOptions {
             rootfs_dir: crate::config::DEFAULT_ROOTFS_DIR.into(),
             userns_dir: crate::config::DEFAULT_USERNS_DIR.into(),
             shim_groups: None,
+            shim_seeds: None,
             image_read: None,
         }
     }

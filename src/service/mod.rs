@@ -268,6 +268,8 @@ pub struct Context {
     on_daemon_start: Option<DaemonNotice>,
     /// Shared shims for live sessions (`with_sessions_per_shim`).
     shim_groups: Option<Arc<crate::runtime::containerd::shim_group::ShimGroups>>,
+    /// Shims started ahead for cold creates (`with_warm_shims`).
+    shim_seeds: Option<Arc<crate::runtime::containerd::shim_seed::ShimSeeds>>,
     /// The state dir's pools as last read (`runtime_options`).
     pools: Arc<pools::PoolCache>,
 }
@@ -286,6 +288,7 @@ impl Context {
             store: Arc::new(tokio::sync::OnceCell::new()),
             on_daemon_start: None,
             shim_groups: None,
+            shim_seeds: None,
             pools: Arc::default(),
         })
     }
@@ -295,6 +298,23 @@ impl Context {
     pub fn with_sessions_per_shim(mut self, size: usize) -> Self {
         self.shim_groups = crate::runtime::containerd::shim_group::ShimGroups::new(size);
         self
+    }
+
+    /// Keep `count` containerd shims started ahead for this context's cold creates (0: none;
+    /// see `runtime::containerd::shim_seed`). Not with shared shims: a group's own shim is
+    /// already running for all but its first member.
+    pub fn with_warm_shims(mut self, count: usize) -> Self {
+        self.shim_seeds = if self.shim_groups.is_some() {
+            None
+        } else {
+            crate::runtime::containerd::shim_seed::ShimSeeds::new(count)
+        };
+        self
+    }
+
+    /// The warm shims' stock, when this context keeps one.
+    pub fn shim_seeds(&self) -> Option<&Arc<crate::runtime::containerd::shim_seed::ShimSeeds>> {
+        self.shim_seeds.as_ref()
     }
 
     /// Call `notice` when a call starts the private containerd.
@@ -356,6 +376,7 @@ impl Context {
                 rootfs_dir: self.config.rootfs_dir.clone(),
                 userns_dir: self.config.userns_dir.clone(),
                 shim_groups: self.shim_groups.clone(),
+                shim_seeds: self.shim_seeds.clone(),
                 ..RuntimeOptions::default()
             },
         )

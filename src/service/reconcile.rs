@@ -34,6 +34,8 @@ pub struct GcReport {
     pub network_removed: bool,
     /// Scratch workspaces of session servers that are gone.
     pub scratch_dirs: Vec<String>,
+    /// Warm shims' seeds of session servers that are gone.
+    pub warm_shims: Vec<String>,
 }
 
 impl GcReport {
@@ -45,6 +47,7 @@ impl GcReport {
             + self.cgroups.len()
             + self.userns_ranges.len()
             + self.scratch_dirs.len()
+            + self.warm_shims.len()
     }
 }
 
@@ -120,6 +123,7 @@ pub async fn collect(ctx: &Context, cgroups: bool) -> Result<GcReport, ServiceEr
         kept: reclaimed.kept,
         cgroups: reclaimed.cgroups,
         userns_ranges: reclaimed.userns_ranges,
+        warm_shims: reclaimed.warm_shims,
         ..GcReport::default()
     };
     // Orphaned attempts of this store get a supervisor that re-adopts them (their result is

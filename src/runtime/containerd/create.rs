@@ -166,6 +166,9 @@ impl Engine {
         let created = self.client.task_create(id, made.rootfs.clone(), stdio).await;
         drop(warm);
         made.warmed();
+        if let Some(seed) = made.shim_seed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            seed.spend();
+        }
         let dropping = HostMounts({
             let (engine, id) = (self.clone(), id.to_string());
             tokio::task::spawn_blocking(move || engine.drop_host_mounts(&id))
@@ -553,6 +556,13 @@ impl Engine {
             .clone()
             .ok_or_else(|| RuntimeError::Refused("spec without process".into()))?;
         let shim_group = self.shim_group(&id, plan, image, kind, shape, &mut built).await;
+        // Without a group of its own, a cold create takes a shim started ahead (pool members
+        // are made off the path; a restore is CRIU's Tasks.Create).
+        let shim_seed = if shim_group.is_none() && shape.is_none() && plan.restore.is_none() {
+            self.take_seed(&mut built)
+        } else {
+            None
+        };
         let spec_json =
             serde_json::to_vec(&built).map_err(|e| RuntimeError::Refused(format!("encoding the spec: {e}")))?;
         let labels = self.labels(plan, kind);
@@ -637,6 +647,7 @@ impl Engine {
             agent,
             network: None,
             shim_group,
+            shim_seed: std::sync::Mutex::new(shim_seed),
             warm: std::sync::Mutex::new(None),
         })
     }
@@ -849,6 +860,8 @@ pub(super) struct Created {
     pub(super) network: Option<crate::runtime::NetworkStatus>,
     /// The shim group it joins with its task (`None`: a shim of its own).
     pub(super) shim_group: Option<shim_group::Ticket>,
+    /// The warm shim it was given (`shim_seed`): spent once its Tasks.Create was tried.
+    pub(super) shim_seed: std::sync::Mutex<Option<super::shim_seed::SeedTicket>>,
     /// The cgroup attach warming held from the create's start until its Tasks.Create is
     /// over (`Engine::create_task`); should the task never be created, until this goes.
     pub(super) warm: std::sync::Mutex<Option<attach_lock::Hold>>,
@@ -991,6 +1004,7 @@ mod tests {
             agent: None,
             network: None,
             shim_group: None,
+            shim_seed: std::sync::Mutex::new(None),
             warm: std::sync::Mutex::new(Some(attach_lock::hold())),
         };
         assert_eq!(attach_lock::holders(), before + 1);

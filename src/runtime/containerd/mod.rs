@@ -20,6 +20,7 @@ pub mod remap;
 mod seed;
 mod setup_snapshot;
 pub mod shim_group;
+pub mod shim_seed;
 pub mod snapshot;
 
 use std::time::Duration;

@@ -49,6 +49,9 @@ pub struct Reclaimed {
     pub orphaned_jobs: BTreeSet<String>,
     pub cgroups: Vec<String>,
     pub userns_ranges: Vec<String>,
+    /// Warm shims' seeds of servers that died (`shim_seed`): no sandbox's, so not counted
+    /// with the containers.
+    pub warm_shims: Vec<String>,
 }
 
 impl Engine {
@@ -97,6 +100,17 @@ impl Engine {
                 continue;
             }
             if !dead(&c.labels) {
+                continue;
+            }
+            if kind == Some(super::shim_seed::KIND_SHIM_SEED) {
+                // A dead server's warm shim: its seed holds no sandbox, nothing to keep. Its
+                // own state dir's gc (a server's start runs one) removes it, or any once
+                // that dir is gone.
+                let theirs = c.labels.get(LABEL_STATE_DIR).map(PathBuf::from).filter(|d| *d != ours);
+                if theirs.is_none_or(|d| !d.exists()) {
+                    engine.retire_seed(&c.id).await;
+                    report.warm_shims.push(c.id);
+                }
                 continue;
             }
             if c.labels.contains_key(LABEL_ATTEMPT) {
