@@ -172,9 +172,10 @@ echo "runner serve (pid $server_pid) at $url, namespace $CONTAINERD_NAMESPACE"
 watcher_pid=$!
 touch "$work/observed.jsonl"
 
-# nothing_left WHAT: no session, pool or container of the namespace remains.
+# nothing_left WHAT: no session, pool or container of the namespace remains but the server's
+# one warm shim (`serve --warm-shims`, default 1: a seed container whose task is created).
 nothing_left() {
-  local sessions pools containers tasks
+  local sessions pools containers tasks seeds
   sessions=$("$py" - <<'EOF'
 import os
 from runner_harness import server_from_env
@@ -182,10 +183,11 @@ with server_from_env().client() as c:
     print(len(c.sessions.list()), len(c.pools.list()))
 EOF
 )
-  containers=$(ctr_ containers ls -q | wc -l)
-  tasks=$(ctr_ tasks ls -q | wc -l)
-  echo "after $1: sessions, pools = $sessions; containers=$containers tasks=$tasks"
-  [ "$sessions" = "0 0" ] && [ "$containers$tasks" = "00" ] || {
+  containers=$(ctr_ containers ls -q 'labels."runner.dev/kind"!=shim-seed' | wc -l)
+  tasks=$(ctr_ tasks ls -q | { grep -vc '^shim-seed-' || true; })
+  seeds=$(ctr_ containers ls -q 'labels."runner.dev/kind"==shim-seed' | wc -l)
+  echo "after $1: sessions, pools = $sessions; containers=$containers tasks=$tasks warm-shims=$seeds"
+  [ "$sessions" = "0 0" ] && [ "$containers$tasks" = "00" ] && [ "$seeds" -le 1 ] || {
     ctr_ containers ls >&2
     die "$1 left sandboxes behind"
   }
@@ -333,6 +335,10 @@ echo "mini: $(($(date +%s) - t)) s"
 # (as scripts/test.sh checks for the main suite's namespace).
 kill -TERM "$watcher_pid" && wait "$watcher_pid" || true
 watcher_pid=
+# The server's stop deletes its warm shim too: nothing of the namespace is left in containerd.
+stop_server
+left=$(ctr_ containers ls -q | wc -l)
+[ "$left" = 0 ] || die "the stopped server left $left containers: $(ctr_ containers ls -q)"
 "$runner" gc >/dev/null
 cgroups=$(find /sys/fs/cgroup -maxdepth 4 -type d -path "*/runner/$CONTAINERD_NAMESPACE*" 2>/dev/null | wc -l)
 ranges=$({ grep -l "\"containerd\":\"$CONTAINERD_ADDRESS#$CONTAINERD_NAMESPACE\"" "${RUNNER_USERNS_DIR:-/run/runner/userns}"/* 2>/dev/null || true; } | wc -l)

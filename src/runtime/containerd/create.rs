@@ -163,12 +163,15 @@ impl Engine {
         // runc moves the init into its cgroups in there (see `attach_lock`); the warming
         // began with the create (`Created::warm`) and ends with Tasks.Create.
         let warm = attach_lock::hold();
+        // From here its warm shim's seed is spent, even should this call be dropped midway.
+        if let Some(seed) = made.shim_seed.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            seed.sent();
+        }
         let created = self.client.task_create(id, made.rootfs.clone(), stdio).await;
         drop(warm);
         made.warmed();
-        if let Some(seed) = made.shim_seed.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            seed.spend();
-        }
+        // Spent: deleted, and a new one made, when the server is quiet.
+        drop(made.shim_seed.lock().unwrap_or_else(|e| e.into_inner()).take());
         let dropping = HostMounts({
             let (engine, id) = (self.clone(), id.to_string());
             tokio::task::spawn_blocking(move || engine.drop_host_mounts(&id))

@@ -107,8 +107,7 @@ impl Engine {
                 // own state dir's gc (a server's start runs one) removes it, or any once
                 // that dir is gone.
                 let theirs = c.labels.get(LABEL_STATE_DIR).map(PathBuf::from).filter(|d| *d != ours);
-                if theirs.is_none_or(|d| !d.exists()) {
-                    engine.retire_seed(&c.id).await;
+                if theirs.is_none_or(|d| !d.exists()) && engine.retire_seed(&c.id).await {
                     report.warm_shims.push(c.id);
                 }
                 continue;

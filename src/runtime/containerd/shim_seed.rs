@@ -7,7 +7,7 @@
 //! to that shim, whose daemon is up. So a server keeps a *seed* or two: a container of its
 //! own whose task is created (its shim runs, `runc init` waits for a start that never comes)
 //! and never started. A cold create takes a seed and names the seed's container as its
-//! group; once its own Tasks.Create is over the seed is spent, and deleted when the server is
+//! group; once its own Tasks.Create is sent the seed is spent, and deleted when the server is
 //! next quiet (killed first, then deleted: runc's delete of a created container sleeps 100 ms
 //! inside the shim, which measured +93 ms on the session's own start when it ran beside it).
 //! The shim then serves that one container and exits with it, as any container's own shim
@@ -39,6 +39,9 @@ pub const MAX_SEEDS: usize = 8;
 const QUIET: Duration = Duration::from_millis(200);
 /// After a seed could not be made, the next attempt waits this long.
 const BACKOFF: Duration = Duration::from_secs(30);
+/// How long making a seed may take before it is given up (a containerd that hangs; what it
+/// made is gc's once the server is gone).
+const MAKE_LIMIT: Duration = Duration::from_secs(60);
 /// How long a seed's deletion may take before it is left to gc (a hung shim).
 const RETIRE_LIMIT: Duration = Duration::from_secs(30);
 /// The seed root's one file: the command runc checks and never runs.
@@ -71,46 +74,49 @@ struct Stock {
     closed: bool,
 }
 
-/// A seed taken by a create: its container's id is the group the create names. Spent once
-/// the create's Tasks.Create was tried (the seed is deleted later); dropped unspent (the
-/// create failed before), it goes back to the stock.
+/// A seed taken by a create: its container's id is the group the create names. Once the
+/// create's Tasks.Create has been sent (`sent`) the seed is spent whatever becomes of the
+/// create, even one dropped mid-call (containerd may still finish it and put the container
+/// in the seed's shim: the seed must never be handed to a second create); dropped before,
+/// the seed goes back to the stock.
 #[derive(Debug)]
 pub struct SeedTicket {
     seeds: Arc<ShimSeeds>,
     engine: Engine,
     pub group: String,
-    spent: bool,
+    sent: bool,
 }
 
 impl SeedTicket {
-    /// The create's Tasks.Create is over: the seed's shim now holds the create's container
-    /// (or the create failed), so the seed is deleted, and a new one made, once the server
-    /// is quiet: neither is on the create's path.
-    pub fn spend(mut self) {
-        self.spent = true;
-        crate::metrics::increment(SEEDS_TOTAL, &[("result", "used")]);
-        self.seeds
-            .stock
-            .lock()
-            .expect("shim seeds")
-            .spent
-            .push(self.group.clone());
-        self.engine.refill_seeds(self.seeds.clone());
+    /// The create's Tasks.Create is about to be sent: from now on the seed is spent.
+    pub fn sent(&mut self) {
+        self.sent = true;
     }
 }
 
 impl Drop for SeedTicket {
+    /// Spent (see `sent`): deleted, and a new one made, once the server is quiet, neither on
+    /// the create's path; at a stop, deleted now. Unspent: back to the stock.
     fn drop(&mut self) {
-        if self.spent {
-            return;
-        }
         let mut stock = self.seeds.stock.lock().expect("shim seeds");
+        if self.sent {
+            crate::metrics::increment(SEEDS_TOTAL, &[("result", "used")]);
+            // The create's own work goes on after its Tasks.Create (its start, its first
+            // answer): the quiet moment is counted from here too.
+            stock.last_demand = Some(Instant::now());
+        }
         if stock.closed {
             drop(stock);
             let (engine, id) = (self.engine.clone(), self.group.clone());
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => drop(runtime.spawn(async move { engine.retire_seed(&id).await })),
                 Err(_) => tracing::warn!(seed = id, "a warm shim's seed is left to gc"),
+            }
+        } else if self.sent {
+            stock.spent.push(self.group.clone());
+            drop(stock);
+            if tokio::runtime::Handle::try_current().is_ok() {
+                self.engine.refill_seeds(self.seeds.clone());
             }
         } else {
             stock.ready.push(self.group.clone());
@@ -236,7 +242,7 @@ impl Engine {
             seeds: seeds.clone(),
             engine: self.clone(),
             group,
-            spent: false,
+            sent: false,
         })
     }
 
@@ -252,8 +258,13 @@ impl Engine {
                 match seeds.next_step(Instant::now()) {
                     Step::Stop => return,
                     Step::Wait(wait) => tokio::time::sleep(wait).await,
-                    Step::Retire(id) => engine.retire_seed(&id).await,
-                    Step::Make => match engine.make_seed().await {
+                    Step::Retire(id) => {
+                        engine.retire_seed(&id).await;
+                    }
+                    Step::Make => match tokio::time::timeout(MAKE_LIMIT, engine.make_seed())
+                        .await
+                        .unwrap_or_else(|_| Err(format!("no task within {MAKE_LIMIT:?}")))
+                    {
                         Ok(id) => {
                             crate::metrics::increment(SEEDS_TOTAL, &[("result", "made")]);
                             if let Some(id) = seeds.made(id) {
@@ -319,7 +330,7 @@ impl Engine {
     /// Delete a seed: its waiting init killed, its task and its record deleted. (A delete of
     /// the created task would have runc kill it and sleep 100 ms before it looks again, with
     /// the shim's lock held.) Bounded; what does not go is left to gc, with a warning.
-    pub(super) async fn retire_seed(&self, id: &str) {
+    pub(super) async fn retire_seed(&self, id: &str) -> bool {
         let client = self.client.clone();
         let gone = tokio::time::timeout(RETIRE_LIMIT, async {
             if client.task_get(id).await?.is_some() {
@@ -336,9 +347,15 @@ impl Engine {
         })
         .await;
         match gone {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(seed = id, error = %e, "could not delete a warm shim's seed (gc will)"),
-            Err(_) => tracing::warn!(seed = id, "deleting a warm shim's seed timed out (gc will)"),
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(seed = id, error = %e, "could not delete a warm shim's seed (gc will)");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(seed = id, "deleting a warm shim's seed timed out (gc will)");
+                false
+            }
         }
     }
 }
