@@ -245,15 +245,6 @@ fn pooled_session(served: &Served, pool: &str) -> String {
     session["id"].as_str().unwrap().to_string()
 }
 
-/// Whether host process `pid` has exited: gone, or a zombie its init has not reaped (it runs
-/// nothing).
-fn exited(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-        stat.rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-    })
-}
-
 /// A member's shell that died before the claim does not answer its hello, which the
 /// session's first call finds after sending its command behind it (nothing of the command
 /// can have run there): the command runs in a new shell, whose state later calls keep, and
@@ -267,7 +258,7 @@ fn a_member_shell_that_died_before_the_claim_is_replaced_unseen() {
     let (host, in_sandbox) = member_shell("dead");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(host), nix::sys::signal::Signal::SIGKILL).unwrap();
     assert!(
-        eventually(Duration::from_secs(10), || exited(host)),
+        eventually(Duration::from_secs(10), || exited(host as u32)),
         "the member's shell outlived SIGKILL"
     );
     let id = pooled_session(&served, "dead");
@@ -331,7 +322,7 @@ fn a_member_shell_that_hangs_before_the_claim_is_killed_and_replaced() {
         _ => panic!("the first call: {status} {first}"),
     }
     assert!(
-        eventually(Duration::from_secs(10), || exited(host)),
+        eventually(Duration::from_secs(10), || exited(host as u32)),
         "the hung shell was left running"
     );
     let (status, next) = shell("echo $$; echo ok");

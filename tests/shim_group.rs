@@ -183,17 +183,22 @@ fn without_the_option_each_session_has_its_own_shim() {
         s.delete(id);
     }
     // The option's bounds are the command line's.
-    for bad in ["0", "257", "x"] {
+    refuses_out_of_bounds("--sessions-per-shim", &["0", "257", "x"]);
+}
+
+/// `runner serve OPTION VALUE` exits 2 naming the option, for each of `values`.
+fn refuses_out_of_bounds(option: &str, values: &[&str]) {
+    for bad in values {
         let out = runner_ctd_command(
-            &["serve", "--token-file", "/nonexistent", "--sessions-per-shim", bad],
+            &["serve", "--token-file", "/nonexistent", option, bad],
             std::path::Path::new("/tmp"),
         )
         .output()
         .unwrap();
-        assert_eq!(out.status.code(), Some(2), "{bad}");
+        assert_eq!(out.status.code(), Some(2), "{option} {bad}");
         assert!(
-            String::from_utf8_lossy(&out.stderr).contains("--sessions-per-shim"),
-            "{bad}: {}",
+            String::from_utf8_lossy(&out.stderr).contains(option),
+            "{option} {bad}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
@@ -314,16 +319,21 @@ fn a_session_sharing_its_shim_is_checkpointed_forked_and_restored() {
     assert_eq!(code, 204);
 }
 
+/// The containers of the warm shims (seeds) of the server whose state dir is `state`, with
+/// a task or not.
+fn seed_containers(state: &std::path::Path) -> Vec<String> {
+    let state = std::fs::canonicalize(state).unwrap();
+    containers_where(&format!(
+        "labels.\"runner.dev/kind\"==shim-seed,labels.\"runner.dev/state-dir\"==\"{}\"",
+        state.display()
+    ))
+}
+
 /// The warm shims (seeds) of the server whose state dir is `state`: container id → the shim
 /// its created task runs under.
 fn seeds_of(state: &std::path::Path) -> HashMap<String, u32> {
-    let state = std::fs::canonicalize(state).unwrap();
-    let filter = format!(
-        "labels.\"runner.dev/kind\"==shim-seed,labels.\"runner.dev/state-dir\"==\"{}\"",
-        state.display()
-    );
     let tasks = task_pids();
-    containers_where(&filter)
+    seed_containers(state)
         .into_iter()
         .filter_map(|id| {
             let init = *tasks.get(&id)?;
@@ -331,13 +341,6 @@ fn seeds_of(state: &std::path::Path) -> HashMap<String, u32> {
             Some((id, shim))
         })
         .collect()
-}
-
-/// A process that is gone or a zombie (exited, its parent yet to reap it).
-fn exited(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.rsplit(')').next().unwrap_or_default().trim_start().starts_with('Z'))
-        .unwrap_or(true)
 }
 
 /// `runner serve --warm-shims` (default 1; issue 36, item 3): the server keeps a container
@@ -400,14 +403,7 @@ fn a_cold_session_takes_the_warm_shim_and_a_new_one_is_made() {
     }));
     let (_, last_warm) = last.unwrap();
     drop(s.served);
-    assert!(
-        containers_where(&format!(
-            "labels.\"runner.dev/kind\"==shim-seed,labels.\"runner.dev/state-dir\"==\"{}\"",
-            std::fs::canonicalize(&state).unwrap().display()
-        ))
-        .is_empty(),
-        "a stopped server left its seed"
-    );
+    assert!(seed_containers(&state).is_empty(), "a stopped server left its seed");
     assert!(eventually(Duration::from_secs(20), || exited(last_warm)));
 
     // A server killed outright leaves its seed to `runner gc`.
@@ -440,18 +436,5 @@ fn without_warm_shims_no_seed_is_kept() {
     std::thread::sleep(Duration::from_millis(1500));
     assert!(seeds_of(&state).is_empty(), "{:?}", seeds_of(&state));
     s.delete(&id);
-    for bad in ["9", "x"] {
-        let out = runner_ctd_command(
-            &["serve", "--token-file", "/nonexistent", "--warm-shims", bad],
-            std::path::Path::new("/tmp"),
-        )
-        .output()
-        .unwrap();
-        assert_eq!(out.status.code(), Some(2), "{bad}");
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains("--warm-shims"),
-            "{bad}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    refuses_out_of_bounds("--warm-shims", &["9", "x"]);
 }

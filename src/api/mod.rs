@@ -576,7 +576,7 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
                 }
                 // Warm shims: a refill that failed is tried again (after its back-off), and a
                 // containerd that came late gets its seeds.
-                refill_warm_shims(&state.ctx).await;
+                refill_warm_shims(&state.ctx);
                 // Jobs whose supervisor died get a new one here, explicitly: reads never adopt.
                 match crate::service::reconcile::adopt_orphans(&state.ctx).await {
                     Ok(adopted) if !adopted.is_empty() => tracing::info!(?adopted, "re-adopted jobs"),
@@ -590,7 +590,7 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
         let ctx = ctx.clone();
         tokio::spawn(async move { crate::service::reconcile::reconcile(&ctx).await });
     }
-    refill_warm_shims(&ctx).await;
+    refill_warm_shims(&ctx);
     let metrics_server = match serve.metrics_listen {
         Some(addr) => Some(serve_metrics(addr, state.clone(), &on_event).await?),
         None => None,
@@ -671,14 +671,8 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
         task.abort();
     }
     let seeds = async {
-        if let (Some(seeds), Some(client)) = (ctx.shim_seeds(), ctx.containerd_if_connected()) {
-            let engine = crate::runtime::containerd::Engine::new(
-                client,
-                &ctx.config.state_dir,
-                ctx.host.clone(),
-                ctx.runtime_options(),
-            );
-            engine.drain_seeds(seeds).await;
+        if let Some((seeds, engine)) = ctx.warm_shims() {
+            engine.drain_seeds(&seeds).await;
         }
     };
     let closed = tokio::time::timeout(reserve, async { tokio::join!(state.sessions.close_all(), seeds) }).await;
@@ -692,15 +686,9 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
 
 /// Start filling the server's warm shims (no-op without them, or while containerd is not
 /// connected: the housekeeping tick tries again).
-async fn refill_warm_shims(ctx: &Context) {
-    if let (Some(seeds), Some(client)) = (ctx.shim_seeds(), ctx.containerd_if_connected()) {
-        let engine = crate::runtime::containerd::Engine::new(
-            client,
-            &ctx.config.state_dir,
-            ctx.host.clone(),
-            ctx.runtime_options(),
-        );
-        engine.refill_seeds(seeds.clone());
+fn refill_warm_shims(ctx: &Context) {
+    if let Some((seeds, engine)) = ctx.warm_shims() {
+        engine.refill_seeds(seeds);
     }
 }
 

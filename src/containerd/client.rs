@@ -455,6 +455,32 @@ impl Containerd {
         spec_json: Vec<u8>,
         labels: HashMap<String, String>,
     ) -> Result<(), CtdError> {
+        self.create_record(Some(lease), id, image, true, spec_json, labels)
+            .await
+    }
+
+    /// A container record with no image, snapshot or lease: its spec's root is a host
+    /// directory (a warm shim's seed, `runtime::containerd::shim_seed`).
+    pub async fn container_create_bare(
+        &self,
+        id: &str,
+        spec_json: Vec<u8>,
+        labels: HashMap<String, String>,
+    ) -> Result<(), CtdError> {
+        self.create_record(None, id, "", false, spec_json, labels).await
+    }
+
+    /// Containers.Create of runc's runtime; `snapshot`: its rootfs is the snapshot named
+    /// after it.
+    async fn create_record(
+        &self,
+        lease: Option<&str>,
+        id: &str,
+        image: &str,
+        snapshot: bool,
+        spec_json: Vec<u8>,
+        labels: HashMap<String, String>,
+    ) -> Result<(), CtdError> {
         let mut client = svc::containers_client::ContainersClient::new(self.channel.clone());
         let container = Container {
             id: id.to_string(),
@@ -468,8 +494,8 @@ impl Containerd {
                 type_url: SPEC_TYPE_URL.into(),
                 value: spec_json,
             }),
-            snapshotter: SNAPSHOTTER.into(),
-            snapshot_key: id.to_string(),
+            snapshotter: if snapshot { SNAPSHOTTER.into() } else { String::new() },
+            snapshot_key: if snapshot { id.to_string() } else { String::new() },
             created_at: None,
             updated_at: None,
             extensions: HashMap::new(),
@@ -480,45 +506,8 @@ impl Containerd {
                 svc::CreateContainerRequest {
                     container: Some(container),
                 },
-                Some(lease),
+                lease,
             ))
-            .await
-            .map_err(rpc("container create"))?;
-        Ok(())
-    }
-
-    /// A container record with no image, snapshot or lease: its spec's root is a host
-    /// directory (a warm shim's seed, `runtime::containerd::shim_seed`).
-    pub async fn container_create_bare(
-        &self,
-        id: &str,
-        spec_json: Vec<u8>,
-        labels: HashMap<String, String>,
-    ) -> Result<(), CtdError> {
-        let mut client = svc::containers_client::ContainersClient::new(self.channel.clone());
-        let container = Container {
-            id: id.to_string(),
-            labels,
-            image: String::new(),
-            runtime: Some(ContainerRuntime {
-                name: RUNTIME.into(),
-                options: None,
-            }),
-            spec: Some(Any {
-                type_url: SPEC_TYPE_URL.into(),
-                value: spec_json,
-            }),
-            snapshotter: String::new(),
-            snapshot_key: String::new(),
-            created_at: None,
-            updated_at: None,
-            extensions: HashMap::new(),
-            sandbox: String::new(),
-        };
-        client
-            .create(self.request(svc::CreateContainerRequest {
-                container: Some(container),
-            }))
             .await
             .map_err(rpc("container create"))?;
         Ok(())

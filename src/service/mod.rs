@@ -312,9 +312,18 @@ impl Context {
         self
     }
 
-    /// The warm shims' stock, when this context keeps one.
-    pub fn shim_seeds(&self) -> Option<&Arc<crate::runtime::containerd::shim_seed::ShimSeeds>> {
-        self.shim_seeds.as_ref()
+    /// The warm shims' stock and an engine to tend it, when this context keeps one and
+    /// containerd is connected (never connects).
+    pub fn warm_shims(&self) -> Option<(Arc<crate::runtime::containerd::shim_seed::ShimSeeds>, Engine)> {
+        let seeds = self.shim_seeds.clone()?;
+        let client = self.containerd_if_connected()?;
+        let engine = Engine::new(
+            client,
+            &self.config.state_dir,
+            self.host.clone(),
+            self.runtime_options(),
+        );
+        Some((seeds, engine))
     }
 
     /// Call `notice` when a call starts the private containerd.

@@ -208,6 +208,14 @@ pub fn stat_field(pid: u32, n: usize) -> Option<i64> {
     rest.split_whitespace().nth(n)?.parse().ok()
 }
 
+/// A process that is gone or a zombie (exited, its parent yet to reap it).
+pub fn exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
+}
+
 /// The bearer token `serve_with` gives its server.
 pub const SERVE_TOKEN: &str = "test-token-common-0123456789abcdef";
 

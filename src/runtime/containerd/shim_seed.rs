@@ -98,30 +98,33 @@ impl Drop for SeedTicket {
     /// Spent (see `sent`): deleted, and a new one made, once the server is quiet, neither on
     /// the create's path; at a stop, deleted now. Unspent: back to the stock.
     fn drop(&mut self) {
-        let mut stock = self.seeds.stock.lock().expect("shim seeds");
-        if self.sent {
-            crate::metrics::increment(SEEDS_TOTAL, &[("result", "used")]);
-            // The create's own work goes on after its Tasks.Create (its start, its first
-            // answer): the quiet moment is counted from here too.
-            stock.last_demand = Some(Instant::now());
-        }
-        if stock.closed {
-            drop(stock);
-            let (engine, id) = (self.engine.clone(), self.group.clone());
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn(async move { engine.retire_seed(&id).await })),
-                Err(_) => tracing::warn!(seed = id, "a warm shim's seed is left to gc"),
+        match self.seeds.settle(&self.group, self.sent) {
+            Settled::Stocked => {}
+            Settled::Spent => {
+                if tokio::runtime::Handle::try_current().is_ok() {
+                    self.engine.refill_seeds(self.seeds.clone());
+                }
             }
-        } else if self.sent {
-            stock.spent.push(self.group.clone());
-            drop(stock);
-            if tokio::runtime::Handle::try_current().is_ok() {
-                self.engine.refill_seeds(self.seeds.clone());
+            Settled::Closed => {
+                let (engine, id) = (self.engine.clone(), self.group.clone());
+                match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) => drop(runtime.spawn(async move { engine.retire_seed(&id).await })),
+                    Err(_) => tracing::warn!(seed = id, "a warm shim's seed is left to gc"),
+                }
             }
-        } else {
-            stock.ready.push(self.group.clone());
         }
     }
+}
+
+/// Where a ticket's seed went when the ticket was dropped (`ShimSeeds::settle`).
+#[derive(Debug, PartialEq, Eq)]
+enum Settled {
+    /// Back to the ready ones: its create never sent its Tasks.Create.
+    Stocked,
+    /// Spent, for the refill to delete when the server is quiet.
+    Spent,
+    /// The server stops: to delete now.
+    Closed,
 }
 
 impl ShimSeeds {
@@ -148,6 +151,26 @@ impl ShimSeeds {
             crate::metrics::increment(SEEDS_TOTAL, &[("result", "missed")]);
         }
         seed
+    }
+
+    /// A ticket's seed comes back: spent once its create's Tasks.Create was `sent` (the
+    /// quiet moment then counts from now too: the create's own work goes on), else ready
+    /// again; at a stop, neither.
+    fn settle(&self, group: &str, sent: bool) -> Settled {
+        let mut stock = self.stock.lock().expect("shim seeds");
+        if sent {
+            crate::metrics::increment(SEEDS_TOTAL, &[("result", "used")]);
+            stock.last_demand = Some(Instant::now());
+        }
+        if stock.closed {
+            Settled::Closed
+        } else if sent {
+            stock.spent.push(group.to_string());
+            Settled::Spent
+        } else {
+            stock.ready.push(group.to_string());
+            Settled::Stocked
+        }
     }
 
     /// Seeds ready now.
@@ -460,6 +483,33 @@ mod tests {
         assert_eq!(seeds.next_step(later), Step::Make);
         assert_eq!(seeds.made("c".into()), None);
         assert_eq!(seeds.next_step(later), Step::Stop);
+    }
+
+    #[test]
+    fn a_seed_whose_create_sent_its_task_is_never_handed_out_again() {
+        let seeds = ShimSeeds::new(2).expect("on");
+        assert_eq!(seeds.made("a".into()), None);
+        assert_eq!(seeds.made("b".into()), None);
+        // A create that failed before its Tasks.Create gives its seed back...
+        let b = seeds.take().expect("ready");
+        assert_eq!(seeds.settle(&b, false), Settled::Stocked);
+        assert_eq!(seeds.ready(), 2);
+        // ...one that sent it (finished, failed or dropped midway) spends it.
+        let b = seeds.take().expect("ready");
+        let later = Instant::now() + QUIET / 2;
+        assert_eq!(seeds.settle(&b, true), Settled::Spent);
+        assert_eq!(seeds.take().as_deref(), Some("a"), "b is not handed out again");
+        assert_eq!(seeds.take(), None);
+        assert!(seeds.begin_refill());
+        let Step::Wait(_) = seeds.next_step(later) else {
+            panic!("the quiet moment counts from the spend too")
+        };
+        assert_eq!(seeds.next_step(Instant::now() + QUIET), Step::Retire(b));
+        // At a stop a returning seed is deleted, never stocked.
+        seeds.close();
+        assert_eq!(seeds.settle("a", false), Settled::Closed);
+        assert_eq!(seeds.settle("c", true), Settled::Closed);
+        assert_eq!(seeds.ready(), 0);
     }
 
     #[test]
