@@ -44,6 +44,10 @@ const HELP: &[(&str, &str)] = &[
         "warm shims (seeds): made, used by a cold create, missed (a cold create found none ready), failed to start",
     ),
     (
+        "runner_containerd_revivals_total",
+        "times runner's private containerd was found dead (not stopped on purpose) and started again: started, failed",
+    ),
+    (
         "runner_evictions_total",
         "sandboxes evicted, by reason (ephemeral-storage: over resources.ephemeralStorage)",
     ),

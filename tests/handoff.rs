@@ -397,3 +397,127 @@ fn what_the_server_cannot_run_as_the_cli_would_runs_in_the_cli() {
     let again = s.apply(&dir, &["-f", file.to_str().unwrap()]);
     assert!(text(&again.stderr).contains(TAKEN), "{}", text(&again.stderr));
 }
+
+/// A server outlives the private containerd under it. When the daemon dies (SIGKILL, as the
+/// OOM killer would), the server starts it again. Its sessions live on, new ones start, and an
+/// apply handed to it right after the death runs there, not failed as an infrastructure error.
+/// A daemon stopped on purpose (`runner daemon stop`) is left stopped.
+#[test]
+#[ignore = "needs a private containerd: run scripts/test.sh"]
+fn a_server_starts_its_private_containerd_again_when_it_dies() {
+    // A containerd of this test's own: the suite's shared one must not die under others.
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let socket = std::cell::RefCell::new(String::new());
+    let command = |args: &[&str]| {
+        let mut cmd = Command::new(runner_bin());
+        cmd.args(args)
+            .current_dir(dir.path())
+            .env("RUNNER_STATE_DIR", &state)
+            .env("CONTAINERD_NAMESPACE", "runner-revive-test")
+            .env_remove("HUID")
+            .env_remove("HGID");
+        match socket.borrow().as_str() {
+            "" => cmd.env_remove("CONTAINERD_ADDRESS"),
+            address => cmd.env("CONTAINERD_ADDRESS", address),
+        };
+        cmd
+    };
+    let run = |args: &[&str]| command(args).output().unwrap();
+    let status = || text(&run(&["daemon", "status"]).stdout);
+    let daemon_pid = || -> Option<i32> {
+        let status = status();
+        let pid = status.strip_prefix("running (pid ")?.split(')').next()?;
+        pid.parse().ok()
+    };
+    assert_eq!(run(&["daemon", "start"]).status.code(), Some(0));
+    struct Stop<F: Fn()>(F);
+    impl<F: Fn()> Drop for Stop<F> {
+        fn drop(&mut self) {
+            (self.0)();
+        }
+    }
+    let _stop = Stop(|| {
+        run(&["daemon", "start"]);
+        run(&["gc"]);
+        run(&["daemon", "stop"]);
+    });
+    *socket.borrow_mut() = status().trim().rsplit(' ').next().unwrap().to_string();
+    let first = daemon_pid().expect("the daemon runs");
+    let tar = image_dir().join("busybox-oci.tar");
+    assert_eq!(run(&["image", "import", tar.to_str().unwrap()]).status.code(), Some(0));
+    let served = serve_with(command(&[]), dir.path());
+    let before = session_in(&served);
+    shell_says(&served, &before, "echo one", "one\n");
+
+    kill(first, nix::sys::signal::Signal::SIGKILL);
+    assert!(eventually(Duration::from_secs(5), || exited(first as u32)));
+    assert!(status().contains(&format!("pid {first} died")), "{}", status());
+    // At once: the apply is the server's, which starts the daemon if its watch has not yet.
+    // (The CLI, given the address, would not start one: a decline would fail here.)
+    let file = write_manifest(dir.path(), "after.yaml", &sleeper("after-death", 0));
+    let mut all = vec!["apply", "--log", "warn,runner::cli::handoff=debug", "-f"];
+    all.push(file.to_str().unwrap());
+    let applied = run(&all);
+    let stderr = text(&applied.stderr);
+    assert_eq!(applied.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains(TAKEN), "{stderr}");
+    assert_eq!(text(&applied.stdout), "started\n");
+    let second = daemon_pid().expect("the daemon runs again");
+    assert_ne!(second, first);
+
+    // The session made before lives on; a new one starts.
+    shell_says(&served, &before, "echo two", "two\n");
+    let after = session_in(&served);
+    shell_says(&served, &after, "hostname", &format!("{after}\n"));
+    let revivals = || {
+        let (_, metrics) = served.call("GET", "/metrics", None);
+        let metrics = metrics.as_str().unwrap_or_default().to_string();
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("runner_containerd_revivals_total{result=\"started\"} "))
+            .map(str::to_string)
+    };
+    assert_eq!(revivals().as_deref(), Some("1"));
+
+    // Without a word from anyone, the server's watch starts a dead daemon too (counted once
+    // it answers).
+    kill(second, nix::sys::signal::Signal::SIGKILL);
+    assert!(
+        eventually(Duration::from_secs(20), || revivals().as_deref() == Some("2")),
+        "the server did not start its containerd again: {}",
+        status()
+    );
+    assert!(daemon_pid().is_some_and(|p| p != second), "{}", status());
+    shell_says(&served, &after, "echo three", "three\n");
+    for id in [&before, &after] {
+        let (code, body) = served.call("DELETE", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(code, 204, "{body}");
+    }
+
+    // Stopped on purpose: it stays stopped.
+    assert_eq!(run(&["daemon", "stop"]).status.code(), Some(0));
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(status().trim(), "stopped");
+    drop(served);
+}
+
+/// A busybox session of `served`: its id.
+fn session_in(served: &Served) -> String {
+    let (code, body) = served.call(
+        "POST",
+        "/v1/sessions",
+        Some(&format!(r#"{{"environment": {{"image": "{IMAGE}"}}}}"#)),
+    );
+    assert_eq!(code, 201, "{body}");
+    body["id"].as_str().unwrap().to_string()
+}
+
+fn shell_says(served: &Served, id: &str, command: &str, output: &str) {
+    let (code, body) = served.call(
+        "POST",
+        &format!("/v1/sessions/{id}/shell"),
+        Some(&serde_json::json!({ "command": command }).to_string()),
+    );
+    assert_eq!((code, body["output"].as_str()), (200, Some(output)), "{body}");
+}

@@ -586,6 +586,7 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
             }
         })
     };
+    let watchdog = tokio::spawn(watch_containerd(ctx.clone()));
     if ctx.containerd().await.is_ok() {
         let ctx = ctx.clone();
         tokio::spawn(async move { crate::service::reconcile::reconcile(&ctx).await });
@@ -666,6 +667,8 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
         handoff.close();
     }
     housekeeping.abort();
+    // Never between a daemon's spawn and its PID file: those are one synchronous step.
+    watchdog.abort();
     idle_pauses.abort();
     if let Some(task) = metrics_server {
         task.abort();
@@ -682,6 +685,32 @@ pub async fn serve(serve: ServeConfig, on_event: impl Fn(ServeEvent)) -> Result<
         );
     }
     served
+}
+
+/// How often a server looks whether its private containerd died.
+const CONTAINERD_WATCH: Duration = Duration::from_secs(1);
+/// The longest wait between failed attempts to start it again.
+const CONTAINERD_RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// A server outlives the containerd under it: when that is runner's private daemon and it
+/// died, the server starts it again (`Context::revive_containerd`) instead of failing every
+/// create until someone does. Its sandboxes' shims live on meanwhile. Looking is two small
+/// reads (the PID file, the process's command line) a second.
+async fn watch_containerd(ctx: Context) {
+    let mut wait = CONTAINERD_WATCH;
+    loop {
+        tokio::time::sleep(wait).await;
+        wait = match ctx.revive_containerd().await {
+            Some(Err(_)) => (wait * 2).min(CONTAINERD_RETRY_MAX),
+            Some(Ok(_)) => {
+                // Seeds made before are still there (their shims outlived it); a refill
+                // that failed meanwhile is tried now rather than at the next tick.
+                refill_warm_shims(&ctx);
+                CONTAINERD_WATCH
+            }
+            None => CONTAINERD_WATCH,
+        };
+    }
 }
 
 /// Start filling the server's warm shims (no-op without them, or while containerd is not

@@ -29,7 +29,17 @@ pub async fn run(config: &Config, verb: DaemonVerb) -> Result<i32, ServiceError>
                 Ok(0)
             }
             None => {
-                outln!("stopped");
+                match daemon::died(config) {
+                    // Said apart from a stop: a `runner serve` using it starts it again, a
+                    // CLI at its next apply, and its log may say why it died.
+                    Some(pid) => outln!(
+                        "stopped: pid {pid} died without `runner daemon stop` (see {})",
+                        crate::containerd::daemon::DaemonPaths::new(&config.state_dir)
+                            .log
+                            .display()
+                    ),
+                    None => outln!("stopped"),
+                }
                 Ok(1)
             }
         },

@@ -87,9 +87,16 @@ impl DaemonPaths {
 /// gone, or is not our containerd, counts as stopped.
 pub fn running(paths: &DaemonPaths) -> Option<u32> {
     let pid: u32 = std::fs::read_to_string(&paths.pid_file).ok()?.trim().parse().ok()?;
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    is_ours(paths, pid).then_some(pid)
+}
+
+/// Whether `pid` is our containerd (a PID reused by another process is not).
+fn is_ours(paths: &DaemonPaths, pid: u32) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
     let cmdline = String::from_utf8_lossy(&cmdline);
-    (cmdline.contains(CONTAINERD_BIN) && cmdline.contains(&*paths.config.to_string_lossy())).then_some(pid)
+    cmdline.contains(CONTAINERD_BIN) && cmdline.contains(&*paths.config.to_string_lossy())
 }
 
 fn find_binary() -> Option<PathBuf> {
@@ -103,19 +110,58 @@ pub fn installed() -> bool {
     find_binary().is_some()
 }
 
+/// The PID of the daemon we started if it died without `stop`: its PID file is there, its
+/// process is not (a crash, the OOM killer, a SIGKILL). `stop` removes the file first, so a
+/// daemon stopped on purpose is never taken for a dead one.
+pub fn died(paths: &DaemonPaths) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(&paths.pid_file).ok()?.trim().parse().ok()?;
+    (!is_ours(paths, pid)).then_some(pid)
+}
+
 /// Start the private daemon (or find it running) and wait until it answers.
 pub async fn start(paths: &DaemonPaths) -> Result<u32, DaemonError> {
-    if let Some(pid) = running(paths)
-        && wait_answer(&paths.socket, Duration::from_secs(2)).await
-    {
+    if let Some(pid) = answering(paths).await {
         return Ok(pid);
     }
     let binary = find_binary().ok_or(DaemonError::NotInstalled)?;
-    let io = |what: &str| {
-        let what = what.to_string();
-        move |source| DaemonError::Io { what, source }
-    };
     std::fs::create_dir_all(&paths.dir).map_err(io("creating the daemon directory"))?;
+    // Two processes that find no daemon at once (two CLIs, or a CLI and a server reviving it)
+    // would start two on one root: the second blocks on the first's metadata lock and
+    // overwrites its PID file. One starts; the other waits here and finds it running.
+    let _lock = start_lock(paths).await.map_err(io("locking the daemon's start"))?;
+    if let Some(pid) = answering(paths).await {
+        return Ok(pid);
+    }
+    spawn(paths, binary).await
+}
+
+/// Start the daemon we started again if it died (`died`), once however many ask at once:
+/// the new one's PID, or `None` when it had not died (or another process started it since).
+pub async fn revive(paths: &DaemonPaths) -> Result<Option<u32>, DaemonError> {
+    if died(paths).is_none() {
+        return Ok(None);
+    }
+    let binary = find_binary().ok_or(DaemonError::NotInstalled)?;
+    let _lock = start_lock(paths).await.map_err(io("locking the daemon's start"))?;
+    if died(paths).is_none() {
+        return Ok(None);
+    }
+    spawn(paths, binary).await.map(Some)
+}
+
+/// The daemon's PID when it runs and answers (within 2 s).
+async fn answering(paths: &DaemonPaths) -> Option<u32> {
+    let pid = running(paths)?;
+    wait_answer(&paths.socket, Duration::from_secs(2)).await.then_some(pid)
+}
+
+fn io(what: &str) -> impl FnOnce(std::io::Error) -> DaemonError {
+    let what = what.to_string();
+    move |source| DaemonError::Io { what, source }
+}
+
+/// Start the daemon (the caller holds the start lock) and wait until it answers.
+async fn spawn(paths: &DaemonPaths, binary: PathBuf) -> Result<u32, DaemonError> {
     if let Some(parent) = paths.socket.parent() {
         std::fs::create_dir_all(parent).map_err(io("creating the socket directory"))?;
     }
@@ -158,6 +204,28 @@ pub async fn start(paths: &DaemonPaths) -> Result<u32, DaemonError> {
     }
 }
 
+/// The daemon directory's start lock (`start.lock`), waited for up to the start's own limit
+/// and a little more (the holder may be starting a daemon that takes all of it).
+async fn start_lock(paths: &DaemonPaths) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
+    use nix::fcntl::{Flock, FlockArg};
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(paths.dir.join("start.lock"))?;
+    let start = Instant::now();
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((back, nix::errno::Errno::EWOULDBLOCK)) if start.elapsed() < START_LIMIT + STOP_LIMIT => {
+                file = back;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err((_, e)) => return Err(e.into()),
+        }
+    }
+}
+
 async fn wait_answer(socket: &Path, limit: Duration) -> bool {
     let start = Instant::now();
     while start.elapsed() < limit {
@@ -170,23 +238,30 @@ async fn wait_answer(socket: &Path, limit: Duration) -> bool {
 }
 
 /// Stop the daemon we started (only that PID): SIGTERM, then SIGKILL after a while.
-/// Running containers survive (their shims are separate processes).
+/// Running containers survive (their shims are separate processes). The PID file goes
+/// first, so a server watching the daemon (`died`) never takes this stop for a death.
 pub async fn stop(paths: &DaemonPaths) -> Result<Option<u32>, DaemonError> {
-    let Some(pid) = running(paths) else {
-        let _ = std::fs::remove_file(&paths.pid_file);
+    // Held to the end: a start meanwhile waits, then finds the daemon gone and starts anew
+    // (the lock's wait outlasts this stop's limit). Without the directory there is no daemon.
+    let _lock = match paths.dir.is_dir() {
+        true => start_lock(paths).await.ok(),
+        false => None,
+    };
+    let found = running(paths);
+    let _ = std::fs::remove_file(&paths.pid_file);
+    let Some(pid) = found else {
         return Ok(None);
     };
     let target = Pid::from_raw(pid as i32);
     let _ = kill(target, Signal::SIGTERM);
     let start = Instant::now();
-    while running(paths).is_some() && start.elapsed() < STOP_LIMIT {
+    while is_ours(paths, pid) && start.elapsed() < STOP_LIMIT {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    if running(paths).is_some() {
+    if is_ours(paths, pid) {
         let _ = kill(target, Signal::SIGKILL);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let _ = std::fs::remove_file(&paths.pid_file);
     Ok(Some(pid))
 }
 

@@ -52,6 +52,24 @@ pub async fn connect(config: &Config, policy: Connect) -> Result<(Containerd, Op
     Ok((Containerd::connect(&paths.socket, &config.namespace).await?, started))
 }
 
+/// Start runner's private daemon of this state dir again when `client` talks to it and it
+/// died (`daemon::died`: not stopped by `runner daemon stop`). `None`: nothing to do, or
+/// another process started it meanwhile.
+pub async fn revive(config: &Config, client: &Containerd) -> Option<Result<Started, ServiceError>> {
+    let paths = DaemonPaths::new(&config.state_dir);
+    if client.address() != paths.socket {
+        return None;
+    }
+    match daemon::revive(&paths).await {
+        Ok(None) => None,
+        Ok(Some(pid)) => Some(Ok(Started {
+            pid,
+            socket: paths.socket,
+        })),
+        Err(e) => Some(Err(e.into())),
+    }
+}
+
 /// Start the private daemon (or find it running); its PID and socket.
 pub async fn start(config: &Config) -> Result<Started, ServiceError> {
     let paths = DaemonPaths::new(&config.state_dir);
@@ -65,6 +83,11 @@ pub async fn start(config: &Config) -> Result<Started, ServiceError> {
 /// Stop the private daemon runner started (only that process); its PID if one ran.
 pub async fn stop(config: &Config) -> Result<Option<u32>, ServiceError> {
     Ok(daemon::stop(&DaemonPaths::new(&config.state_dir)).await?)
+}
+
+/// The PID of the private daemon if it died (was not stopped by `stop`).
+pub fn died(config: &Config) -> Option<u32> {
+    daemon::died(&DaemonPaths::new(&config.state_dir))
 }
 
 /// The private daemon, if it runs.

@@ -139,6 +139,9 @@ impl Ended {
     }
 }
 
+/// How long the server's containerd may take to answer before an apply is left to the CLI.
+const ANSWER_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// This process's mount namespace, as `Request::mount_ns`.
 pub fn mount_namespace() -> std::io::Result<u64> {
     use std::os::unix::fs::MetadataExt;
@@ -192,10 +195,19 @@ pub async fn run(
     let mut ctx = ctx.clone();
     caller.onto(&mut ctx.host);
     let ctx = &ctx;
-    let sub = {
+    let parse = {
         let ctx = ctx.clone();
-        Context::blocking(move || Submission::handed(&ctx, text, &file, &absolute, env_dir.as_deref(), backend)).await
+        Context::blocking(move || Submission::handed(&ctx, text, &file, &absolute, env_dir.as_deref(), backend))
     };
+    // Whether containerd answers, asked beside the parse when it is connected already: a
+    // connected client does not say that its daemon died since.
+    let answered = async {
+        match ctx.containerd_if_connected() {
+            Some(_) => Some(ctx.containerd_answers(ANSWER_TIME).await),
+            None => None,
+        }
+    };
+    let (sub, answered) = tokio::join!(parse, answered);
     let mut sub = match sub {
         Ok(sub) => sub,
         Err(e) => return send(Reply::Failed { message: e.to_string() }),
@@ -207,14 +219,28 @@ pub async fn run(
             reason: "the file makes warm pools or holds no Job".into(),
         });
     }
-    // A CLI starts runner's private containerd when none answers; a server does that only at
-    // its own start. Nothing was registered yet: the CLI can still do it all itself.
-    if sub.plans.iter().any(|p| p.bound.backend == Backend::Containerd)
-        && let Err(e) = ctx.containerd().await
-    {
-        return send(Reply::Declined {
-            reason: format!("the server has no containerd ({e})"),
-        });
+    // A CLI starts runner's private containerd when none answers; a server starts it at its
+    // own start, and again when it died under the server (what the CLI would do next). Any
+    // other containerd that does not answer: nothing was registered yet, so the CLI can still
+    // do it all itself, or say why it cannot.
+    if sub.plans.iter().any(|p| p.bound.backend == Backend::Containerd) {
+        let mut answer = match answered {
+            Some(answer) => answer,
+            None => ctx.containerd_answers(ANSWER_TIME).await,
+        };
+        if answer.is_err()
+            && let Some(revived) = ctx.revive_containerd().await
+        {
+            answer = match revived {
+                Ok(_) => ctx.containerd_answers(ANSWER_TIME).await,
+                Err(e) => Err(e.to_string()),
+            };
+        }
+        if let Err(e) = answer {
+            return send(Reply::Declined {
+                reason: format!("the server's containerd does not answer ({e})"),
+            });
+        }
     }
     // A server that is stopping (or a CLI already gone) starts nothing more.
     if cancel.is_cancelled() {

@@ -252,6 +252,9 @@ pub enum Connect {
     Existing,
 }
 
+/// `runner_containerd_revivals_total{result}` (`Context::revive_containerd`).
+pub const CONTAINERD_REVIVALS: &str = "runner_containerd_revivals_total";
+
 /// Told when a call started runner's private containerd (the CLI says so on stderr).
 pub type DaemonNotice = Arc<dyn Fn(&daemon::Started) + Send + Sync>;
 
@@ -344,6 +347,41 @@ impl Context {
             })
             .await
             .cloned()
+    }
+
+    /// When the containerd this context is connected to is runner's private daemon of its
+    /// state dir and that died (a crash, the OOM killer; not `runner daemon stop`), start it
+    /// again, as a CLI does at its next apply: the sandboxes' shims outlive it and the client
+    /// reconnects by itself. `None`: nothing to do.
+    pub async fn revive_containerd(&self) -> Option<Result<daemon::Started, ServiceError>> {
+        let client = self.containerd_if_connected()?;
+        let revived = daemon::revive(&self.config, &client).await?;
+        crate::metrics::increment(
+            CONTAINERD_REVIVALS,
+            &[("result", if revived.is_ok() { "started" } else { "failed" })],
+        );
+        match &revived {
+            Ok(started) => tracing::warn!(
+                pid = started.pid,
+                "runner's private containerd had died; started it again"
+            ),
+            Err(e) => tracing::error!(error = %e, "runner's private containerd died and could not be started again"),
+        }
+        if let (Ok(started), Some(notice)) = (&revived, &self.on_daemon_start) {
+            notice(started);
+        }
+        Some(revived)
+    }
+
+    /// Whether containerd answers within `limit` (a version call; connecting as the policy
+    /// allows): a channel to a daemon that died fails at once, one that hangs by the limit.
+    pub async fn containerd_answers(&self, limit: std::time::Duration) -> Result<(), String> {
+        let client = self.containerd().await.map_err(|e| e.to_string())?;
+        match tokio::time::timeout(limit, client.version()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer in {limit:?}")),
+        }
     }
 
     /// The version of the containerd this context uses (connecting as its policy allows).
