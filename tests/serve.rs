@@ -338,6 +338,18 @@ fn the_persistent_python_session() {
         "{vars}"
     );
     assert_eq!(ok_json("GET", &format!("{base}/python/vars/x"), None)["value"], 42);
+    // A value JSON cannot hold (an evaluation's `inf` or `nan` score) comes back as its repr,
+    // and the interpreter keeps its state.
+    ok_json(
+        "POST",
+        &format!("{base}/python"),
+        Some(r#"{"code": "d = {'score': float('inf'), 'loss': float('nan'), 'ok': 1}"}"#),
+    );
+    assert_eq!(
+        ok_json("GET", &format!("{base}/python/vars/d"), None)["value"]["repr"],
+        "{'score': inf, 'loss': nan, 'ok': 1}"
+    );
+    assert_eq!(ok_json("GET", &format!("{base}/python/vars/x"), None)["value"], 42);
     // AC-5: output of later code sees earlier state.
     let r = ok_json(
         "POST",

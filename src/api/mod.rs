@@ -390,7 +390,7 @@ async fn render_metrics(state: &AppState) -> Result<String, ServiceError> {
         .into_iter()
         .map(|p| (p.to_string(), 0.0))
         .collect();
-    for job in job_service::list(&state.ctx, &[]).await? {
+    for job in job_service::list(&state.ctx, &Default::default()).await? {
         *phases.entry(format!("{:?}", job.object.status.phase)).or_default() += 1.0;
     }
     let mut gauges = vec![

@@ -54,7 +54,7 @@ pub(super) async fn sandbox_gauges(state: &AppState) -> Vec<crate::metrics::Gaug
             rows.push((vec![("session", session.id.clone())], usage));
         }
     }
-    let running = match crate::service::jobs::list(&state.ctx, &[]).await {
+    let running = match crate::service::jobs::list(&state.ctx, &Default::default()).await {
         Ok(jobs) => jobs
             .into_iter()
             .filter(|j| j.object.status.phase == crate::job::Phase::Running)

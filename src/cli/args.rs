@@ -526,7 +526,7 @@ pub enum GetWhat {
     Jobs {
         /// One job by name.
         name: Option<String>,
-        /// Label selector: key=value[,key=value].
+        /// Label selector, as kubectl takes it: key=value, key!=value, key, !key, key in (a,b), key notin (a,b), joined by commas.
         #[arg(short = 'l', long = "selector")]
         selector: Option<String>,
         #[arg(short = 'o', long = "output", value_enum)]
@@ -561,7 +561,7 @@ pub enum DeleteWhat {
         /// Every job of this state dir.
         #[arg(long, conflicts_with_all = ["name", "selector"])]
         all: bool,
-        /// Label selector: key=value[,key=value].
+        /// Label selector, as kubectl takes it: key=value, key!=value, key, !key, key in (a,b), key notin (a,b), joined by commas.
         #[arg(short = 'l', long = "selector", conflicts_with = "name")]
         selector: Option<String>,
         /// The job `apply --kube` ran on a cluster: remove its objects there.

@@ -486,7 +486,7 @@ pub enum Which {
 pub async fn delete(ctx: &Context, which: Which) -> Result<i32, ServiceError> {
     let names = match which {
         Which::Name(name) => vec![name],
-        Which::All => jobs::list(ctx, &[])
+        Which::All => jobs::list(ctx, &Default::default())
             .await?
             .into_iter()
             .map(|r| r.object.metadata.name)
@@ -496,7 +496,7 @@ pub async fn delete(ctx: &Context, which: Which) -> Result<i32, ServiceError> {
             if selector.is_empty() {
                 return Err(ServiceError::field(
                     "selector",
-                    "-l needs key=value (--all deletes every job)",
+                    "-l needs a requirement such as key=value (--all deletes every job)",
                 ));
             }
             jobs::list(ctx, &selector)

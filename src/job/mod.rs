@@ -5,6 +5,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 pub mod controller;
 pub mod kube;
+pub mod selector;
 pub mod store;
 pub mod supervisor;
 

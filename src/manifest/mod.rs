@@ -24,3 +24,4 @@ pub use load::*;
 pub use quantity::{MemoryBytes, MilliCpu, StorageBytes};
 pub use types::*;
 use validate::*;
+pub(crate) use validate::{label_key_ok, label_value_ok};

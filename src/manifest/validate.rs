@@ -203,6 +203,24 @@ pub(super) fn label_part_ok(s: &str) -> bool {
         && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
 }
 
+/// A label key as Kubernetes has them: `[prefix/]name`, the name 1–63 characters of
+/// `[A-Za-z0-9._-]` that begin and end alphanumeric, the prefix at most 253.
+pub(crate) fn label_key_ok(key: &str) -> bool {
+    let name = key.rsplit_once('/').map_or(key, |(prefix, name)| {
+        if prefix.is_empty() || prefix.len() > 253 {
+            ""
+        } else {
+            name
+        }
+    });
+    label_part_ok(name)
+}
+
+/// A label value: empty, or as a key's name.
+pub(crate) fn label_value_ok(value: &str) -> bool {
+    value.is_empty() || label_part_ok(value)
+}
+
 pub(super) fn validate_labels(labels: &BTreeMap<String, String>, field: &str) -> Result<(), ManifestError> {
     for (key, value) in labels {
         let origin = || Origin::new(format!("metadata.{field}.{key}"), None);
@@ -218,17 +236,10 @@ pub(super) fn validate_labels(labels: &BTreeMap<String, String>, field: &str) ->
         if field == "annotations" {
             continue;
         }
-        let name = key.rsplit_once('/').map_or(key.as_str(), |(prefix, name)| {
-            if prefix.is_empty() || prefix.len() > 253 {
-                ""
-            } else {
-                name
-            }
-        });
-        if !label_part_ok(name) {
+        if !label_key_ok(key) {
             return Err(ManifestError::new(origin(), ManifestErrorKind::LabelKey(key.clone())));
         }
-        if !value.is_empty() && !label_part_ok(value) {
+        if !label_value_ok(value) {
             return Err(ManifestError::new(
                 origin(),
                 ManifestErrorKind::LabelValue(value.clone()),

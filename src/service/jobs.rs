@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::reconcile::{self, adopt_if_orphaned, spawn_supervisor};
 use super::{Context, ServiceError};
+use crate::job::selector::Selector;
 use crate::job::store::{EventRecord, JobRecord, SharedStore, StoreError};
 use crate::job::supervisor::{self, JobContext};
 use crate::job::{self, JobObject, JobSpecView, JobStatus, ObjectMeta};
@@ -536,27 +537,22 @@ pub struct Listed {
     pub created_at: String,
 }
 
-/// Label selector `key=value[,key=value]` (equality only).
-pub fn parse_selector(text: Option<&str>) -> Result<Vec<(String, String)>, ServiceError> {
-    let Some(text) = text else { return Ok(Vec::new()) };
-    text.split(',')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            p.split_once('=')
-                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-                .ok_or_else(|| ServiceError::field("selector", format!("{text:?}: expected key=value[,key=value]")))
-        })
-        .collect()
+/// A label selector as kubectl takes them (`job::selector`); none selects every job.
+pub fn parse_selector(text: Option<&str>) -> Result<Selector, ServiceError> {
+    let Some(text) = text else {
+        return Ok(Selector::default());
+    };
+    Selector::parse(text).map_err(|why| ServiceError::field("selector", why))
 }
 
 /// Every job whose labels match the selector. A read: it changes nothing (`purge` drops
 /// expired jobs; `get jobs` and `GET /v1/jobs` call it first, as every submit does).
-pub async fn list(ctx: &Context, selector: &[(String, String)]) -> Result<Vec<Listed>, ServiceError> {
+pub async fn list(ctx: &Context, selector: &Selector) -> Result<Vec<Listed>, ServiceError> {
     let store = store(ctx).await?;
     let records = store.call(|s| s.list()).await?;
     Ok(records
         .into_iter()
-        .filter(|r| selector.iter().all(|(k, v)| r.metadata.labels.get(k) == Some(v)))
+        .filter(|r| selector.matches(&r.metadata.labels))
         .map(|r| Listed {
             object: r.object(),
             created_at: r.created_at,

@@ -173,7 +173,8 @@ def handle(request):
             return {"error": "no variable %r" % name}
         value = NAMESPACE[name]
         try:
-            json.dumps(value)
+            # Not NaN or Infinity: Python writes them, JSON (and the host's parser) has none.
+            json.dumps(value, allow_nan=False)
             return {"value": value}
         except (TypeError, ValueError):
             return {"value": {"repr": summary(value)}}
