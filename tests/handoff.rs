@@ -301,6 +301,7 @@ fn a_stopping_server_stops_the_handed_jobs_and_reports_them() {
     let stderr = text(&out.stderr);
     assert!(stderr.contains(TAKEN), "{stderr}");
     assert!(stderr.contains("job/ho-stop Failed (Interrupted)"), "{stderr}");
+    assert!(stderr.contains("stopped with the runner that ran it"), "{stderr}");
     // The CLI was not stopped: a job left unrun is the runner's failure (exit 2), said.
     assert!(
         stderr.contains("the server stopped before job/ho-stop-next ran"),
@@ -317,6 +318,33 @@ fn a_stopping_server_stops_the_handed_jobs_and_reports_them() {
     let after = s.apply(&dir, &["-f", file.to_str().unwrap()]);
     assert_eq!(after.status.code(), Some(0), "{}", text(&after.stderr));
     assert!(!text(&after.stderr).contains(TAKEN));
+
+    // One job, stopped with the server: exit 2 and why, not a Ctrl-C's 130.
+    s.served = Some(serve_with(runner_ctd_command(&[], &s.state), &dir));
+    assert!(eventually(Duration::from_secs(10), || s
+        .state
+        .join("serve.sock")
+        .exists()));
+    let file = write_manifest(&dir, "one.yaml", &sleeper("ho-one", 9648));
+    let child = s
+        .apply_command(&dir, &["-f", file.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(20), || !processes_matching(
+        "sleep 9648"
+    )
+    .is_empty()));
+    kill(s.server_pid(), Signal::SIGTERM);
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains(TAKEN), "{stderr}");
+    assert!(
+        stderr.contains("the server stopped, and job/ho-one with it"),
+        "{stderr}"
+    );
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
 }
 
 #[test]

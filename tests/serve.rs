@@ -82,9 +82,15 @@ fn call(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> (u1
         Some(b) => req.send_string(b),
         None => req.call(),
     };
+    // Read whole: ureq's `into_string` gives up past 10 MB, and an answer at the output
+    // limit is a little more.
+    let text = |r: ureq::Response| {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut r.into_reader(), &mut text).map(|_| text)
+    };
     match result {
-        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
-        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Ok(r) => (r.status(), text(r).unwrap_or_default()),
+        Err(ureq::Error::Status(code, r)) => (code, text(r).unwrap_or_default()),
         Err(e) => panic!("{method} {url}: {e}"),
     }
 }
@@ -906,6 +912,13 @@ fn the_resident_shell_keeps_state_frames_output_and_survives_timeouts() {
         );
         let big = out("i=0; while [ $i -lt 20000 ]; do echo 0123456789; i=$((i+1)); done");
         assert_eq!(big.len(), 220_000, "{image}: all of it, framed at its end");
+        // Over the output limit (10 MiB): its head and tail, and what was cut, counted.
+        let r = sh("head -c 11000000 /dev/zero | tr '\\000' x; echo END", 60);
+        let output = r["output"].as_str().unwrap();
+        assert_eq!(output.len(), 10 * 1024 * 1024, "{image}");
+        assert!(output.starts_with("xxxx") && output.ends_with("xxEND\n"), "{image}");
+        assert_eq!(r["outputDroppedBytes"], 11_000_004 - 10 * 1024 * 1024, "{image}");
+        assert!(sh("echo small", 20).get("outputDroppedBytes").is_none(), "{image}");
         // A quote, a heredoc, a syntax error: each is one call. Tabs and carriage returns are
         // text, not line editing; a NUL is refused.
         assert_eq!(out("echo \"it's\"; cat <<EOF\nhere\nEOF"), "it's\nhere\n");

@@ -141,6 +141,7 @@ mod tests {
             output: "out\n".into(),
             exit_code: Some(2),
             timed_out: false,
+            output_dropped_bytes: 0,
         };
         let (got, body) = answer(ServiceError::Invalid(Invalid::Failed(Box::new(failed)))).await;
         assert_eq!(got, StatusCode::UNPROCESSABLE_ENTITY);

@@ -214,8 +214,25 @@ fn follow(
         .filter(|name| !objects.iter().any(|o| &o.metadata.name == *name))
         .map(String::as_str)
         .collect();
-    if !unrun.is_empty() && stopped_by.get().is_none() {
-        return super::fail_message(&format!("the server stopped before job/{} ran", unrun.join(", job/")));
+    // Jobs the server stopped while this CLI was not: its stop, not a Ctrl-C here (130).
+    let stopped: Vec<&str> = objects
+        .iter()
+        .filter(|o| o.status.message.as_deref() == Some(crate::job::controller::STOPPED))
+        .map(|o| o.metadata.name.as_str())
+        .collect();
+    if stopped_by.get().is_none() {
+        match (unrun.is_empty(), stopped.is_empty()) {
+            (true, true) => {}
+            (false, _) => {
+                return super::fail_message(&format!("the server stopped before job/{} ran", unrun.join(", job/")));
+            }
+            (true, false) => {
+                return super::fail_message(&format!(
+                    "the server stopped, and job/{} with it",
+                    stopped.join(", job/")
+                ));
+            }
+        }
     }
     stopped_by.get().map_or(code, |s| s.exit_code())
 }

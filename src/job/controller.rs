@@ -101,6 +101,9 @@ pub struct JobState {
     pub killing: bool,
 }
 
+/// The message of a job ended by `Event::Stop`.
+pub const STOPPED: &str = "stopped with the runner that ran it (a signal, or its server stopping)";
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// The job begins (or the supervisor re-adopts it).
@@ -112,6 +115,9 @@ pub enum Event {
     },
     /// The user deleted the job.
     Delete,
+    /// The process running the job was stopped (a signalled apply, a CLI gone from a handed
+    /// apply, a server stopping): the job ends as a deleted one does, said apart.
+    Stop,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -192,9 +198,13 @@ pub fn step(policy: &JobPolicy, state: &mut JobState, event: Event, now_ms: u64)
     }
     match event {
         Event::Tick => {}
-        Event::Delete => {
+        Event::Delete | Event::Stop => {
             if state.terminal.is_none() {
-                return state.finish(Phase::Failed, Reason::Interrupted, "deleted".into());
+                let why = match event {
+                    Event::Delete => "deleted",
+                    _ => STOPPED,
+                };
+                return state.finish(Phase::Failed, Reason::Interrupted, why.into());
             }
         }
         Event::Finished { index, number, outcome } => {
@@ -582,5 +592,13 @@ mod tests {
         step(&p, &mut s, Event::Tick, 0);
         assert_eq!(step(&p, &mut s, Event::Delete, 5), vec![Action::KillAll]);
         assert_eq!(step(&p, &mut s, fail(0, 0, 143), 6), vec![Action::Done]);
+        assert_eq!(s.terminal.as_ref().map(|t| t.2.as_str()), Some("deleted"));
+        // A stopped runner ends its jobs the same way, and says so.
+        let mut s = JobState::default();
+        step(&p, &mut s, Event::Tick, 0);
+        assert_eq!(step(&p, &mut s, Event::Stop, 5), vec![Action::KillAll]);
+        let (_, reason, message) = s.terminal.clone().unwrap();
+        assert_eq!(reason, Reason::Interrupted);
+        assert_eq!(message, STOPPED);
     }
 }

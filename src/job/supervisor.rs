@@ -333,7 +333,7 @@ pub async fn supervise(
             () = sleep => actions = controller::step(&policy, &mut state, Event::Tick, now()),
             () = cancel.cancelled(), if !deleted => {
                 deleted = true;
-                actions = controller::step(&policy, &mut state, Event::Delete, now());
+                actions = controller::step(&policy, &mut state, Event::Stop, now());
             }
             () = tokio::time::sleep(DELETE_POLL) => {
                 if !deleted && last_delete_poll.elapsed() >= DELETE_POLL {

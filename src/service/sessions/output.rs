@@ -10,4 +10,12 @@ pub struct ShellOutput {
     pub output: String,
     pub exit_code: Option<i32>,
     pub timed_out: bool,
+    /// Bytes cut from the middle of `output` (over `--max-output-bytes`: its head and tail
+    /// are kept), as `/python`'s `outputDroppedBytes`; absent when nothing was cut.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub output_dropped_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

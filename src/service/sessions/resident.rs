@@ -594,7 +594,8 @@ impl Resident {
         }
         sandbox.unlink(&out_name);
         let taken = std::mem::replace(&mut *capture.lock().expect("capture lock"), Capture::new(0));
-        let mut output = taken.finish().text;
+        let finished = taken.finish();
+        let (mut output, output_dropped_bytes) = (finished.text, finished.dropped_bytes);
         if lost {
             output.push_str(
                 "\nrunner: the shell did not come back from the interrupt (the command ignored it, or the shell hung); it was killed and the next call starts a new one (its state is lost)\n",
@@ -607,6 +608,7 @@ impl Resident {
                 output,
                 exit_code,
                 timed_out,
+                output_dropped_bytes,
             },
             alive,
         ))

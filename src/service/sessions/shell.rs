@@ -208,6 +208,7 @@ impl Session {
                 output: r.stdout,
                 exit_code: r.exit_code,
                 timed_out: r.timed_out,
+                output_dropped_bytes: r.stdout_dropped_bytes,
             },
             request.check,
         )
