@@ -117,6 +117,22 @@ async fn without_the_token_everything_but_healthz_is_401() {
             assert!(String::from_utf8_lossy(&body).contains("bearer token"));
         }
     }
+    // The scheme in any case, as RFC 9110 has it; the token itself exactly.
+    for (header, want) in [
+        (format!("bearer {TOKEN}"), StatusCode::OK),
+        (format!("BEARER {TOKEN}"), StatusCode::OK),
+        (format!("Basic {TOKEN}"), StatusCode::UNAUTHORIZED),
+        (format!("Bearer {}", TOKEN.to_uppercase()), StatusCode::UNAUTHORIZED),
+        (format!("Bearer{TOKEN}"), StatusCode::UNAUTHORIZED),
+    ] {
+        let request = Request::builder()
+            .uri("/v1/sessions")
+            .header("authorization", &header)
+            .body(Body::empty())
+            .unwrap();
+        let status = api.app.clone().oneshot(request).await.unwrap().status();
+        assert_eq!(status, want, "{header}");
+    }
 }
 
 #[tokio::test]
@@ -166,6 +182,36 @@ async fn each_kind_of_failure_has_its_status() {
         body["error"].as_str().unwrap().starts_with("environment.kind"),
         "{body}"
     );
+
+    // axum's own rejections answer JSON too: a query string that does not parse, a method
+    // the route lacks (with its Allow header), a terminal without its upgrade.
+    for (method, path, want) in [
+        ("GET", "/v1/jobs/x/logs?stream=bogus", StatusCode::BAD_REQUEST),
+        ("GET", "/v1/jobs/x/logs?tailLines=-1", StatusCode::BAD_REQUEST),
+        ("PUT", "/v1/sessions", StatusCode::METHOD_NOT_ALLOWED),
+        ("GET", &format!("/v1/sessions/{id}/pty"), StatusCode::BAD_REQUEST),
+    ] {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(Body::empty())
+            .unwrap();
+        let response = api.app.clone().oneshot(request).await.unwrap();
+        let (status, headers) = (response.status(), response.headers().clone());
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        let body: Value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}: {}", String::from_utf8_lossy(&bytes)));
+        assert_eq!(status, want, "{method} {path}: {body}");
+        assert!(
+            !body["error"].as_str().unwrap_or_default().is_empty(),
+            "{method} {path}: {body}"
+        );
+        assert_eq!(headers["content-type"], "application/json", "{method} {path}");
+        if want == StatusCode::METHOD_NOT_ALLOWED {
+            assert!(headers.contains_key("allow"), "{method} {path}: {headers:?}");
+        }
+    }
 
     // 404: a session, a job, a route that does not exist.
     for path in [

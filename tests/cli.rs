@@ -897,6 +897,25 @@ fn every_index_is_printed_prefixed_and_logs_prefix_tail_and_setup() {
     );
     let unknown = runner(&["logs", "nothing-here", "--tail", "3"], dir.path());
     assert_eq!(unknown.status.code(), Some(2));
+    // An index or attempt the job does not have is said, not printed as nothing.
+    for (args, says) in [
+        (
+            &["--index", "3"][..],
+            "job three has completion indexes 0 to 2: there is no index 3",
+        ),
+        (&["--attempt", "7"][..], "there is no attempt 7"),
+        (
+            &["--index", "1", "--attempt", "2"][..],
+            "job three index 1 made attempts 0 to 0: there is no attempt 2",
+        ),
+    ] {
+        let mut all = vec!["logs", "three"];
+        all.extend_from_slice(args);
+        let out = runner(&all, dir.path());
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(says), "{args:?}: {}", text(&out.stderr));
+    }
+    assert_eq!(logs(&["--attempt", "0", "--index", "2"]).0, "first 2\nsecond 2\n");
 }
 
 /// The errors a newcomer met, as `runner validate` prints them (issue 37, item 8): each names

@@ -735,6 +735,141 @@ fn a_fifo_planted_for_the_pid_file_wedges_nothing() {
     problems.finish("a_fifo_planted_for_the_pid_file_wedges_nothing");
 }
 
+/// The sandbox holds its agent with a command of its own that never ends, then fills the
+/// agent's request queue (`/.runner/ctl`, which it may write): two such sessions once held both
+/// of the server's worker threads in a blocking write for ever, and the whole server with them.
+/// It also plants a request whose `done` is a FIFO of its own (once its agent sat in `open(2)`
+/// for ever), and a call is cancelled by its client before its command ends. Every call then
+/// answers within its limit, the server's open files do not grow with the refused calls, and
+/// bystanders (another session, `/healthz`) keep answering.
+#[test]
+#[ignore = "needs root, a private containerd and the test images: run scripts/test.sh"]
+fn a_sandbox_filling_its_agent_queue_blocks_no_server_thread() {
+    let _serial = serial();
+    let mut problems = Problems::default();
+    let s = Server::start(&["busybox-oci.tar"]);
+    let env = json!({"image": BUSYBOX, "resources": {"memory": "128Mi", "cpu": "0.5", "pids": 64}});
+    let (a, b, by) = (
+        s.session(env.clone(), json!({})),
+        s.session(env.clone(), json!({})),
+        s.session(env.clone(), json!({})),
+    );
+    let shell = |id: &str, command: &str| {
+        s.post(
+            id,
+            "shell",
+            json!({"command": command, "timeoutSeconds": 20}),
+            Duration::from_secs(30),
+        )
+    };
+    const FILL: &str = "mkdir /.runner/req-999999 && echo 'exec sleep 100000' >/.runner/req-999999/cmd.sh && echo req-999999 >/.runner/ctl && sleep 0.5 && (yes junk >/.runner/ctl 2>/dev/null &) && sleep 0.5 && echo filled";
+    for id in [&a, &b] {
+        match shell(id, FILL) {
+            Ok((200, text)) if text.contains("filled") => {}
+            other => problems.add(format!("{id}: the attack did not run: {other:?}")),
+        }
+    }
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", s.pid))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let before = fds();
+    // Both attackers' execs at once, then the bystander's: each answers, the attackers' with
+    // the agent's refusal, well within the limit.
+    let answers: Vec<(Duration, Answer)> = thread::scope(|scope| {
+        let calls: Vec<_> = [&a, &b, &a, &b]
+            .into_iter()
+            .map(|id| {
+                let s = &s;
+                scope.spawn(move || {
+                    let t = Instant::now();
+                    let r = s.post(
+                        id,
+                        "exec",
+                        json!({"command": "echo hi", "timeoutSeconds": 3}),
+                        Duration::from_secs(15),
+                    );
+                    (t.elapsed(), r)
+                })
+            })
+            .collect();
+        calls.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (took, answer) in &answers {
+        eprintln!(
+            "hostile: full agent queue: exec answered in {:.0} ms: {:?}",
+            ms(*took),
+            answer.as_ref().map(|(c, t)| (c, &t[..t.len().min(200)]))
+        );
+        match answer {
+            Ok((409, text)) if text.contains("takes no more commands") => {}
+            other => problems.add(format!(
+                "an attacker's exec: expected 409 (agent queue full), got {other:?}"
+            )),
+        }
+        problems.check(*took < Duration::from_secs(10), || {
+            format!("an attacker's exec took {:.1} s", took.as_secs_f64())
+        });
+    }
+    problems.check(s.healthy(Duration::from_secs(5)), || {
+        "/healthz did not answer within 5 s".into()
+    });
+    match exec_json(&s.post(&by, "exec", json!({"command": "echo by"}), Duration::from_secs(10))) {
+        Ok(v) if v["stdout"] == "by\n" => {}
+        other => problems.add(format!("the bystander's exec: {other:?}")),
+    }
+    // The attackers' own shells still answer: the agent is theirs to have held.
+    match shell(&a, "echo still") {
+        Ok((200, text)) if text.contains("still") => {}
+        other => problems.add(format!("the attacker's shell: {other:?}")),
+    }
+    let after = fds();
+    eprintln!("hostile: full agent queue: server open files {before} -> {after}");
+    problems.check(after <= before + 2, || {
+        format!("the server's open files grew from {before} to {after}")
+    });
+
+    // A planted request whose `done` is the sandbox's own FIFO, and a call whose client
+    // goes away before its command ends: neither holds the bystander's agent.
+    match shell(
+        &by,
+        "mkdir /.runner/req-99 && mkfifo /.runner/req-99/done && echo 'exit 0' >/.runner/req-99/cmd.sh && echo req-99 >/.runner/ctl && sleep 0.5 && echo planted",
+    ) {
+        Ok((200, text)) if text.contains("planted") => {}
+        other => problems.add(format!("the planted request did not run: {other:?}")),
+    }
+    let cancelled = s.post(&by, "exec", json!({"command": "sleep 2"}), Duration::from_millis(500));
+    problems.check(cancelled.is_err(), || {
+        format!("the cancelled call answered: {cancelled:?}")
+    });
+    thread::sleep(Duration::from_secs(2));
+    let t = Instant::now();
+    match exec_json(&s.post(
+        &by,
+        "exec",
+        json!({"command": "echo after", "timeoutSeconds": 5}),
+        Duration::from_secs(15),
+    )) {
+        Ok(v) if v["stdout"] == "after\n" => {}
+        other => problems.add(format!(
+            "an exec after the planted request and the cancelled call: {other:?}"
+        )),
+    }
+    eprintln!(
+        "hostile: planted done FIFO, cancelled call: the next exec in {:.0} ms",
+        ms(t.elapsed())
+    );
+    for id in [&a, &b, &by] {
+        let _ = s.delete_session(id);
+    }
+    match s.terminate(Duration::from_secs(10)) {
+        Some(t) => eprintln!("hostile: full agent queue: SIGTERM -> server exit in {:.0} ms", ms(t)),
+        None => problems.add("the server did not exit within 10 s of SIGTERM (wedged)"),
+    }
+    problems.finish("a_sandbox_filling_its_agent_queue_blocks_no_server_thread");
+}
+
 /// What the resident shell's host side opens (`sh-NAME.in`, `.st`, `.N.out` in /.runner) is
 /// replaced by FIFOs, regular files, directories and symlinks, before a shell starts, while it
 /// runs, and in a loop while calls run: every call answers (an error or a result) within its

@@ -919,6 +919,9 @@ fn the_resident_shell_keeps_state_frames_output_and_survives_timeouts() {
         assert!(output.starts_with("xxxx") && output.ends_with("xxEND\n"), "{image}");
         assert_eq!(r["outputDroppedBytes"], 11_000_004 - 10 * 1024 * 1024, "{image}");
         assert!(sh("echo small", 20).get("outputDroppedBytes").is_none(), "{image}");
+        // A pipeline whose writer dies of SIGPIPE: its output alone (bash without a terminal
+        // says it could not restore the terminal's modes; on a terminal it says nothing).
+        assert_eq!(out("yes | head -2; echo after"), "y\ny\nafter\n", "{image}");
         // A quote, a heredoc, a syntax error: each is one call. Tabs and carriage returns are
         // text, not line editing; a NUL is refused.
         assert_eq!(out("echo \"it's\"; cat <<EOF\nhere\nEOF"), "it's\nhere\n");

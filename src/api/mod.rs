@@ -443,7 +443,12 @@ async fn authenticate(State(state): State<Arc<AppState>>, request: Request, next
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        // The scheme is case-insensitive (RFC 9110, 11.1): `bearer` and `BEARER` too.
+        .and_then(|v| {
+            v.split_once(' ')
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        })
+        .map(|(_, token)| token.trim_start());
     let api_key = headers
         .get("x-api-key")
         .and_then(|v| v.to_str().ok())
@@ -469,7 +474,42 @@ async fn limit_body(request: Request, next: Next) -> Response {
     if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
         return ApiError::TooLarge.into_response();
     }
-    response
+    json_error(response).await
+}
+
+/// Longest text of a non-JSON error kept in its JSON form.
+const ERROR_TEXT_LIMIT: usize = 16 * 1024;
+
+/// Every error answers `{"error": "..."}` (docs/reference/api.md). Ours are JSON already;
+/// axum's own rejections are text (a query string that does not parse, a WebSocket request
+/// without its upgrade headers) or empty (a method the route lacks): made JSON here, the
+/// status and the other headers (`Allow`) kept.
+async fn json_error(response: Response) -> Response {
+    let status = response.status();
+    let json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = match axum::body::to_bytes(body, ERROR_TEXT_LIMIT).await {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let message = match text.is_empty() {
+        true => status.canonical_reason().unwrap_or("error").to_lowercase(),
+        false => text,
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    let body = serde_json::json!({ "error": message }).to_string();
+    Response::from_parts(parts, axum::body::Body::from(body))
 }
 
 /// A JSON body, within the JSON size cap.

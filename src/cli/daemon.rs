@@ -32,11 +32,9 @@ pub async fn run(config: &Config, verb: DaemonVerb) -> Result<i32, ServiceError>
                 match daemon::died(config) {
                     // Said apart from a stop: a `runner serve` using it starts it again, a
                     // CLI at its next apply, and its log may say why it died.
-                    Some(pid) => outln!(
+                    Some((pid, log)) => outln!(
                         "stopped: pid {pid} died without `runner daemon stop` (see {})",
-                        crate::containerd::daemon::DaemonPaths::new(&config.state_dir)
-                            .log
-                            .display()
+                        log.display()
                     ),
                     None => outln!("stopped"),
                 }

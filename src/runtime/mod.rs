@@ -187,6 +187,10 @@ pub enum RuntimeError {
     Ended(String),
     #[error("{0}")]
     Refused(String),
+    /// The sandbox's agent cannot take or did not run a command (it is held by another that
+    /// has not ended, or the sandbox meddled with its directory): the sandbox's own doing.
+    #[error("{0}")]
+    Busy(String),
     /// A claimed pool member could not be readied for its job (it went away after its
     /// record was checked): it was torn down, and the job may run cold as when no member is
     /// ready.

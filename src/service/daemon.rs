@@ -85,9 +85,10 @@ pub async fn stop(config: &Config) -> Result<Option<u32>, ServiceError> {
     Ok(daemon::stop(&DaemonPaths::new(&config.state_dir)).await?)
 }
 
-/// The PID of the private daemon if it died (was not stopped by `stop`).
-pub fn died(config: &Config) -> Option<u32> {
-    daemon::died(&DaemonPaths::new(&config.state_dir))
+/// The PID of the private daemon if it died (was not stopped by `stop`), and its log.
+pub fn died(config: &Config) -> Option<(u32, PathBuf)> {
+    let paths = DaemonPaths::new(&config.state_dir);
+    daemon::died(&paths).map(|pid| (pid, paths.log))
 }
 
 /// The private daemon, if it runs.

@@ -105,6 +105,9 @@ impl Logs {
                 return Ok(None);
             }
             let record = record(&self.ctx, &self.name).await?;
+            if !self.finished && self.printed.is_empty() && self.streamed.is_empty() {
+                self.check_wanted(&record.view, &record.status)?;
+            }
             if self.options.follow && !record.status.is_terminal() && adopt_if_orphaned(&self.ctx, &self.name).await? {
                 // A new supervisor owns it now: look again rather than end with the dead one.
                 continue;
@@ -119,6 +122,48 @@ impl Logs {
             }
             tokio::time::sleep(POLL).await;
         }
+    }
+
+    /// An index the job does not have, or an attempt it did not make (and, unless followed
+    /// while the job runs, will not): said, as kubectl says a container the pod lacks, rather
+    /// than printing nothing.
+    fn check_wanted(&self, spec: &crate::job::JobSpecView, status: &JobStatus) -> Result<(), ServiceError> {
+        let name = &self.name;
+        if let Some(index) = self.options.index
+            && index >= spec.completions
+        {
+            let last = spec.completions.saturating_sub(1);
+            return Err(ServiceError::field(
+                "index",
+                format!("job {name} has completion indexes 0 to {last}: there is no index {index}"),
+            ));
+        }
+        let Some(attempt) = self.options.attempt else {
+            return Ok(());
+        };
+        let may_come = self.options.follow && !status.is_terminal();
+        let made = status
+            .attempts
+            .iter()
+            .any(|a| a.attempt == attempt && self.options.index.is_none_or(|i| i == a.index));
+        if made || may_come {
+            return Ok(());
+        }
+        let last = status
+            .attempts
+            .iter()
+            .filter(|a| self.options.index.is_none_or(|i| i == a.index))
+            .map(|a| a.attempt)
+            .max();
+        let made = match last {
+            Some(last) => format!("attempts 0 to {last}"),
+            None => "no attempt yet".into(),
+        };
+        let of = self.options.index.map_or(String::new(), |i| format!(" index {i}"));
+        Err(ServiceError::field(
+            "attempt",
+            format!("job {name}{of} made {made}: there is no attempt {attempt}"),
+        ))
     }
 
     async fn collect_blocking(&mut self, status: JobStatus) -> Result<Vec<LogChunk>, ServiceError> {

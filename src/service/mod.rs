@@ -175,7 +175,9 @@ impl From<RuntimeError> for ServiceError {
                 name: "(ended)".into(),
             },
             // Like a call to a pod that is gone: the sandbox's state says why.
-            e @ (RuntimeError::Evicted(_) | RuntimeError::Ended(_)) => ServiceError::Conflict(e.to_string()),
+            e @ (RuntimeError::Evicted(_) | RuntimeError::Ended(_) | RuntimeError::Busy(_)) => {
+                ServiceError::Conflict(e.to_string())
+            }
             RuntimeError::Unavailable(what) => ServiceError::Unavailable {
                 what,
                 reason: format!("backend {what} is not connected"),

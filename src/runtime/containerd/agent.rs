@@ -41,7 +41,10 @@ use crate::runtime::{FifoEnd, RuntimeError};
 pub const AGENT_MOUNT: &str = "/.runner";
 
 /// The agent. `fd 3` holds the control FIFO open read-write so reads block for the next
-/// request instead of seeing EOF between requests.
+/// request instead of seeing EOF between requests. A request's FIFOs are opened read-write
+/// too (`1<>`): such an open never waits for a reader, so neither a request whose host side
+/// went away (a call cancelled) nor one the sandbox planted with FIFOs of its own can hold the
+/// agent in `open(2)` for ever (it is the container's init: nothing could signal it out).
 pub const AGENT_SCRIPT: &str = r#"exec 3<>/.runner/ctl
 if command -v setsid >/dev/null 2>&1; then runner_s=setsid; else runner_s=; fi
 while read -r runner_req <&3; do
@@ -51,9 +54,9 @@ while read -r runner_req <&3; do
   (
     read -r runner_p _ </proc/self/stat && echo "$runner_p" >"$runner_d/pid"
     if [ -f "$runner_d/in" ]; then exec <"$runner_d/in"; else exec </dev/null; fi
-    exec $runner_s /bin/sh "$runner_d/cmd.sh" >"$runner_d/out" 2>"$runner_d/err" 3<&-
+    exec $runner_s /bin/sh "$runner_d/cmd.sh" 1<>"$runner_d/out" 2<>"$runner_d/err" 3<&-
   )
-  echo "$?" >"$runner_d/done"
+  echo "$?" 1<>"$runner_d/done"
 done"#;
 
 fn io(what: &str) -> impl FnOnce(nix::Error) -> RuntimeError + '_ {
@@ -181,11 +184,12 @@ impl Agent {
             .map_err(ioe("chmod of the agent directory"))?;
         let dir_fd = open_dir(dir)?;
         create_fifo(&dir_fd, "ctl", uid, gid)?;
-        // Read-write: never blocks, and keeps the FIFO usable before the agent opens it.
+        // Read-write: the open never waits, and the FIFO is usable before the agent opens it.
+        // Non-blocking: see `send`.
         let ctl = openat(
             &dir_fd,
             "ctl",
-            OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            OFlag::O_RDWR | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
         .map_err(io("opening the agent control FIFO"))?;
@@ -202,10 +206,8 @@ impl Agent {
     /// FIFO) and opened the same way.
     pub fn open(dir: &Path, uid: u32, gid: u32) -> Result<Self, RuntimeError> {
         let dir_fd = open_dir(dir)?;
+        // Non-blocking, as `create` opens it (see `send`).
         let ctl = open_fifo_fd(&dir_fd, "ctl", OFlag::O_RDWR)?;
-        // Blocking writes, as `create` opens it: a request line is never dropped.
-        nix::fcntl::fcntl(&ctl, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_RDWR))
-            .map_err(io("opening the agent control FIFO"))?;
         Ok(Agent {
             dir: dir.to_path_buf(),
             ctl: File::from(ctl),
@@ -249,12 +251,20 @@ impl Agent {
         // Written last: the agent only looks at a request whose cmd.sh exists.
         create_file(&dir_fd, "cmd.sh", script.as_bytes(), self.uid, self.gid)?;
         let sent = boot_ticks();
-        (&self.ctl)
-            .write_all(format!("{name}\n").as_bytes())
-            .map_err(|source| RuntimeError::Io {
-                what: "sending a request to the agent".into(),
-                source,
-            })?;
+        // Never a blocking write: the sandbox can fill the FIFO (it may write it too) while
+        // its agent runs a command that never ends, and a write that waited would hold one of
+        // the server's threads for ever. A line is far shorter than PIPE_BUF, so it goes in
+        // whole or not at all.
+        let line = format!("{name}\n");
+        match nix::unistd::write(&self.ctl, line.as_bytes()) {
+            Ok(n) if n == line.len() => {}
+            Ok(_) | Err(nix::errno::Errno::EAGAIN) => {
+                return Err(RuntimeError::Busy(format!(
+                    "the sandbox's agent takes no more commands: its request queue ({AGENT_MOUNT}/ctl) is full (a command that has not ended holds the agent, and the queue was filled)"
+                )));
+            }
+            Err(e) => return Err(io("sending a request to the agent")(e)),
+        }
         Ok(Request {
             name,
             sent,

@@ -592,14 +592,22 @@ impl LiveContainer {
             }
         };
         let duration = started.elapsed();
-        let (out, err) = pumps.finish(EXEC_DRAIN_LIMIT, true).await;
-        let after = cgroupfs::read(&self.cgroup);
         {
             let agent = agent.clone();
             let name = req.name.clone();
             tokio::task::spawn_blocking(move || agent.remove(&name));
         }
-        let status = status.ok_or_else(|| RuntimeError::Internal("the agent reported no status".into()))?;
+        let Some(status) = status else {
+            // The agent never ran it (or never said): its output FIFOs may never have had a
+            // writer, and a reader that never had one gets no hang-up, so the readers would
+            // wait for ever, past the session's end.
+            pumps.abort();
+            return Err(RuntimeError::Busy(
+                "the sandbox's agent did not run the command: another command that has not ended holds it, or the sandbox meddled with its directory (/.runner)".into(),
+            ));
+        };
+        let (out, err) = pumps.finish(EXEC_DRAIN_LIMIT, true).await;
+        let after = cgroupfs::read(&self.cgroup);
         Ok(self.record(command_result(status, timed_out, out, err, duration, before, after)))
     }
 

@@ -74,6 +74,39 @@ const PIPELINED_MAX: usize = 4096;
 /// Longest status line read.
 const LINE_LIMIT: u64 = 200;
 
+/// `text` without the lines an interactive bash with no terminal prints when a command of a
+/// pipeline dies of a signal (`yes | head`: SIGPIPE), `bash: [PID: LEVEL (N)] tcsetattr:
+/// Inappropriate ioctl for device`. bash then restores the terminal's modes; with none, the
+/// call fails and bash says so into the command's output. On a terminal (where SWE-ReX's
+/// shells run) it says nothing, so neither do we. Only whole lines of exactly that form go.
+fn without_tty_noise(text: String) -> String {
+    const NOISE: &str = " Inappropriate ioctl for device\n";
+    if !text.contains(NOISE) {
+        return text;
+    }
+    let noise = |line: &str| -> bool {
+        let Some(rest) = line.strip_prefix("bash: [").and_then(|r| r.strip_suffix(NOISE)) else {
+            return false;
+        };
+        let Some(figures) = rest
+            .strip_suffix("] tcsetattr:")
+            .or_else(|| rest.strip_suffix("] tcgetattr:"))
+        else {
+            return false;
+        };
+        // `PID: LEVEL (N)`
+        let Some((pid, rest)) = figures.split_once(": ") else {
+            return false;
+        };
+        let Some((level, n)) = rest.split_once(" (") else {
+            return false;
+        };
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        digits(pid) && digits(level) && n.strip_suffix(')').is_some_and(|n| digits(n.trim_start_matches('-')))
+    };
+    text.split_inclusive('\n').filter(|line| !noise(line)).collect()
+}
+
 fn fifo_error(e: std::io::Error) -> ServiceError {
     ServiceError::internal("the shell's FIFOs", e)
 }
@@ -595,7 +628,7 @@ impl Resident {
         sandbox.unlink(&out_name);
         let taken = std::mem::replace(&mut *capture.lock().expect("capture lock"), Capture::new(0));
         let finished = taken.finish();
-        let (mut output, output_dropped_bytes) = (finished.text, finished.dropped_bytes);
+        let (mut output, output_dropped_bytes) = (without_tty_noise(finished.text), finished.dropped_bytes);
         if lost {
             output.push_str(
                 "\nrunner: the shell did not come back from the interrupt (the command ignored it, or the shell hung); it was killed and the next call starts a new one (its state is lost)\n",
@@ -649,6 +682,24 @@ impl Resident {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_bash_terminal_noise_lines_are_taken_out() {
+        let noise = "bash: [18: 1 (255)] tcsetattr: Inappropriate ioctl for device\n";
+        let strip = |s: &str| without_tty_noise(s.to_string());
+        assert_eq!(strip(&format!("1\n2\n{noise}")), "1\n2\n");
+        assert_eq!(strip(&format!("{noise}a\n{noise}b")), "a\nb");
+        for kept in [
+            "no noise\n",
+            "bash: [x: 1 (255)] tcsetattr: Inappropriate ioctl for device\n",
+            "echo: bash: [18: 1 (255)] tcsetattr: Inappropriate ioctl for device\n",
+            "bash: [18: 1 (255)] tcsetattr: Inappropriate ioctl for device",
+            "sh: [18: 1 (255)] tcsetattr: Inappropriate ioctl for device\n",
+            "bash: [18: 1 (255)] open: Inappropriate ioctl for device\n",
+        ] {
+            assert_eq!(strip(kept), kept);
+        }
+    }
 
     #[test]
     fn status_lines_are_parsed_strictly() {
