@@ -803,7 +803,10 @@ async fn job_logs_take_index_tail_prefix_stream_and_follow() {
     assert_eq!(get("?index=1").await.1, "a1\nb1\n");
     assert_eq!(get("?tailLines=1&prefix=true").await.1, "[0] b0\n[1] b1\n");
     assert_eq!(get("?stream=stderr").await.1, "e0\ne1\n");
-    assert_eq!(get("?attempt=3").await.1, "");
+    // An attempt the job did not make is said, not answered with nothing.
+    let (status, body) = get("?attempt=3").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("there is no attempt 3"), "{body}");
     assert_eq!(get("?tail=1").await.0, StatusCode::BAD_REQUEST);
     assert_eq!(get("?stream=both").await.0, StatusCode::BAD_REQUEST);
     let (status, _) = api.send("GET", "/v1/jobs/none/logs", Some(TOKEN), Body::empty()).await;

@@ -61,28 +61,20 @@ pub(super) fn pack_dir(
             limit: MAX_PACK_DEPTH,
         });
     }
-    let mut names = Vec::new();
-    for entry in dir.iter() {
-        let entry = entry.map_err(|e| errno_error("reading", shown, e))?;
-        let name = entry.file_name().to_bytes();
-        if name != b"." && name != b".." {
-            names.push(name.to_vec());
-        }
-    }
-    names.sort();
-    let fd = dir.as_fd();
-    for name in names {
-        let child = child_shown(shown, &name);
+    // In the directory's order, as tar without --sort: sorting would need every name first
+    // (see `walk::each_entry`).
+    super::walk::each_entry(&mut dir, shown, |fd, name| {
+        let child = child_shown(shown, name);
         let mut member = prefix.to_vec();
-        member.extend_from_slice(&name);
+        member.extend_from_slice(name);
         // A look that opens nothing first: devices, FIFOs and sockets are never opened.
-        let st = match nix::sys::stat::fstatat(fd, name.as_slice(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+        let st = match nix::sys::stat::fstatat(fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => st,
-            Err(Errno::ENOENT) => continue,
+            Err(Errno::ENOENT) => return Ok(true),
             Err(e) => return Err(errno_error("inspecting", &child, e)),
         };
         match file_type(&st) {
-            libc::S_IFLNK => match nix::fcntl::readlinkat(fd, name.as_slice()) {
+            libc::S_IFLNK => match nix::fcntl::readlinkat(fd, name) {
                 Ok(target) => {
                     let mut h = header(&st, tar::EntryType::Symlink, 0);
                     builder
@@ -96,11 +88,11 @@ pub(super) fn pack_dir(
             },
             libc::S_IFDIR => {
                 let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
-                let sub = match open_beneath(fd, &name, flags, 0, NO_SYMLINKS) {
+                let sub = match open_beneath(fd, name, flags, 0, NO_SYMLINKS) {
                     Ok(sub) => sub,
                     Err(e) if changed_meanwhile(e) => {
                         report.skipped += 1;
-                        continue;
+                        return Ok(true);
                     }
                     Err(e) => return Err(errno_error("opening", &child, e)),
                 };
@@ -116,25 +108,25 @@ pub(super) fn pack_dir(
             }
             libc::S_IFREG => {
                 let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
-                let file = match open_beneath(fd, &name, flags, 0, NO_SYMLINKS) {
+                let file = match open_beneath(fd, name, flags, 0, NO_SYMLINKS) {
                     Ok(file) => file,
                     Err(e) if changed_meanwhile(e) => {
                         report.skipped += 1;
-                        continue;
+                        return Ok(true);
                     }
                     Err(e) => return Err(errno_error("opening", &child, e)),
                 };
                 let st = fstat(file.as_fd(), &child)?;
                 if file_type(&st) != libc::S_IFREG {
                     report.skipped += 1;
-                    continue;
+                    return Ok(true);
                 }
                 pack_file(builder, File::from(file), &st, &member, &child, report)?;
             }
             _ => report.skipped += 1,
         }
-    }
-    Ok(())
+        Ok(true)
+    })
 }
 
 /// Yields exactly `left` bytes: the file's own while it has them, then zeros, so a file that
@@ -197,10 +189,14 @@ mod tests {
                 bytes: 13
             }
         );
-        let members: Vec<_> = members_of(&archive)
+        let mut members: Vec<_> = members_of(&archive)
             .into_iter()
             .map(|(name, kind, data, link)| (name, kind, String::from_utf8(data).unwrap(), link))
             .collect();
+        // In the directories' order, a directory before what it holds.
+        let at = |name: &str| members.iter().position(|m| m.0 == name).unwrap();
+        assert!(at("sub/") < at("sub/g") && at("sub/") < at("sub/dir"), "{members:?}");
+        members.sort_by(|a, b| a.0.cmp(&b.0));
         let secret = fx.outside().join("secret").display().to_string();
         let outside = fx.outside().display().to_string();
         use tar::EntryType as T;

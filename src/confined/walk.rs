@@ -39,113 +39,111 @@ impl UsageWalk<'_> {
     }
 
     pub(super) fn dir(&mut self, mut dir: Dir, shown: &str, depth: u64) -> Result<()> {
-        let mut names = Vec::new();
-        for entry in dir.iter() {
-            let entry = entry.map_err(|e| errno_error("reading", shown, e))?;
-            let name = entry.file_name().to_bytes();
-            if name != b"." && name != b".." {
-                names.push(name.to_vec());
-            }
-        }
-        let fd = dir.as_fd();
-        for name in names {
+        each_entry(&mut dir, shown, |fd, name| {
             if self.usage.stopped {
-                return Ok(());
+                return Ok(false);
             }
-            let st = match nix::sys::stat::fstatat(fd, name.as_slice(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            let st = match nix::sys::stat::fstatat(fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
                 Ok(st) => st,
-                Err(e) if changed_meanwhile(e) => continue,
-                Err(e) => return Err(errno_error("inspecting", &child_shown(shown, &name), e)),
+                Err(e) if changed_meanwhile(e) => return Ok(true),
+                Err(e) => return Err(errno_error("inspecting", &child_shown(shown, name), e)),
             };
             if st.st_dev != self.dev {
-                continue;
+                return Ok(true);
             }
             self.charge(&st);
             if file_type(&st) != libc::S_IFDIR {
-                self.note_full(&st, shown, &name);
-                continue;
+                self.note_full(&st, shown, name);
+                return Ok(true);
             }
             if depth >= MAX_PACK_DEPTH {
                 self.usage.too_deep = true;
-                continue;
+                return Ok(true);
             }
-            let child = child_shown(shown, &name);
+            let child = child_shown(shown, name);
             let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
-            let sub = match open_beneath(fd, &name, flags, 0, NO_SYMLINKS) {
+            let sub = match open_beneath(fd, name, flags, 0, NO_SYMLINKS) {
                 Ok(sub) => sub,
-                Err(e) if changed_meanwhile(e) => continue,
+                Err(e) if changed_meanwhile(e) => return Ok(true),
                 Err(e) => return Err(errno_error("opening", &child, e)),
             };
             let sub = Dir::from_fd(sub).map_err(|e| errno_error("reading", &child, e))?;
             self.dir(sub, &child, depth + 1)?;
-        }
-        Ok(())
+            Ok(true)
+        })
     }
+}
+
+/// Each entry of `dir` but `.` and `..`, handed to `f` as it is read, never collected first:
+/// a sandbox can put a million names in one directory (hard links cost it no disk), and a
+/// list of them cost the host ~1.7 times the directory's size, at every level of a walk. So a
+/// walk holds, per level of depth, a directory stream and a second descriptor of it (`f`'s:
+/// the stream is borrowed while it is read). `f` answers whether to read on.
+pub(super) fn each_entry(
+    dir: &mut Dir,
+    shown: &str,
+    mut f: impl FnMut(std::os::fd::BorrowedFd<'_>, &[u8]) -> Result<bool>,
+) -> Result<()> {
+    let at = nix::unistd::dup(dir.as_fd()).map_err(|e| errno_error("reading", shown, e))?;
+    for entry in dir.iter() {
+        let entry = entry.map_err(|e| errno_error("reading", shown, e))?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        if !f(at.as_fd(), name)? {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// [`Root::clear_setid`] for one directory, recursing through descriptors.
 pub(super) fn clear_setid_in(mut dir: Dir, shown: &str, depth: u64, report: &mut SetidReport) -> Result<()> {
-    let mut names = Vec::new();
-    for entry in dir.iter() {
-        let entry = entry.map_err(|e| errno_error("reading", shown, e))?;
-        let name = entry.file_name().to_bytes();
-        if name != b"." && name != b".." {
-            names.push(name.to_vec());
-        }
-    }
-    let mut subdirs = Vec::new();
-    let mut setid = Vec::new();
-    for name in names {
+    each_entry(&mut dir, shown, |fd, name| {
         report.entries += 1;
-        let st = match nix::sys::stat::fstatat(dir.as_fd(), name.as_slice(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+        let st = match nix::sys::stat::fstatat(fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => st,
-            Err(e) if changed_meanwhile(e) => continue,
-            Err(e) => return Err(errno_error("inspecting", &child_shown(shown, &name), e)),
+            Err(e) if changed_meanwhile(e) => return Ok(true),
+            Err(e) => return Err(errno_error("inspecting", &child_shown(shown, name), e)),
         };
+        let child = || child_shown(shown, name);
         match file_type(&st) {
-            libc::S_IFDIR => subdirs.push(name),
-            libc::S_IFREG if st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0 => setid.push(name),
+            libc::S_IFREG if st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0 => {
+                let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
+                let file = match open_beneath(fd, name, flags, 0, NO_SYMLINKS) {
+                    Ok(file) => file,
+                    Err(e) if changed_meanwhile(e) => {
+                        report.skipped += 1;
+                        return Ok(true);
+                    }
+                    Err(e) => return Err(errno_error("opening", &child(), e)),
+                };
+                let st = fstat(file.as_fd(), &child())?;
+                if file_type(&st) == libc::S_IFREG && st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
+                    chmod_fd(file.as_fd(), st.st_mode & 0o1777, &child())?;
+                    report.cleared += 1;
+                }
+            }
+            libc::S_IFDIR if depth >= MAX_PACK_DEPTH => report.skipped += 1,
+            libc::S_IFDIR => {
+                let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
+                let sub = match open_beneath(fd, name, flags, 0, NO_SYMLINKS) {
+                    Ok(sub) => sub,
+                    // A mount point (EXDEV) is another filesystem's, not the workspace's.
+                    Err(e) if changed_meanwhile(e) => {
+                        report.skipped += 1;
+                        return Ok(true);
+                    }
+                    Err(e) => return Err(errno_error("opening", &child(), e)),
+                };
+                let sub = Dir::from_fd(sub).map_err(|e| errno_error("reading", &child(), e))?;
+                clear_setid_in(sub, &child(), depth + 1, report)?;
+            }
             _ => {}
         }
-    }
-    let fd = dir.as_fd();
-    for name in setid {
-        let child = child_shown(shown, &name);
-        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
-        let file = match open_beneath(fd, &name, flags, 0, NO_SYMLINKS) {
-            Ok(file) => file,
-            Err(e) if changed_meanwhile(e) => {
-                report.skipped += 1;
-                continue;
-            }
-            Err(e) => return Err(errno_error("opening", &child, e)),
-        };
-        let st = fstat(file.as_fd(), &child)?;
-        if file_type(&st) == libc::S_IFREG && st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
-            chmod_fd(file.as_fd(), st.st_mode & 0o1777, &child)?;
-            report.cleared += 1;
-        }
-    }
-    for name in subdirs {
-        let child = child_shown(shown, &name);
-        if depth >= MAX_PACK_DEPTH {
-            report.skipped += 1;
-            continue;
-        }
-        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
-        let sub = match open_beneath(fd, &name, flags, 0, NO_SYMLINKS) {
-            Ok(sub) => sub,
-            // A mount point (EXDEV) is another filesystem's, not the workspace's.
-            Err(e) if changed_meanwhile(e) => {
-                report.skipped += 1;
-                continue;
-            }
-            Err(e) => return Err(errno_error("opening", &child, e)),
-        };
-        let sub = Dir::from_fd(sub).map_err(|e| errno_error("reading", &child, e))?;
-        clear_setid_in(sub, &child, depth + 1, report)?;
-    }
-    Ok(())
+        Ok(true)
+    })
 }
 
 #[cfg(test)]
