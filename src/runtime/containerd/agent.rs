@@ -41,10 +41,12 @@ use crate::runtime::{FifoEnd, RuntimeError};
 pub const AGENT_MOUNT: &str = "/.runner";
 
 /// The agent. `fd 3` holds the control FIFO open read-write so reads block for the next
-/// request instead of seeing EOF between requests. A request's FIFOs are opened read-write
+/// request instead of seeing EOF between requests. A request's `done` is opened read-write
 /// too (`1<>`): such an open never waits for a reader, so neither a request whose host side
-/// went away (a call cancelled) nor one the sandbox planted with FIFOs of its own can hold the
-/// agent in `open(2)` for ever (it is the container's init: nothing could signal it out).
+/// went away (a call cancelled) nor one the sandbox planted with a FIFO of its own can hold
+/// the agent in `open(2)` for ever (it is the container's init: nothing could signal it out).
+/// `out` and `err` stay write-only: a command whose host reader went away must get SIGPIPE,
+/// not fill a buffer nobody reads and hang there.
 pub const AGENT_SCRIPT: &str = r#"exec 3<>/.runner/ctl
 if command -v setsid >/dev/null 2>&1; then runner_s=setsid; else runner_s=; fi
 while read -r runner_req <&3; do
@@ -54,7 +56,7 @@ while read -r runner_req <&3; do
   (
     read -r runner_p _ </proc/self/stat && echo "$runner_p" >"$runner_d/pid"
     if [ -f "$runner_d/in" ]; then exec <"$runner_d/in"; else exec </dev/null; fi
-    exec $runner_s /bin/sh "$runner_d/cmd.sh" 1<>"$runner_d/out" 2<>"$runner_d/err" 3<&-
+    exec $runner_s /bin/sh "$runner_d/cmd.sh" >"$runner_d/out" 2>"$runner_d/err" 3<&-
   )
   echo "$?" 1<>"$runner_d/done"
 done"#;
