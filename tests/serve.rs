@@ -349,11 +349,15 @@ fn the_persistent_python_session() {
     ok_json(
         "POST",
         &format!("{base}/python"),
-        Some(r#"{"code": "d = {'score': float('inf'), 'loss': float('nan'), 'ok': 1}"}"#),
+        Some(r#"{"code": "d = {'score': float('inf'), 'loss': float('nan'), 'ok': 1}; big = [10**40]"}"#),
     );
     assert_eq!(
         ok_json("GET", &format!("{base}/python/vars/d"), None)["value"]["repr"],
         "{'score': inf, 'loss': nan, 'ok': 1}"
+    );
+    assert_eq!(
+        ok_json("GET", &format!("{base}/python/vars/big"), None)["value"]["repr"],
+        format!("[{}]", "1".to_string() + &"0".repeat(40))
     );
     assert_eq!(ok_json("GET", &format!("{base}/python/vars/x"), None)["value"], 42);
     // AC-5: output of later code sees earlier state.

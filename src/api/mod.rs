@@ -264,7 +264,7 @@ fn routes() -> Vec<Route> {
         ),
         route(
             Doc::new(get.clone(), "/v1/jobs", "list jobs")
-                .query("labelSelector", "key=value[,key=value]", false)
+                .query("labelSelector", "a label selector, as kubectl takes it: key=value, key!=value, key, !key, key in (a,b), key notin (a,b), joined by commas", false)
                 .returns::<Vec<crate::job::JobObject>>(200),
             jobs::list,
         ),

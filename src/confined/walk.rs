@@ -77,21 +77,26 @@ impl UsageWalk<'_> {
 /// Each entry of `dir` but `.` and `..`, handed to `f` as it is read, never collected first:
 /// a sandbox can put a million names in one directory (hard links cost it no disk), and a
 /// list of them cost the host ~1.7 times the directory's size, at every level of a walk. So a
-/// walk holds, per level of depth, a directory stream and a second descriptor of it (`f`'s:
-/// the stream is borrowed while it is read). `f` answers whether to read on.
+/// walk holds one directory stream per level of depth. `f` answers whether to read on.
 pub(super) fn each_entry(
     dir: &mut Dir,
     shown: &str,
     mut f: impl FnMut(std::os::fd::BorrowedFd<'_>, &[u8]) -> Result<bool>,
 ) -> Result<()> {
-    let at = nix::unistd::dup(dir.as_fd()).map_err(|e| errno_error("reading", shown, e))?;
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    // The stream is borrowed mutably while it is read, so `f` gets its descriptor by number:
+    // `dir` outlives the loop, and `fstatat`/`openat` beneath it never move its position.
+    let raw = dir.as_raw_fd();
     for entry in dir.iter() {
         let entry = entry.map_err(|e| errno_error("reading", shown, e))?;
         let name = entry.file_name().to_bytes();
         if name == b"." || name == b".." {
             continue;
         }
-        if !f(at.as_fd(), name)? {
+        // SAFETY: `raw` is `dir`'s open descriptor, which lives (unclosed) until `dir` drops,
+        // after this loop.
+        let at = unsafe { BorrowedFd::borrow_raw(raw) };
+        if !f(at, name)? {
             break;
         }
     }

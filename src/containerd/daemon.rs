@@ -189,8 +189,12 @@ async fn spawn(paths: &DaemonPaths, binary: PathBuf) -> Result<u32, DaemonError>
         .spawn()
         .map_err(io("starting containerd"))?;
     let pid = child.id();
-    // Not waited for: the daemon outlives this process; init reaps it.
-    drop(child);
+    // The daemon outlives a CLI (init reaps it then); a server that started it reaps it when
+    // it dies, or each death it survives would leave a zombie.
+    let mut child = child;
+    let _ = std::thread::Builder::new()
+        .name("containerd-reaper".into())
+        .spawn(move || child.wait());
     std::fs::write(&paths.pid_file, format!("{pid}\n")).map_err(io("writing the daemon pid file"))?;
     if wait_answer(&paths.socket, START_LIMIT).await {
         Ok(pid)

@@ -101,7 +101,13 @@ fn requirement(text: &str) -> Result<Requirement, String> {
             .strip_prefix('(')
             .and_then(|s| s.trim_end().strip_suffix(')'))
             .ok_or("expected a set in parentheses at the end")?;
-        let values = set.split(',').map(value).collect::<Result<Vec<_>, _>>()?;
+        let values = set
+            .split(',')
+            .map(|v| match v.trim() {
+                "" => Err("an empty value in the set".to_string()),
+                v => value(v),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let mut words = head.split_whitespace();
         let (k, op) = (words.next().unwrap_or(""), words.next());
         if words.next().is_some() {
@@ -161,6 +167,8 @@ mod tests {
             ("suite within (a)", "expected KEY in"),
             ("suite in (a) x", "expected a set"),
             ("-x", "not a label key"),
+            ("suite in ()", "an empty value"),
+            ("suite in (a,,b)", "an empty value"),
         ] {
             let e = Selector::parse(text).expect_err(text);
             assert!(e.contains(says), "{text}: {e}");

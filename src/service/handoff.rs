@@ -228,12 +228,11 @@ pub async fn run(
             Some(answer) => answer,
             None => ctx.containerd_answers(ANSWER_TIME).await,
         };
-        if answer.is_err()
-            && let Some(revived) = ctx.revive_containerd().await
-        {
-            answer = match revived {
-                Ok(_) => ctx.containerd_answers(ANSWER_TIME).await,
-                Err(e) => Err(e.to_string()),
+        if answer.is_err() {
+            answer = match ctx.revive_containerd().await {
+                Some(Err(e)) => Err(e.to_string()),
+                // Started again here, or by the server's watch (or another process) meanwhile.
+                Some(Ok(_)) | None => ctx.containerd_answers(ANSWER_TIME).await,
             };
         }
         if let Err(e) = answer {

@@ -261,6 +261,9 @@ impl Agent {
         match nix::unistd::write(&self.ctl, line.as_bytes()) {
             Ok(n) if n == line.len() => {}
             Ok(_) | Err(nix::errno::Errno::EAGAIN) => {
+                // Never to run: a line of its name may still reach the agent (the sandbox
+                // could drain the queue), and the stdin file is the server's to take back.
+                withdraw(&dir_fd);
                 return Err(RuntimeError::Busy(format!(
                     "the sandbox's agent takes no more commands: its request queue ({AGENT_MOUNT}/ctl) is full (a command that has not ended holds the agent, and the queue was filled)"
                 )));
@@ -275,6 +278,15 @@ impl Agent {
             err,
             done,
         })
+    }
+}
+
+/// Take back a request the agent must not run: without `cmd.sh` the agent skips it, and its
+/// stdin file goes now (two unlinks of our own names; the rest of the directory is removed
+/// on the blocking pool, or with the container).
+pub fn withdraw(request: &impl AsFd) {
+    for name in ["cmd.sh", "in"] {
+        let _ = nix::unistd::unlinkat(request, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
     }
 }
 

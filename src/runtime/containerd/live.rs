@@ -592,6 +592,10 @@ impl LiveContainer {
             }
         };
         let duration = started.elapsed();
+        if status.is_none() {
+            // Still queued, perhaps: it must not run after its caller was told it did not.
+            agent::withdraw(req.dir_fd.as_ref());
+        }
         {
             let agent = agent.clone();
             let name = req.name.clone();

@@ -95,6 +95,21 @@ def encode(answer):
     return data
 
 
+def fits(value, depth=0):
+    """Whether every integer in `value` fits the host's JSON numbers (64 bits)."""
+    if depth > 100:
+        return False
+    if isinstance(value, bool) or value is None or isinstance(value, (str, float)):
+        return True
+    if isinstance(value, int):
+        return -(1 << 63) <= value < (1 << 64)
+    if isinstance(value, dict):
+        return all(fits(v, depth + 1) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(fits(v, depth + 1) for v in value)
+    return True
+
+
 def user_vars():
     return {
         k: v
@@ -173,7 +188,10 @@ def handle(request):
             return {"error": "no variable %r" % name}
         value = NAMESPACE[name]
         try:
-            # Not NaN or Infinity: Python writes them, JSON (and the host's parser) has none.
+            # Not NaN or Infinity (Python writes them, JSON has none), nor an integer the
+            # host's parser cannot hold: those come back as their repr.
+            if not fits(value):
+                raise ValueError("not a JSON value the host reads")
             json.dumps(value, allow_nan=False)
             return {"value": value}
         except (TypeError, ValueError):
