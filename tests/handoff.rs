@@ -31,11 +31,7 @@ impl Setup {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
         import_busybox(&state);
-        let served = serve_with(runner_ctd_command(&[], &state), dir.path());
-        assert!(
-            eventually(Duration::from_secs(10), || state.join("serve.sock").exists()),
-            "the server made no hand-off socket"
-        );
+        let served = serve(&state, dir.path());
         Setup {
             dir,
             state,
@@ -59,6 +55,16 @@ impl Setup {
     fn server_pid(&self) -> i32 {
         self.served.as_ref().unwrap().child.id() as i32
     }
+}
+
+/// A `runner serve` of `state` (its token in `dir`), once its hand-off socket is there.
+fn serve(state: &Path, dir: &Path) -> Served {
+    let served = serve_with(runner_ctd_command(&[], state), dir);
+    assert!(
+        eventually(Duration::from_secs(10), || state.join("serve.sock").exists()),
+        "the server made no hand-off socket"
+    );
+    served
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -226,18 +232,24 @@ fn reason_of(state: &Path, job: &str) -> serde_json::Value {
     json_of(&runner_ctd(&["get", "job", job, "-o", "json"], state))["status"]["reason"].clone()
 }
 
-/// Apply a `sleeper` job NAME (`sleep SECONDS`), and once it runs send the CLI `signal`.
-fn signal_a_running_apply(s: &Setup, name: &str, seconds: u32, signal: nix::sys::signal::Signal) -> Output {
-    let dir = s.dir.path();
-    let file = write_manifest(dir, &format!("{name}.yaml"), &sleeper(name, seconds));
+/// Apply `file` (whose job runs `sleep SECONDS`) in the background: the CLI, once the job's
+/// sleep runs.
+fn running_apply(s: &Setup, file: &Path, seconds: u32) -> std::process::Child {
     let child = s
-        .apply_command(dir, &["-f", file.to_str().unwrap()])
+        .apply_command(s.dir.path(), &["-f", file.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let needle = format!("sleep {seconds}");
     assert!(eventually(Duration::from_secs(20), || !processes_matching(&needle).is_empty()));
+    child
+}
+
+/// Apply a `sleeper` job NAME (`sleep SECONDS`), and once it runs send the CLI `signal`.
+fn signal_a_running_apply(s: &Setup, name: &str, seconds: u32, signal: nix::sys::signal::Signal) -> Output {
+    let file = write_manifest(s.dir.path(), &format!("{name}.yaml"), &sleeper(name, seconds));
+    let child = running_apply(s, &file, seconds);
     kill(child.id() as i32, signal);
     child.wait_with_output().unwrap()
 }
@@ -285,16 +297,7 @@ fn a_stopping_server_stops_the_handed_jobs_and_reports_them() {
         sleeper("ho-stop", 9647)
     );
     let file = write_manifest(&dir, "stop.yaml", &two);
-    let child = s
-        .apply_command(&dir, &["-f", file.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(eventually(Duration::from_secs(20), || !processes_matching(
-        "sleep 9647"
-    )
-    .is_empty()));
+    let child = running_apply(&s, &file, 9647);
     let stopping = Instant::now();
     kill(s.server_pid(), Signal::SIGTERM);
     let out = child.wait_with_output().unwrap();
@@ -320,22 +323,9 @@ fn a_stopping_server_stops_the_handed_jobs_and_reports_them() {
     assert!(!text(&after.stderr).contains(TAKEN));
 
     // One job, stopped with the server: exit 2 and why, not a Ctrl-C's 130.
-    s.served = Some(serve_with(runner_ctd_command(&[], &s.state), &dir));
-    assert!(eventually(Duration::from_secs(10), || s
-        .state
-        .join("serve.sock")
-        .exists()));
+    s.served = Some(serve(&s.state, &dir));
     let file = write_manifest(&dir, "one.yaml", &sleeper("ho-one", 9648));
-    let child = s
-        .apply_command(&dir, &["-f", file.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(eventually(Duration::from_secs(20), || !processes_matching(
-        "sleep 9648"
-    )
-    .is_empty()));
+    let child = running_apply(&s, &file, 9648);
     kill(s.server_pid(), Signal::SIGTERM);
     let out = child.wait_with_output().unwrap();
     let stderr = text(&out.stderr);
@@ -420,7 +410,7 @@ fn what_the_server_cannot_run_as_the_cli_would_runs_in_the_cli() {
     assert_eq!(stale.status.code(), Some(0), "{}", text(&stale.stderr));
     assert!(!text(&stale.stderr).contains(TAKEN));
     // A server started again takes the socket back.
-    s.served = Some(serve_with(runner_ctd_command(&[], &s.state), &dir));
+    s.served = Some(serve(&s.state, &dir));
     let file = write_manifest(&dir, "again.yaml", &sleeper("ho-again", 0));
     let again = s.apply(&dir, &["-f", file.to_str().unwrap()]);
     assert!(text(&again.stderr).contains(TAKEN), "{}", text(&again.stderr));

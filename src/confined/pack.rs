@@ -88,13 +88,9 @@ pub(super) fn pack_dir(
             },
             libc::S_IFDIR => {
                 let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
-                let sub = match open_beneath(fd, name, flags, 0, NO_SYMLINKS) {
-                    Ok(sub) => sub,
-                    Err(e) if changed_meanwhile(e) => {
-                        report.skipped += 1;
-                        return Ok(true);
-                    }
-                    Err(e) => return Err(errno_error("opening", &child, e)),
+                let Some(sub) = super::walk::open_entry(fd, name, flags, &child)? else {
+                    report.skipped += 1;
+                    return Ok(true);
                 };
                 let st = fstat(sub.as_fd(), &child)?;
                 member.push(b'/');
@@ -108,13 +104,9 @@ pub(super) fn pack_dir(
             }
             libc::S_IFREG => {
                 let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
-                let file = match open_beneath(fd, name, flags, 0, NO_SYMLINKS) {
-                    Ok(file) => file,
-                    Err(e) if changed_meanwhile(e) => {
-                        report.skipped += 1;
-                        return Ok(true);
-                    }
-                    Err(e) => return Err(errno_error("opening", &child, e)),
+                let Some(file) = super::walk::open_entry(fd, name, flags, &child)? else {
+                    report.skipped += 1;
+                    return Ok(true);
                 };
                 let st = fstat(file.as_fd(), &child)?;
                 if file_type(&st) != libc::S_IFREG {

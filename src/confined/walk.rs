@@ -62,15 +62,29 @@ impl UsageWalk<'_> {
             }
             let child = child_shown(shown, name);
             let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
-            let sub = match open_beneath(fd, name, flags, 0, NO_SYMLINKS) {
-                Ok(sub) => sub,
-                Err(e) if changed_meanwhile(e) => return Ok(true),
-                Err(e) => return Err(errno_error("opening", &child, e)),
+            let Some(sub) = open_entry(fd, name, flags, &child)? else {
+                return Ok(true);
             };
             let sub = Dir::from_fd(sub).map_err(|e| errno_error("reading", &child, e))?;
             self.dir(sub, &child, depth + 1)?;
             Ok(true)
         })
+    }
+}
+
+/// Entry `name` of the directory `fd` opened with `flags`, never through a link; `None` when
+/// it changed since it was looked at (removed, replaced, or a mount point: EXDEV, another
+/// filesystem's, not the tree's). `shown` names it in errors.
+pub(super) fn open_entry(
+    fd: std::os::fd::BorrowedFd<'_>,
+    name: &[u8],
+    flags: OFlag,
+    shown: &str,
+) -> Result<Option<std::os::fd::OwnedFd>> {
+    match open_beneath(fd, name, flags, 0, NO_SYMLINKS) {
+        Ok(opened) => Ok(Some(opened)),
+        Err(e) if changed_meanwhile(e) => Ok(None),
+        Err(e) => Err(errno_error("opening", shown, e)),
     }
 }
 
@@ -116,13 +130,9 @@ pub(super) fn clear_setid_in(mut dir: Dir, shown: &str, depth: u64, report: &mut
         match file_type(&st) {
             libc::S_IFREG if st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0 => {
                 let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
-                let file = match open_beneath(fd, name, flags, 0, NO_SYMLINKS) {
-                    Ok(file) => file,
-                    Err(e) if changed_meanwhile(e) => {
-                        report.skipped += 1;
-                        return Ok(true);
-                    }
-                    Err(e) => return Err(errno_error("opening", &child(), e)),
+                let Some(file) = open_entry(fd, name, flags, &child())? else {
+                    report.skipped += 1;
+                    return Ok(true);
                 };
                 let st = fstat(file.as_fd(), &child())?;
                 if file_type(&st) == libc::S_IFREG && st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0 {
@@ -133,14 +143,9 @@ pub(super) fn clear_setid_in(mut dir: Dir, shown: &str, depth: u64, report: &mut
             libc::S_IFDIR if depth >= MAX_PACK_DEPTH => report.skipped += 1,
             libc::S_IFDIR => {
                 let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
-                let sub = match open_beneath(fd, name, flags, 0, NO_SYMLINKS) {
-                    Ok(sub) => sub,
-                    // A mount point (EXDEV) is another filesystem's, not the workspace's.
-                    Err(e) if changed_meanwhile(e) => {
-                        report.skipped += 1;
-                        return Ok(true);
-                    }
-                    Err(e) => return Err(errno_error("opening", &child(), e)),
+                let Some(sub) = open_entry(fd, name, flags, &child())? else {
+                    report.skipped += 1;
+                    return Ok(true);
                 };
                 let sub = Dir::from_fd(sub).map_err(|e| errno_error("reading", &child(), e))?;
                 clear_setid_in(sub, &child(), depth + 1, report)?;

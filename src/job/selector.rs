@@ -66,26 +66,22 @@ fn split_top(text: &str) -> Result<Vec<&str>, String> {
 }
 
 fn requirement(text: &str) -> Result<Requirement, String> {
-    let key = |k: &str| -> Result<String, String> {
-        let k = k.trim();
-        if label_key_ok(k) {
-            Ok(k.to_string())
-        } else {
-            Err(format!(
-                "{k:?} is not a label key ([prefix/]name: letters, digits, '-', '_', '.', at most 63, beginning and ending with a letter or digit)"
-            ))
+    const RULE: &str = "letters, digits, '-', '_', '.', at most 63, beginning and ending with a letter or digit";
+    let checked = |part: &str, ok: fn(&str) -> bool, what: &str| -> Result<String, String> {
+        let part = part.trim();
+        match ok(part) {
+            true => Ok(part.to_string()),
+            false => Err(format!("{part:?} is not a label {what}: {RULE}")),
         }
     };
-    let value = |v: &str| -> Result<String, String> {
-        let v = v.trim();
-        if label_value_ok(v) {
-            Ok(v.to_string())
-        } else {
-            Err(format!(
-                "{v:?} is not a label value (letters, digits, '-', '_', '.', at most 63, beginning and ending with a letter or digit)"
-            ))
-        }
+    let key = |k: &str| {
+        checked(
+            k,
+            label_key_ok,
+            "key ([prefix/]name, the name's rule below; the prefix at most 253)",
+        )
     };
+    let value = |v: &str| checked(v, label_value_ok, "value");
     if let Some((k, v)) = text.split_once("!=") {
         return Ok(Requirement::NotIn(key(k)?, vec![value(v)?]));
     }
